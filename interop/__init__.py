@@ -16,6 +16,7 @@ from .errors import (
     TransferError,
     UnsupportedDtypeError,
 )
+from .exchange import to_cupy, to_numpy, to_torch
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,7 @@ __all__ = [
     "TransferError",
     "UnsupportedDtypeError",
     "__version__",
+    "to_cupy",
+    "to_numpy",
+    "to_torch",
 ]

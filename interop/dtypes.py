@@ -1,0 +1,140 @@
+"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy.
+
+NumPy has no ``bfloat16`` or ``float8`` types of its own; ``ml_dtypes`` provides
+them as NumPy dtypes. PyTorch's ``Tensor.numpy()`` and ``torch.from_numpy`` do
+not know them, so interop moves such data by reinterpreting the bits through a
+same-sized integer view on both sides, which never copies.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import _backends
+from .errors import UnsupportedDtypeError
+
+__all__: list[str] = []
+
+# torch dtype name -> (ml_dtypes dtype, same-sized integer dtype name used for the bit view)
+_ML_NAMES = {
+    "bfloat16": (ml_dtypes.bfloat16, "int16"),
+    "float8_e4m3fn": (ml_dtypes.float8_e4m3fn, "uint8"),
+    "float8_e5m2": (ml_dtypes.float8_e5m2, "uint8"),
+    "float8_e4m3fnuz": (ml_dtypes.float8_e4m3fnuz, "uint8"),
+    "float8_e5m2fnuz": (ml_dtypes.float8_e5m2fnuz, "uint8"),
+    "float8_e8m0fnu": (ml_dtypes.float8_e8m0fnu, "uint8"),
+}
+
+# torch dtypes whose name is also the NumPy dtype's name.
+_STANDARD = frozenset(
+    ["bool", "float16", "float32", "float64", "complex64", "complex128"]
+    + [f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)]
+)
+
+_ML_NUMPY = {np.dtype(ml): (name, np.dtype(view)) for name, (ml, view) in _ML_NAMES.items()}
+
+
+def _torch_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def _torch_ml_table() -> dict[Any, tuple[np.dtype, Any]]:
+    """torch dtype -> (ml_dtypes numpy dtype, torch integer view dtype)."""
+    th = _backends.torch()
+    table = {}
+    for name, (ml, view) in _ML_NAMES.items():
+        tdt = getattr(th, name, None)
+        if tdt is not None:
+            table[tdt] = (np.dtype(ml), getattr(th, view))
+    return table
+
+
+def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
+    """For a torch dtype that NumPy only knows through ``ml_dtypes``, return
+    ``(ml_dtypes dtype, torch integer view dtype)``; otherwise ``None``."""
+    return _torch_ml_table().get(dtype)
+
+
+def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
+    """For an ``ml_dtypes`` NumPy dtype, return ``(torch dtype, NumPy integer
+    view dtype)``; otherwise ``None``.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        The installed PyTorch has no dtype of that name.
+    """
+    entry = _ML_NUMPY.get(np.dtype(dtype))
+    if entry is None:
+        return None
+    name, view = entry
+    tdt = getattr(_backends.torch(), name, None)
+    if tdt is None:
+        raise UnsupportedDtypeError(
+            f"expected a dtype the installed PyTorch supports (got {np.dtype(dtype)!r}: "
+            f"torch {_backends.torch().__version__} has no torch.{name}); upgrade PyTorch"
+        )
+    return tdt, view
+
+
+def is_standard(dtype: np.dtype) -> bool:
+    """True for NumPy dtypes that PyTorch has under the same name (bool, ints, floats, complex)."""
+    return np.dtype(dtype).name in _STANDARD
+
+
+def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
+    """The NumPy dtype that holds a torch dtype's values bit for bit.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        NumPy and ``ml_dtypes`` have no such type (``complex32``, quantized types).
+    """
+    ml = ml_view_of_torch(dtype)
+    if ml is not None:
+        return ml[0]
+    name = _torch_name(dtype)
+    if name not in _STANDARD:
+        raise unsupported_torch_dtype(dtype)
+    return np.dtype(name)
+
+
+def unsupported_torch_dtype(dtype: Any) -> UnsupportedDtypeError:
+    """The error for a torch dtype NumPy cannot hold, with the fix."""
+    name = _torch_name(dtype)
+    hint = {
+        "complex32": "convert first with t.to(torch.complex64)",
+    }.get(name, "convert first with t.to(<a standard dtype>)")
+    return UnsupportedDtypeError(
+        f"expected a dtype NumPy or ml_dtypes can hold (got torch.{name}); {hint}"
+    )
+
+
+def check_cupy_dtype(dtype: Any) -> None:
+    """Raise if the installed CuPy cannot hold arrays of ``dtype`` (a torch or
+    NumPy dtype).
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        ``bfloat16`` with CuPy < 14, ``float8`` types, ``complex32``.
+    """
+    name = _torch_name(dtype) if not isinstance(dtype, np.dtype) else dtype.name
+    if name == "bfloat16":
+        if not _backends.cupy_supports_bfloat16():
+            raise UnsupportedDtypeError(
+                "expected a CuPy that supports bfloat16 (got CuPy "
+                f"{_backends.cupy().__version__}); install CuPy >= 14 "
+                "(pip install -U 'cupy-cuda12x>=14' or 'cupy-cuda13x>=14') with NumPy >= 2.1.2"
+            )
+        return
+    if name.startswith("float8") or name == "complex32":
+        raise UnsupportedDtypeError(
+            f"expected a dtype CuPy can hold (got {name}); CuPy has no {name} arrays: "
+            "keep the data in PyTorch, or view it as uint8/convert it first"
+        )

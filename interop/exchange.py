@@ -1,0 +1,624 @@
+"""Zero-copy exchange between NumPy, PyTorch and CuPy: ``to_numpy``,
+``to_torch``, ``to_cupy``.
+
+The rules (SPEC §1.1), in one place:
+
+* Memory is shared whenever sharing gives the right values. Where it cannot
+  (conjugate/negative bits, negative strides into PyTorch, non-native byte
+  order, a different device) ``copy=None`` copies and ``copy=False`` raises
+  :class:`~interop.errors.CopyRequiredError` before doing any work.
+* Inputs that a library would mis-handle are never handed to it: arrays with
+  negative strides never reach ``torch.from_dlpack`` (which aborts the process
+  on them), tensors with the negative bit never reach ``numpy.from_dlpack``
+  (which ignores the bit and returns wrong values).
+* ``bfloat16``/``float8`` cross to NumPy as ``ml_dtypes`` dtypes through a
+  same-sized integer view, without a copy.
+* Stream order (SPEC §1.2): device exports go through ``__dlpack__(stream=...)``
+  with the consumer's current stream, in the data's device context, so the
+  consumer may use the result at once on its current stream. Nothing here calls
+  ``cudaDeviceSynchronize``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from . import _backends, dtypes
+from .errors import CopyRequiredError, ReadOnlyWarning, UnsupportedDtypeError
+
+if TYPE_CHECKING:
+    import cupy
+    import torch
+
+__all__ = ["to_cupy", "to_numpy", "to_torch"]
+
+# DLPack device types (dlpack.h, DLDeviceType).
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+
+_EXPECTED = (
+    "a NumPy array, a PyTorch tensor, a CuPy array, or an object with "
+    "__dlpack__ or __cuda_array_interface__"
+)
+
+Target = tuple[Literal["cpu", "cuda"], "int | None"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_copy(copy: object) -> None:
+    if copy is not None and not isinstance(copy, bool):
+        raise TypeError(f"expected copy to be None, True or False (got {copy!r})")
+
+
+def _describe(x: object) -> str:
+    text = repr(x)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(x).__module__}.{type(x).__qualname__}: {text}"
+
+
+def _unsupported(func: str, x: object) -> TypeError:
+    return TypeError(f"{func} expected {_EXPECTED} (got {_describe(x)})")
+
+
+def _copy_required(what: str, how: str = "pass copy=None or copy=True") -> CopyRequiredError:
+    return CopyRequiredError(f"copy=False, but {what} needs a copy; {how}")
+
+
+def _parse_device(device: object) -> Target | None:
+    """Normalise ``device`` to ``("cpu", None)`` or ``("cuda", index or None)``."""
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise TypeError(f"expected a device (got {device!r})")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"expected a CUDA device index >= 0 (got {device!r})")
+        return ("cuda", device)
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind == "cpu" and not index:
+            return ("cpu", None)
+        if kind == "cuda":
+            if not index:
+                return ("cuda", None)
+            if index.isdigit():
+                return ("cuda", int(index))
+        raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
+    module = type(device).__module__
+    if module.startswith("torch") and hasattr(device, "type"):
+        if device.type == "cpu":
+            return ("cpu", None)
+        if device.type == "cuda":
+            return ("cuda", device.index)
+        raise ValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
+    if module.startswith("cupy") and hasattr(device, "id"):
+        return ("cuda", int(device.id))
+    raise TypeError(
+        "expected a device: 'cpu', 'cuda', 'cuda:N', an int, a torch.device or a "
+        f"cupy.cuda.Device (got {_describe(device)})"
+    )
+
+
+def _negative_strides(strides: tuple[int, ...] | None) -> bool:
+    return strides is not None and any(s < 0 for s in strides)
+
+
+def _readonly_if_broadcast(arr: np.ndarray) -> np.ndarray:
+    """Mark a zero-stride (broadcast) view read-only, as ``numpy.broadcast_to`` does."""
+    if arr.flags.writeable and any(
+        st == 0 and n > 1 for st, n in zip(arr.strides, arr.shape, strict=True)
+    ):
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
+
+
+@contextlib.contextmanager
+def _cuda_context(index: int) -> Iterator[None]:
+    """Make device ``index`` current for both PyTorch (if imported) and CuPy."""
+    with contextlib.ExitStack() as stack:
+        cp = _backends.cupy()
+        stack.enter_context(cp.cuda.Device(index))
+        if "torch" in sys.modules:
+            th = _backends.torch()
+            if th.cuda.is_available():
+                stack.enter_context(th.cuda.device(index))
+        yield
+
+
+class _StreamHandle:
+    """A raw stream handle presented through the ``__cuda_stream__`` protocol."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+
+def _cupy_stream(cp: Any, handle: int, device: int) -> Any:
+    """A CuPy stream object for a raw handle (e.g. PyTorch's current stream)."""
+    if handle == 0:
+        return cp.cuda.Stream.null
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(handle))
+    return cp.cuda.ExternalStream(handle, device)
+
+
+def _torch_stream_handle(th: Any, index: int) -> int:
+    return int(th.cuda.current_stream(index).cuda_stream)
+
+
+# ----------------------------------------------------------------- host <-> device
+
+
+def _device_to_host(x: Any) -> np.ndarray:
+    """A fresh host copy of a CuPy array or CUDA tensor (bits resolved)."""
+    from .transfer import copy_to_host
+
+    return copy_to_host(x)
+
+
+def _host_to_cupy(a: np.ndarray, index: int | None) -> cupy.ndarray:
+    cp = _backends.cupy()
+    index = cp.cuda.runtime.getDevice() if index is None else index
+    with cp.cuda.Device(index):
+        out = cp.empty(a.shape, dtype=a.dtype)
+        out.set(np.ascontiguousarray(a))
+    return out
+
+
+def _host_to_torch(t: torch.Tensor, index: int | None) -> torch.Tensor:
+    th = _backends.require_torch_cuda()
+    device = th.device("cuda", th.cuda.current_device() if index is None else index)
+    return t.to(device)
+
+
+# --------------------------------------------------------------------------- to_numpy
+
+
+def _numpy_from_torch_cpu(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy NumPy view of a CPU tensor with no conj/neg bit."""
+    ml = dtypes.ml_view_of_torch(t.dtype)
+    if ml is not None:
+        np_dtype, int_view = ml
+        return t.view(int_view).numpy().view(np_dtype)
+    dtypes.numpy_dtype_of_torch(t.dtype)  # raises UnsupportedDtypeError
+    return t.numpy()
+
+
+def _check_strided_tensor(t: torch.Tensor, func: str) -> None:
+    if t.layout != _backends.torch().strided:
+        raise TypeError(
+            f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
+            "call t.to_dense() first"
+        )
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); "
+            "move it with t.cpu() first"
+        )
+
+
+def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, bool]:
+    """Materialise the conjugate/negative bits; return (tensor, copied)."""
+    if not (t.is_conj() or t.is_neg()):
+        return t, False
+    bit = "the conjugate bit" if t.is_conj() else "the negative bit"
+    if copy is False:
+        raise _copy_required(f"a tensor with {bit} set (its memory holds other values)")
+    return t.resolve_conj().resolve_neg(), True
+
+
+def _numpy_from_torch(t: torch.Tensor, copy: bool | None) -> np.ndarray:
+    _check_strided_tensor(t, "to_numpy")
+    t = t.detach()
+    if t.device.type == "cuda":
+        if copy is False:
+            raise _copy_required(f"a tensor on {t.device} (to_numpy returns host memory)")
+        dtypes.numpy_dtype_of_torch(t.dtype)
+        return _device_to_host(t)
+    dtypes.numpy_dtype_of_torch(t.dtype)
+    t, copied = _resolve_bits(t, copy)
+    arr = _numpy_from_torch_cpu(t)
+    if copy and not copied:
+        return arr.copy(order="K")
+    return _readonly_if_broadcast(arr)
+
+
+def _numpy_from_numpy(a: np.ndarray, copy: bool | None) -> np.ndarray:
+    if copy:
+        return a.copy(order="K")
+    return _readonly_if_broadcast(a)
+
+
+def _numpy_from_cupy(c: cupy.ndarray, copy: bool | None) -> np.ndarray:
+    if copy is False:
+        raise _copy_required(f"a CuPy array on cuda:{c.device.id} (to_numpy returns host memory)")
+    return _device_to_host(c)
+
+
+def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
+    """Return ``x`` as a NumPy array, sharing memory when that is correct.
+
+    Parameters
+    ----------
+    x : array
+        A NumPy array, a PyTorch tensor (CPU, pinned or CUDA), a CuPy array, or
+        any object with ``__dlpack__`` or ``__cuda_array_interface__``.
+    copy : bool or None
+        ``None``: share memory when that gives the right values, else copy.
+        ``False``: share memory or raise. ``True``: always an independent copy.
+
+    Returns
+    -------
+    numpy.ndarray
+        Host data. A shared result keeps ``x``'s memory alive. ``bfloat16`` and
+        ``float8`` tensors give the ``ml_dtypes`` dtype of the same name without
+        a copy. Broadcast (zero-stride) views and read-only sources give
+        read-only results. A tensor with ``requires_grad`` gives a view of its
+        detached data: writes bypass autograd.
+
+    Notes
+    -----
+    Copy semantics: CPU data is shared; conjugate/negative-bit tensors are
+    copied with the bit applied. Device data is always copied to the host,
+    through the chunked pipeline of :func:`interop.copy_to_host`, ordered after
+    the work queued on the producer's current stream; the call returns when the
+    host copy is complete.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` and the right values need a copy (device data,
+        conjugate/negative bit).
+    UnsupportedDtypeError
+        NumPy and ``ml_dtypes`` cannot hold the dtype (``torch.complex32``).
+    TypeError
+        ``x`` is not an array, or ``copy`` is not None/bool.
+    """
+    _check_copy(copy)
+    if isinstance(x, np.ndarray):
+        return _numpy_from_numpy(x, copy)
+    if _backends.is_torch_tensor(x):
+        return _numpy_from_torch(x, copy)
+    if _backends.is_cupy_array(x):
+        return _numpy_from_cupy(x, copy)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        kind, index = x.__dlpack_device__()
+        if kind in (_DL_CPU, _DL_CUDA_HOST):
+            return _numpy_from_numpy(np.from_dlpack(x), copy)
+        if kind in (_DL_CUDA, _DL_CUDA_MANAGED):
+            return _numpy_from_cupy(_cupy_from_foreign_cuda(x, int(index)), copy)
+        raise ValueError(f"to_numpy expected CPU or CUDA data (got DLPack device {kind!r})")
+    if hasattr(x, "__cuda_array_interface__"):
+        return _numpy_from_cupy(_backends.require_cupy_device().asarray(x), copy)
+    raise _unsupported("to_numpy", x)
+
+
+# --------------------------------------------------------------------------- to_torch
+
+
+def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
+    th = _backends.torch()
+    copied = False
+    if not a.dtype.isnative:
+        if copy is False:
+            raise _copy_required(f"an array in non-native byte order ({a.dtype.str!r})")
+        a = a.astype(a.dtype.newbyteorder("="))
+        copied = True
+    if _negative_strides(a.strides):
+        if copy is False:
+            raise _copy_required(f"an array with negative strides {a.strides} (PyTorch has none)")
+        a = np.ascontiguousarray(a)
+        copied = True
+    if copy and not copied:
+        a = a.copy(order="K")
+        copied = True
+    ml = dtypes.ml_view_of_numpy(a.dtype)
+    if ml is None and not dtypes.is_standard(a.dtype):
+        raise UnsupportedDtypeError(
+            f"expected a dtype PyTorch supports (got {a.dtype!r}); "
+            "convert first with a.astype(<a numeric dtype>)"
+        )
+    src = a if ml is None else a.view(ml[1])
+    if src.flags.writeable:
+        t = th.from_numpy(src)
+    else:
+        warnings.warn(
+            "to_torch shares a read-only NumPy array; PyTorch cannot mark tensors "
+            "read-only, so writing to the result writes into memory NumPy marked "
+            "read-only. Pass copy=True for a writable copy.",
+            ReadOnlyWarning,
+            stacklevel=3,
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            t = th.from_numpy(src)
+    return t if ml is None else t.view(ml[0])
+
+
+def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
+    th = _backends.require_torch_cuda()
+    index = int(c.device.id)
+    if _negative_strides(c.strides):
+        if copy is False:
+            raise _copy_required(f"an array with negative strides {c.strides} (PyTorch has none)")
+        copy = True
+    with _cuda_context(index):
+        cp = _backends.cupy()
+        # CuPy's __dlpack__ orders PyTorch's current stream after CuPy's current
+        # stream. A negative-stride array is packed first, on PyTorch's current
+        # stream, so the packing kernel is ordered with the consumer too.
+        if copy:
+            with _cupy_stream(cp, _torch_stream_handle(th, index), index):
+                c = cp.ascontiguousarray(c) if _negative_strides(c.strides) else c.copy()
+        return th.from_dlpack(c)
+
+
+def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None) -> torch.Tensor:
+    _check_strided_tensor(t, "to_torch")
+    t = t.detach() if t.requires_grad else t
+    if target is None or _same_torch_device(t, target):
+        return t.clone() if copy else t
+    if copy is False:
+        raise _copy_required(f"moving a tensor from {t.device} to {_target_str(target)}")
+    if target[0] == "cpu":
+        t, _ = _resolve_bits(t, copy)
+        return _torch_from_numpy(_device_to_host(t), None)
+    if t.device.type == "cpu":
+        return _host_to_torch(t.resolve_conj().resolve_neg(), target[1])
+    return t.to(_backends.torch().device("cuda", target[1]))
+
+
+def _same_torch_device(t: torch.Tensor, target: Target) -> bool:
+    kind, index = target
+    if t.device.type != kind:
+        return False
+    if kind == "cpu":
+        return True
+    current = _backends.torch().cuda.current_device() if index is None else index
+    return t.device.index == current
+
+
+def _target_str(target: Target) -> str:
+    kind, index = target
+    return kind if index is None else f"{kind}:{index}"
+
+
+def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torch.Tensor:
+    """Return ``x`` as a PyTorch tensor, sharing memory when that is correct.
+
+    Parameters
+    ----------
+    x : array
+        A NumPy array, a PyTorch tensor, a CuPy array, or any object with
+        ``__dlpack__`` or ``__cuda_array_interface__``.
+    device : str, int, torch.device, cupy.cuda.Device or None
+        ``None`` keeps the data where it is (a CuPy array on ``cuda:1`` gives a
+        tensor on ``cuda:1``). Anything else moves the data there (a copy).
+    copy : bool or None
+        ``None``: share memory when that gives the right values, else copy.
+        ``False``: share memory or raise. ``True``: always an independent copy.
+
+    Returns
+    -------
+    torch.Tensor
+        A shared result keeps ``x``'s memory alive. A tensor with
+        ``requires_grad`` gives its detached data (writes bypass autograd).
+        ``ml_dtypes`` arrays (bfloat16, float8) give the torch dtype of the
+        same name without a copy.
+
+    Notes
+    -----
+    Stream order: a CUDA source is exported with PyTorch's current stream on
+    the data's device, so the result can be used at once on that stream, even
+    while the producer's kernels are still running; the host is not blocked.
+    Copy semantics: arrays with negative strides or non-native byte order are
+    copied (PyTorch cannot represent them; ``torch.from_dlpack`` aborts the
+    process on negative strides). A read-only NumPy array is shared with an
+    :class:`interop.ReadOnlyWarning`, as ``torch.from_numpy`` warns.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` and a copy is needed (negative strides, byte order,
+        another device).
+    UnsupportedDtypeError
+        PyTorch has no such dtype (object, string, datetime arrays).
+    BackendUnavailableError
+        PyTorch (or, for CUDA data, CuPy) is not installed.
+    NoDeviceError
+        CUDA data or ``device='cuda'`` without a usable CUDA device.
+    TypeError
+        ``x`` is not an array, or ``device``/``copy`` have the wrong type.
+    """
+    _check_copy(copy)
+    target = _parse_device(device)
+    if not _is_array(x):
+        raise _unsupported("to_torch", x)
+    th = _backends.torch()
+    if _backends.is_torch_tensor(x):
+        return _torch_from_torch(x, copy, target)
+    if isinstance(x, np.ndarray):
+        if target is not None and target[0] == "cuda":
+            if copy is False:
+                raise _copy_required(f"moving a NumPy array to {_target_str(target)}")
+            return _host_to_torch(_torch_from_numpy(x, None), target[1])
+        return _torch_from_numpy(x, copy)
+    if _backends.is_cupy_array(x):
+        if target is not None and not _same_cuda(x.device.id, target):
+            if copy is False:
+                raise _copy_required(f"moving a CuPy array to {_target_str(target)}")
+            if target[0] == "cpu":
+                return _torch_from_numpy(_device_to_host(x), None)
+            return _torch_from_torch(_torch_from_cupy(x, None), None, target)
+        return _torch_from_cupy(x, copy)
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        kind, index = x.__dlpack_device__()
+        if kind in (_DL_CPU, _DL_CUDA_HOST):
+            # Through NumPy: torch.from_dlpack aborts on negative strides.
+            return to_torch(np.from_dlpack(x), device=device, copy=copy)
+        if kind in (_DL_CUDA, _DL_CUDA_MANAGED):
+            with _cuda_context(int(index)):
+                cp = _backends.require_cupy_device()
+                stream = _cupy_stream(cp, _torch_stream_handle(th, int(index)), int(index))
+                with stream:
+                    c = cp.from_dlpack(x)
+            return to_torch(c, device=device, copy=copy)
+        raise ValueError(f"to_torch expected CPU or CUDA data (got DLPack device {kind!r})")
+    return to_torch(_backends.require_cupy_device().asarray(x), device=device, copy=copy)
+
+
+def _same_cuda(index: int, target: Target) -> bool:
+    kind, want = target
+    if kind != "cuda":
+        return False
+    if want is None:
+        want = _backends.cupy().cuda.runtime.getDevice()
+    return index == want
+
+
+# --------------------------------------------------------------------------- to_cupy
+
+
+def _is_array(x: object) -> bool:
+    return (
+        isinstance(x, np.ndarray)
+        or _backends.is_torch_tensor(x)
+        or _backends.is_cupy_array(x)
+        or hasattr(x, "__dlpack__")
+        or hasattr(x, "__cuda_array_interface__")
+    )
+
+
+def _cupy_from_foreign_cuda(x: Any, index: int) -> cupy.ndarray:
+    """Import CUDA data of another library, ordered on CuPy's current stream."""
+    cp = _backends.require_cupy_device()
+    with cp.cuda.Device(index):
+        return cp.from_dlpack(x)
+
+
+def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
+    index = int(t.device.index)
+    dtypes.check_cupy_dtype(t.dtype)
+    t, copied = _resolve_bits(t, copy)
+    with _cuda_context(index):
+        # Inside the device context: torch's __dlpack__ refuses tensors of
+        # another device, and both libraries' current streams are this device's.
+        c = _backends.cupy().from_dlpack(t)
+        return c.copy() if copy and not copied else c
+
+
+def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.ndarray:
+    """Return ``x`` as a CuPy array, sharing memory when that is correct.
+
+    Parameters
+    ----------
+    x : array
+        A NumPy array, a PyTorch tensor, a CuPy array, or any object with
+        ``__dlpack__`` or ``__cuda_array_interface__``.
+    device : str, int, torch.device, cupy.cuda.Device or None
+        ``None`` keeps CUDA data on its device (host data goes to the current
+        device). Another CUDA device copies the data there; ``'cpu'`` is
+        refused (CuPy arrays live on a GPU).
+    copy : bool or None
+        ``None``: share memory when that gives the right values, else copy.
+        ``False``: share memory or raise. ``True``: always an independent copy.
+
+    Returns
+    -------
+    cupy.ndarray
+        A shared result keeps ``x``'s memory alive.
+
+    Notes
+    -----
+    Stream order: a PyTorch CUDA tensor is exported with CuPy's current stream
+    of the tensor's device (``__dlpack__(stream=...)``), so the result may be
+    used at once on that stream while PyTorch's kernels are still running;
+    the host is not blocked. Host data is copied to the device (a copy is
+    always needed), ordered on CuPy's current stream.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` and a copy is needed (host data, conjugate/negative
+        bit, another device).
+    UnsupportedDtypeError
+        CuPy cannot hold the dtype (``bfloat16`` before CuPy 14, ``float8``,
+        ``complex32``); the message names what to install or do.
+    BackendUnavailableError
+        CuPy is not installed.
+    NoDeviceError
+        No CUDA device is visible.
+    TypeError
+        ``x`` is not an array, or ``device``/``copy`` have the wrong type.
+    """
+    _check_copy(copy)
+    target = _parse_device(device)
+    if target is not None and target[0] == "cpu":
+        raise ValueError(
+            "to_cupy expected a CUDA device (got 'cpu'); CuPy arrays live on a GPU: "
+            "use interop.to_numpy for host data"
+        )
+    if not _is_array(x):
+        raise _unsupported("to_cupy", x)
+    cp = _backends.require_cupy_device()
+    want = None if target is None else target[1]
+
+    if _backends.is_torch_tensor(x):
+        _check_strided_tensor(x, "to_cupy")
+        t = x.detach()
+        if t.device.type == "cuda":
+            if target is not None and not _same_cuda(t.device.index, target):
+                if copy is False:
+                    raise _copy_required(
+                        f"moving a tensor from {t.device} to {_target_str(target)}"
+                    )
+                return _cupy_move(_cupy_from_torch_cuda(t, None), want)
+            return _cupy_from_torch_cuda(t, copy)
+        if copy is False:
+            raise _copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
+        dtypes.check_cupy_dtype(t.dtype)
+        return _host_to_cupy(_numpy_from_torch(t, None), want)
+    if isinstance(x, np.ndarray):
+        if copy is False:
+            raise _copy_required("a NumPy array (to_cupy returns device memory)")
+        dtypes.check_cupy_dtype(x.dtype)
+        return _host_to_cupy(x, want)
+    if _backends.is_cupy_array(x):
+        c = x
+    elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        kind, index = x.__dlpack_device__()
+        if kind in (_DL_CPU, _DL_CUDA_HOST):
+            return to_cupy(np.from_dlpack(x), device=device, copy=copy)
+        if kind not in (_DL_CUDA, _DL_CUDA_MANAGED):
+            raise ValueError(f"to_cupy expected CPU or CUDA data (got DLPack device {kind!r})")
+        c = _cupy_from_foreign_cuda(x, int(index))
+    else:
+        c = cp.asarray(x)  # __cuda_array_interface__: zero-copy
+    if target is not None and not _same_cuda(int(c.device.id), target):
+        if copy is False:
+            raise _copy_required(f"moving a CuPy array to {_target_str(target)}")
+        return _cupy_move(c, want)
+    if copy:
+        with cp.cuda.Device(int(c.device.id)):
+            return c.copy()
+    return c
+
+
+def _cupy_move(c: cupy.ndarray, index: int | None) -> cupy.ndarray:
+    """Copy a CuPy array to device ``index`` (peer copy, on that device's stream)."""
+    cp = _backends.cupy()
+    index = cp.cuda.runtime.getDevice() if index is None else index
+    with cp.cuda.Device(index):
+        return c.copy()

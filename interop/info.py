@@ -1,0 +1,129 @@
+"""``python -m interop info``: what interop sees on this machine."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import _backends
+from .errors import BackendUnavailableError
+
+__all__ = ["collect_info", "format_info"]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}" if v else "none"
+
+
+def _torch_info() -> dict[str, Any]:
+    try:
+        th = _backends.torch()
+    except BackendUnavailableError as exc:
+        return {"available": False, "error": str(exc)}
+    info: dict[str, Any] = {
+        "available": True,
+        "version": th.__version__,
+        "cuda_build": th.version.cuda,
+        "cuda_available": bool(th.cuda.is_available()),
+    }
+    if info["cuda_available"]:
+        info["devices"] = [th.cuda.get_device_name(i) for i in range(th.cuda.device_count())]
+    return info
+
+
+def _cupy_info() -> dict[str, Any]:
+    try:
+        cp = _backends.cupy()
+    except BackendUnavailableError as exc:
+        return {"available": False, "error": str(exc)}
+    info: dict[str, Any] = {
+        "available": True,
+        "version": cp.__version__,
+        "bfloat16": _backends.cupy_supports_bfloat16(),
+    }
+    rt = cp.cuda.runtime
+    try:
+        info["runtime"] = _cuda_version(rt.runtimeGetVersion())
+    except Exception as exc:  # CUDARuntimeError, missing libcudart
+        info["runtime"] = f"unavailable ({exc})"
+    try:
+        info["driver"] = _cuda_version(rt.driverGetVersion())
+    except Exception as exc:
+        info["driver"] = f"unavailable ({exc})"
+    devices = []
+    for i in range(_backends.cupy_device_count()):
+        props = rt.getDeviceProperties(i)
+        name = props["name"]
+        devices.append(
+            {
+                "index": i,
+                "name": name.decode() if isinstance(name, bytes) else str(name),
+                "memory_gib": round(props["totalGlobalMem"] / 2**30, 1),
+                "compute_capability": f"{props['major']}.{props['minor']}",
+            }
+        )
+    info["devices"] = devices
+    return info
+
+
+def collect_info() -> dict[str, Any]:
+    """Versions of Python and the array libraries, CUDA driver/runtime and devices.
+
+    Works without a GPU and without torch or CuPy installed: what is missing is
+    reported, never raised.
+    """
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "interop": _version("interop") or "source tree",
+        "numpy": np.__version__,
+        "ml_dtypes": _version("ml_dtypes"),
+        "torch": _torch_info(),
+        "cupy": _cupy_info(),
+    }
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """Human-readable lines for :func:`collect_info`'s result."""
+    lines = [
+        f"python     {info['python']} ({info['platform']})",
+        f"interop    {info['interop']}",
+        f"numpy      {info['numpy']}",
+        f"ml_dtypes  {info['ml_dtypes']}",
+    ]
+    th = info["torch"]
+    if th["available"]:
+        cuda = th["cuda_build"] or "CPU-only build"
+        lines.append(
+            f"torch      {th['version']} (CUDA {cuda}; cuda available: {th['cuda_available']})"
+        )
+    else:
+        lines.append("torch      not installed: pip install 'interop[torch]'")
+    cp = info["cupy"]
+    if cp["available"]:
+        bf16 = "yes" if cp["bfloat16"] else "no, needs CuPy >= 14"
+        lines.append(f"cupy       {cp['version']} (bfloat16 exchange: {bf16})")
+        lines.append(f"CUDA       driver {cp['driver']}, runtime {cp['runtime']}")
+        if cp["devices"]:
+            for d in cp["devices"]:
+                lines.append(
+                    f"device {d['index']}   {d['name']}, {d['memory_gib']} GiB, "
+                    f"compute capability {d['compute_capability']}"
+                )
+        else:
+            lines.append("devices    no CUDA device")
+    else:
+        lines.append("cupy       not installed: pip install 'interop[cuda12]' or 'interop[cuda13]'")
+        lines.append("devices    no CUDA device visible to CuPy")
+    return "\n".join(lines)
