@@ -104,10 +104,8 @@ def format_info(info: dict[str, Any]) -> str:
     ]
     th = info["torch"]
     if th["available"]:
-        cuda = th["cuda_build"] or "CPU-only build"
-        lines.append(
-            f"torch      {th['version']} (CUDA {cuda}; cuda available: {th['cuda_available']})"
-        )
+        build = f"CUDA {th['cuda_build']}" if th["cuda_build"] else "CPU-only build"
+        lines.append(f"torch      {th['version']} ({build}; CUDA usable: {th['cuda_available']})")
     else:
         lines.append("torch      not installed: pip install 'interop[torch]'")
     cp = info["cupy"]
