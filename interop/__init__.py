@@ -7,6 +7,7 @@ time a call needs it.
 
 from __future__ import annotations
 
+from .config import config
 from .errors import (
     BackendUnavailableError,
     CopyRequiredError,
@@ -17,6 +18,9 @@ from .errors import (
     UnsupportedDtypeError,
 )
 from .exchange import to_cupy, to_numpy, to_torch
+from .npy import load_npy, save_npy
+from .transfer import Transfer, copy_to_host, copy_to_host_async
+from .upload import copy_to_device
 
 __version__ = "0.1.0"
 
@@ -26,9 +30,16 @@ __all__ = [
     "InteropError",
     "NoDeviceError",
     "ReadOnlyWarning",
+    "Transfer",
     "TransferError",
     "UnsupportedDtypeError",
     "__version__",
+    "config",
+    "copy_to_device",
+    "copy_to_host",
+    "copy_to_host_async",
+    "load_npy",
+    "save_npy",
     "to_cupy",
     "to_numpy",
     "to_torch",

@@ -60,6 +60,17 @@ def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
     return _torch_ml_table().get(dtype)
 
 
+def is_ml_dtype(dtype: Any) -> bool:
+    """True for the ``ml_dtypes`` types interop moves by bit view (bfloat16, float8)."""
+    return np.dtype(dtype) in _ML_NUMPY
+
+
+def int_view_of_numpy(dtype: Any) -> np.dtype:
+    """A same-sized integer dtype for ``dtype``'s bits (itself for standard dtypes)."""
+    entry = _ML_NUMPY.get(np.dtype(dtype))
+    return np.dtype(dtype) if entry is None else entry[1]
+
+
 def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
     """For an ``ml_dtypes`` NumPy dtype, return ``(torch dtype, NumPy integer
     view dtype)``; otherwise ``None``.

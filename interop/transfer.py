@@ -1,0 +1,633 @@
+"""Chunked device-to-host (and host-to-host) copies: ``copy_to_host`` and
+``copy_to_host_async``.
+
+Building blocks reused by ``interop.npy`` and ``interop.upload``:
+
+* :func:`c_order_chunks` — plans views that cover an array in C order.
+* :class:`Progress` — tqdm bar or callback, in bytes.
+* :class:`PinnedRing` / :func:`pinned_ring` — page-locked staging buffers of
+  exact size, cached for reuse.
+
+Two engines share one scheduler (:class:`Transfer` plus an in-order prefix
+counter): the host engine copies host sources with a thread pool; the CUDA
+engine streams device sources through the pinned ring (see docs/transfer.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from . import _backends, dtypes
+from .config import config
+from .errors import TransferError
+
+__all__ = ["Transfer", "copy_to_host", "copy_to_host_async"]
+
+_D2H = 2  # cudaMemcpyDeviceToHost
+_HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device
+
+
+# ----------------------------------------------------------------- planning
+
+
+def c_order_chunks(
+    shape: tuple[int, ...], itemsize: int, chunk_bytes: int
+) -> Iterator[tuple[int | slice, ...]]:
+    """Index tuples whose views cover an array of ``shape`` in C order.
+
+    Each ``x[idx]`` is a view of at most ``max(chunk_bytes, itemsize)`` bytes:
+    whole trailing blocks that fit are grouped along the first axis that
+    does not fit whole. A zero-size shape yields nothing; a 0-d shape yields
+    ``(Ellipsis,)`` once.
+    """
+    shape = tuple(int(n) for n in shape)
+    if any(n == 0 for n in shape):
+        return
+    if not shape:
+        yield (Ellipsis,)  # x[...] is a 0-d view; x[()] would be a scalar
+        return
+    limit = max(int(chunk_bytes), int(itemsize))
+    block = int(itemsize)  # bytes of one step along `axis` (trailing axes whole)
+    axis = len(shape) - 1
+    while axis >= 0 and block * shape[axis] <= limit:
+        block *= shape[axis]
+        axis -= 1
+    if axis < 0:  # the whole array fits in one chunk
+        yield (slice(0, shape[0]),)
+        return
+    per = max(1, limit // block)
+    for prefix in np.ndindex(*shape[:axis]):
+        for start in range(0, shape[axis], per):
+            yield (*prefix, slice(start, min(start + per, shape[axis])))
+
+
+def _nbytes(shape: tuple[int, ...], itemsize: int) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+
+# ----------------------------------------------------------------- progress
+
+
+class Progress:
+    """Progress in bytes: a tqdm bar (``progress=True``) or a callable
+    ``progress(bytes_done, bytes_total)``; nothing for ``False``/``None``."""
+
+    def __init__(self, progress: Any, total: int, desc: str) -> None:
+        self._callback: Callable[[int, int], Any] | None = None
+        self._bar = None
+        self.done = 0
+        self.total = total
+        if callable(progress):
+            self._callback = progress
+        elif progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc)
+
+    def add(self, n: int) -> None:
+        """Count ``n`` more bytes as done."""
+        self.done += n
+        if self._callback is not None:
+            self._callback(self.done, self.total)
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        """Close the bar, if any."""
+        if self._bar is not None:
+            self._bar.close()
+
+
+# ----------------------------------------------------------------- pinned ring
+
+
+class PinnedRing:
+    """``count`` page-locked host buffers of exactly ``nbytes`` each.
+
+    Allocated with ``cudaHostAlloc`` (portable) at exact size — not through
+    CuPy's pinned pool, which rounds up to powers of two — and freed with
+    ``cudaFreeHost`` by :meth:`free`.
+    """
+
+    def __init__(self, count: int, nbytes: int) -> None:
+        self._cp = _backends.cupy()
+        self.nbytes = nbytes
+        self.ptrs: list[int] = []
+        self.arrays: list[np.ndarray] = []
+        try:
+            for _ in range(count):
+                ptr = int(self._cp.cuda.runtime.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE))
+                self.ptrs.append(ptr)
+                buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+                self.arrays.append(np.ctypeslib.as_array(buf))
+        except BaseException:
+            self.free()
+            raise
+
+    def free(self) -> None:
+        """Free every buffer (only once no copy uses them)."""
+        self.arrays.clear()
+        while self.ptrs:
+            self._cp.cuda.runtime.freeHost(self.ptrs.pop())
+
+
+_ring_lock = threading.Lock()
+_ring_cache: dict[tuple[int, int], list[PinnedRing]] = {}
+_RINGS_KEPT = 2  # idle rings kept per (count, nbytes), for concurrent transfers
+
+
+@contextlib.contextmanager
+def pinned_ring(count: int, nbytes: int) -> Iterator[PinnedRing]:
+    """Borrow a ring from the cache (or allocate one) for one transfer.
+
+    A ring is never lent to two transfers at once. It goes back to the cache
+    when the block exits normally; on an error it is freed, since a failed
+    copy may have left it in an unknown state.
+    """
+    key = (count, nbytes)
+    with _ring_lock:
+        idle = _ring_cache.get(key)
+        ring = idle.pop() if idle else None
+    if ring is None:
+        ring = PinnedRing(count, nbytes)
+    try:
+        yield ring
+    except BaseException:
+        ring.free()
+        raise
+    with _ring_lock:
+        idle = _ring_cache.setdefault(key, [])
+        if len(idle) < _RINGS_KEPT:
+            idle.append(ring)
+            ring = None
+    if ring is not None:
+        ring.free()
+
+
+# ----------------------------------------------------------------- Transfer
+
+
+class Transfer:
+    """A running chunked copy, returned by :func:`copy_to_host_async`.
+
+    Attributes
+    ----------
+    nbytes : int
+        Total bytes to copy.
+    """
+
+    def __init__(self, out: np.ndarray, nbytes: int, sizes: list[int], progress: Progress):
+        self.nbytes = nbytes
+        self._out = out
+        self._sizes = sizes
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._cancelled = threading.Event()
+        self._complete = [False] * len(sizes)
+        self._next = 0
+        self._bytes_done = 0
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- used by the engines
+    def _chunk_done(self, i: int) -> None:
+        with self._lock:
+            self._complete[i] = True
+            advanced = 0
+            while self._next < len(self._sizes) and self._complete[self._next]:
+                advanced += self._sizes[self._next]
+                self._next += 1
+            self._bytes_done += advanced
+            if advanced:
+                self._progress.add(advanced)
+
+    def _check_cancel(self) -> None:
+        if self._cancelled.is_set():
+            raise _Cancelled
+
+    def _start(self, run: Callable[[Transfer], None]) -> None:
+        def target() -> None:
+            try:
+                run(self)
+            except BaseException as exc:  # re-raised in the caller by result()
+                self._error = exc
+            finally:
+                self._progress.close()
+                self._finished.set()
+
+        self._thread = threading.Thread(target=target, name="interop-transfer", daemon=True)
+        self._thread.start()
+
+    # -- public
+    @property
+    def bytes_done(self) -> int:
+        """Bytes of the completed prefix (in the source's C order)."""
+        with self._lock:
+            return self._bytes_done
+
+    def done(self) -> bool:
+        """True once the transfer has finished, failed or been cancelled."""
+        return self._finished.is_set()
+
+    def cancel(self) -> bool:
+        """Ask the transfer to stop after the chunks in flight.
+
+        Returns
+        -------
+        bool
+            False if it had already finished.
+        """
+        self._cancelled.set()
+        return not self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """Wait for the transfer and return ``out``.
+
+        Raises
+        ------
+        TimeoutError
+            Not finished within ``timeout`` seconds (the transfer goes on).
+        TransferError
+            A chunk failed or the transfer was cancelled; the message says
+            which byte range is complete. Every staging buffer, stream and
+            thread has been released.
+        KeyboardInterrupt
+            Interrupted while waiting: the transfer is cancelled and its
+            resources released before this is re-raised.
+        """
+        try:
+            if not self._finished.wait(timeout):
+                raise TimeoutError(
+                    f"transfer not finished after {timeout} s "
+                    f"({self.bytes_done} of {self.nbytes} bytes done)"
+                )
+        except KeyboardInterrupt:
+            self.cancel()
+            self._finished.wait()
+            raise
+        if self._error is not None:
+            raise self._failure(self._error)
+        return self._out
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, TransferError | KeyboardInterrupt):
+            return exc
+        done = self.bytes_done
+        if isinstance(exc, _Cancelled):
+            what = "was cancelled"
+        else:
+            what = f"failed ({type(exc).__name__}: {exc})"
+        err = TransferError(
+            f"copy_to_host {what}; bytes [0, {done}) of {self.nbytes} (in the source's "
+            "C order) are complete, the rest of out is unspecified",
+            bytes_done=done,
+            nbytes=self.nbytes,
+        )
+        err.__cause__ = None if isinstance(exc, _Cancelled) else exc
+        return err
+
+
+class _Cancelled(Exception):
+    pass
+
+
+# ----------------------------------------------------------------- validation
+
+
+def _source(x: Any) -> tuple[Any, tuple[int, ...], np.dtype, str]:
+    """(object to slice, shape, NumPy dtype, 'host' or 'cuda') for an array of SPEC §1."""
+    if isinstance(x, np.ndarray):
+        return x, x.shape, x.dtype, "host"
+    if _backends.is_torch_tensor(x):
+        if x.layout != _backends.torch().strided:
+            raise TypeError(f"expected a dense (strided) tensor (got layout {x.layout})")
+        kind = "cuda" if x.device.type == "cuda" else "host"
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"expected a CPU or CUDA tensor (got device {str(x.device)!r})")
+        return x.detach(), tuple(x.shape), dtypes.numpy_dtype_of_torch(x.dtype), kind
+    if _backends.is_cupy_array(x):
+        return x, tuple(x.shape), np.dtype(x.dtype), "cuda"
+    if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
+        from .exchange import to_cupy, to_numpy
+
+        if hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in (1, 3):
+            return _source(to_numpy(x))
+        return _source(to_cupy(x))
+    raise TypeError(
+        "copy_to_host expected a NumPy array, a PyTorch tensor, a CuPy array, or an object "
+        f"with __dlpack__ or __cuda_array_interface__ (got {type(x).__module__}."
+        f"{type(x).__qualname__})"
+    )
+
+
+def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, src: Any, kind: str) -> None:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(
+            "copy_to_host expected out to be a writable NumPy array (numpy.memmap included) "
+            f"(got {type(out).__module__}.{type(out).__qualname__}); use interop.copy_to_device "
+            "for device destinations"
+        )
+    if out.shape != tuple(shape):
+        raise ValueError(f"copy_to_host expected out of shape {tuple(shape)} (got {out.shape})")
+    if out.dtype != dtype:
+        raise ValueError(
+            f"copy_to_host expected out of dtype {dtype} (got {out.dtype}); bfloat16/float8 "
+            "sources need the ml_dtypes dtype of the same name"
+        )
+    if not out.flags.writeable:
+        raise ValueError("copy_to_host expected a writable out (got a read-only array)")
+    if kind == "host" and out.size:
+        host = src if isinstance(src, np.ndarray) else _host_view(src)
+        if host is not None and np.may_share_memory(out, host):
+            try:
+                overlap = np.shares_memory(out, host, max_work=100_000)
+            except np.exceptions.TooHardError:
+                overlap = True
+            if overlap:
+                raise ValueError(
+                    "copy_to_host expected out not to overlap the source (got overlapping "
+                    "memory); copy into a separate array"
+                )
+
+
+def _host_view(t: Any) -> np.ndarray | None:
+    """The raw memory of a CPU tensor as NumPy (for overlap checks), if cheap."""
+    if t.is_conj() or t.is_neg():
+        return None
+    from .exchange import to_numpy
+
+    return to_numpy(t)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed with a same-sized integer dtype for ml_dtypes types."""
+    view = dtypes.int_view_of_numpy(a.dtype)
+    return a if view == a.dtype else a.view(view)
+
+
+# ----------------------------------------------------------------- host engine
+
+
+def _host_engine(src: Any, out: np.ndarray, chunks: list[tuple], threads: int):
+    from .exchange import to_numpy
+
+    def copy(i: int) -> None:
+        idx = chunks[i]
+        part = to_numpy(src[idx])  # per chunk: conj/neg bits resolved on this chunk only
+        np.copyto(_bits(out[idx]), _bits(part))
+
+    def run(transfer: Transfer) -> None:
+        window = max(1, threads) * 2
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="interop-host") as pool:
+            pending: dict[int, Future[None]] = {}
+            try:
+                for i in range(len(chunks)):
+                    transfer._check_cancel()
+                    pending[i] = pool.submit(copy, i)
+                    if len(pending) >= window:
+                        first = min(pending)
+                        pending.pop(first).result()
+                        transfer._chunk_done(first)
+                for i in sorted(pending):
+                    transfer._check_cancel()
+                    pending.pop(i).result()
+                    transfer._chunk_done(i)
+            finally:
+                for f in pending.values():
+                    f.cancel()
+
+    return run
+
+
+# ----------------------------------------------------------------- CUDA engine
+
+
+def _cuda_source(src: Any) -> tuple[Any, int, Any]:
+    """(CuPy bit view of the whole source or None, device index, producer stream)."""
+    cp = _backends.require_cupy_device()
+    if _backends.is_cupy_array(src):
+        index = int(src.device.id)
+        with cp.cuda.Device(index):
+            return src, index, cp.cuda.get_current_stream()
+    from .exchange import _cupy_stream, _torch_stream_handle
+
+    th = _backends.torch()
+    index = int(src.device.index)
+    with cp.cuda.Device(index):
+        producer = _cupy_stream(cp, _torch_stream_handle(th, index), index)
+    if src.is_conj() or src.is_neg():
+        return None, index, producer  # resolved chunk by chunk
+    ml = dtypes.ml_view_of_torch(src.dtype)
+    bits = src if ml is None else src.view(ml[1])
+    with cp.cuda.Device(index), th.cuda.device(index), producer:
+        return cp.from_dlpack(bits), index, producer
+
+
+def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: int, threads: int):
+    cp = _backends.require_cupy_device()
+    whole, index, producer = _cuda_source(src)
+    itemsize = out.dtype.itemsize
+    nslots = max(1, min(config.num_buffers, len(chunks)))
+
+    def chunk_on_device(idx: tuple) -> Any:
+        if whole is not None:
+            return whole[idx]
+        th = _backends.torch()
+        with th.cuda.device(index):
+            part = src[idx].resolve_conj().resolve_neg()  # chunk-sized, on torch's stream
+            ml = dtypes.ml_view_of_torch(part.dtype)
+            part = part if ml is None else part.view(ml[1])
+            return cp.from_dlpack(part)
+
+    def run(transfer: Transfer) -> None:
+        with cp.cuda.Device(index):
+            stream = cp.cuda.Stream(non_blocking=True)
+            start = cp.cuda.Event(disable_timing=True)
+            start.record(producer)
+            stream.wait_event(start)
+            events = [cp.cuda.Event(disable_timing=True) for _ in range(nslots)]
+            staging = None
+            drains: list[Future[None] | None] = [None] * nslots
+            pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="interop-d2h")
+            failing = False
+            with pinned_ring(nslots, max(chunk_bytes, itemsize)) as ring:
+                try:
+
+                    def drain(i: int, k: int) -> None:
+                        events[k].synchronize()
+                        idx = chunks[i]
+                        dst = out[idx]
+                        n = dst.size * itemsize
+                        view = ring.arrays[k][:n].view(_bits(dst).dtype).reshape(dst.shape)
+                        np.copyto(_bits(dst), view)
+
+                    for i, idx in enumerate(chunks):
+                        k = i % nslots
+                        if drains[k] is not None:
+                            drains[k].result()  # slot k is free again
+                            transfer._chunk_done(i - nslots)
+                            drains[k] = None
+                        transfer._check_cancel()
+                        part = chunk_on_device(idx)
+                        n = part.size * itemsize
+                        if whole is None:  # produced on the producer stream just now
+                            ready = cp.cuda.Event(disable_timing=True)
+                            ready.record(producer)
+                            stream.wait_event(ready)
+                        if part.flags.c_contiguous:
+                            src_ptr = part.data.ptr
+                        else:
+                            if staging is None:
+                                staging = cp.empty((nslots, ring.nbytes), dtype=cp.uint8)
+                            packed = staging[k, :n].view(part.dtype).reshape(part.shape)
+                            with stream:
+                                packed[...] = part  # device-side pack, on the copy stream
+                            src_ptr = packed.data.ptr
+                        cp.cuda.runtime.memcpyAsync(ring.ptrs[k], src_ptr, n, _D2H, stream.ptr)
+                        events[k].record(stream)
+                        drains[k] = pool.submit(drain, i, k)
+                    first = len(chunks) - nslots
+                    for j in range(max(0, first), len(chunks)):
+                        k = j % nslots
+                        if drains[k] is not None:
+                            drains[k].result()
+                            drains[k] = None
+                            transfer._chunk_done(j)
+                except BaseException:
+                    failing = True
+                    raise
+                finally:
+                    # Nothing may touch the ring once it is released: stop the
+                    # host threads, then drain the copy stream.
+                    for f in drains:
+                        if f is not None:
+                            f.cancel()
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    _drain(stream, failing)
+
+    return run
+
+
+def _drain(stream: Any, failing: bool) -> None:
+    """Wait for ``stream``; while another error propagates, keep that one."""
+    try:
+        stream.synchronize()
+    except Exception:
+        if not failing:
+            raise
+
+
+# ----------------------------------------------------------------- public API
+
+
+def copy_to_host_async(
+    x: Any,
+    /,
+    out: np.ndarray | None = None,
+    *,
+    chunk_bytes: int | None = None,
+    progress: Any = False,
+) -> Transfer:
+    """Start a chunked copy of ``x`` into host memory; return a :class:`Transfer`.
+
+    Parameters
+    ----------
+    x : array
+        A CuPy array, a PyTorch tensor (CUDA or CPU) or a NumPy array
+        (memmaps included), any strides. bfloat16/float8 tensors are copied
+        bit for bit into the ``ml_dtypes`` dtype of the same name; tensors
+        with the conjugate/negative bit give the values they represent.
+    out : numpy.ndarray, optional
+        Writable destination (``numpy.memmap`` included) with exactly
+        ``x.shape`` and the matching dtype, any strides. Without it a new
+        (pageable) array is allocated.
+    chunk_bytes : int, optional
+        Chunk (staging buffer) size; default ``interop.config.chunk_bytes``.
+    progress : bool or callable
+        ``True`` shows a tqdm bar in bytes; a callable is called as
+        ``progress(bytes_done, bytes_total)`` from the transfer's thread.
+
+    Returns
+    -------
+    Transfer
+        ``result()`` returns ``out``.
+
+    Notes
+    -----
+    Copy semantics: always a copy into ``out``. Device sources go through a
+    ring of ``interop.config.num_buffers`` pinned buffers on a dedicated
+    non-blocking stream that waits (an event, not a device-wide sync) on the
+    producer's current stream of the data's device, so the copy sees all work
+    queued before the call. Non-contiguous device chunks are packed on the
+    device into ring-sized staging buffers (no full-size temporary). Host
+    sources are copied chunk by chunk by ``interop.config.host_threads``
+    threads.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``x`` is not an array, or ``out`` has the wrong type, shape or dtype,
+        is read-only or overlaps the source. Raised here, before anything is
+        written.
+    UnsupportedDtypeError
+        The dtype has no NumPy equivalent (``torch.complex32``).
+    NoDeviceError, BackendUnavailableError
+        Device data without a usable CUDA device or CuPy.
+    """
+    chunk = config.chunk_bytes if chunk_bytes is None else chunk_bytes
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ValueError(f"expected chunk_bytes to be a positive int (got {chunk!r})")
+    src, shape, dtype, kind = _source(x)
+    if out is None:
+        out = np.empty(shape, dtype)
+    else:
+        _check_out(out, shape, dtype, src, kind)
+    chunks = list(c_order_chunks(shape, dtype.itemsize, chunk))
+    sizes = [_nbytes(out[idx].shape, dtype.itemsize) for idx in chunks]
+    threads = config.host_threads
+    if kind == "cuda":
+        run = _cuda_engine(src, out, chunks, chunk, threads)
+    else:
+        run = _host_engine(src, out, chunks, threads)
+    transfer = Transfer(out, sum(sizes), sizes, Progress(progress, sum(sizes), "copy_to_host"))
+    transfer._start(run)
+    return transfer
+
+
+def copy_to_host(
+    x: Any,
+    /,
+    out: np.ndarray | None = None,
+    *,
+    chunk_bytes: int | None = None,
+    progress: Any = False,
+) -> np.ndarray:
+    """Copy ``x`` into host memory in chunks; ``copy_to_host_async(...).result()``.
+
+    See :func:`copy_to_host_async` for the parameters, copy semantics and
+    stream order.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out`` itself when given, else a new array.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad ``x`` or ``out`` (before anything is written).
+    TransferError
+        A chunk failed or the copy was cancelled; the message says which byte
+        range is complete.
+    KeyboardInterrupt
+        Interrupted: the copy is cancelled and every resource released first.
+    """
+    return copy_to_host_async(x, out, chunk_bytes=chunk_bytes, progress=progress).result()

@@ -1,0 +1,383 @@
+"""save_npy / load_npy on the host (real files, real data) and on the GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import interop
+from interop.npy import read_npy_header
+
+from .helpers import run_python
+
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+    ml_dtypes.bfloat16,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+]
+
+
+def _sample(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.uniform(-8, 8, shape).astype(dtype)
+
+
+def _same(a, b):
+    assert a.shape == b.shape
+    assert a.dtype == b.dtype
+    assert a.tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_round_trip_every_dtype(tmp_path, dtype):
+    a = _sample((7, 5), dtype)
+    path = interop.save_npy(a, tmp_path / "a.npy", chunk_bytes=16)
+    assert path == tmp_path / "a.npy"
+    _same(np.load(path), a)  # a standard file: numpy reads it (ml_dtypes is imported)
+    _same(interop.load_npy(path, device="cpu", chunk_bytes=24), a)
+
+
+def test_bfloat16_header_names_the_dtype(tmp_path):
+    a = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    interop.save_npy(a, tmp_path / "b.npy")
+    header = read_npy_header(tmp_path / "b.npy")
+    assert header.dtype == np.dtype(ml_dtypes.bfloat16)
+    with open(tmp_path / "b.npy", "rb") as f:
+        assert b"'descr': 'bfloat16'" in f.read(128)
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda a: a,
+        lambda a: a.T,
+        lambda a: a[::-1, ::2],
+        lambda a: a[:, 3],
+        lambda a: a[1:4, 2:9:3].T,
+    ],
+    ids=["contiguous", "transposed", "reversed-step", "column", "mixed"],
+)
+@pytest.mark.parametrize("chunk", [1, 8, 40, 1 << 20])
+def test_strided_sources_and_chunk_sizes(tmp_path, view, chunk):
+    base = _sample((6, 11), np.float64, seed=3)
+    src = view(base)
+    interop.save_npy(src, tmp_path / "s.npy", chunk_bytes=chunk)
+    _same(np.load(tmp_path / "s.npy"), np.ascontiguousarray(src))
+
+
+def test_memmap_source(tmp_path):
+    mm = np.lib.format.open_memmap(tmp_path / "src.npy", "w+", np.float32, (64, 33))
+    mm[...] = _sample((64, 33), np.float32)
+    interop.save_npy(mm.T, tmp_path / "out.npy", chunk_bytes=1000)
+    _same(np.load(tmp_path / "out.npy"), np.ascontiguousarray(mm.T))
+
+
+def test_torch_cpu_sources(tmp_path, torch):
+    z = torch.tensor([[1 + 2j, 3 - 4j], [5 + 6j, -7 - 8j]])
+    interop.save_npy(z.conj(), tmp_path / "c.npy", chunk_bytes=16)
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), z.conj().resolve_conj().numpy())
+    interop.save_npy(z.conj().imag, tmp_path / "n.npy", chunk_bytes=8)
+    np.testing.assert_array_equal(np.load(tmp_path / "n.npy"), [[-2.0, 4.0], [-6.0, 8.0]])
+    b = torch.linspace(-3, 3, 10, dtype=torch.bfloat16)
+    interop.save_npy(b, tmp_path / "b.npy", chunk_bytes=6)
+    loaded = np.load(tmp_path / "b.npy")
+    assert loaded.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(loaded.astype(np.float32), b.float().numpy())
+    g = torch.ones(3, requires_grad=True)
+    interop.save_npy(g, tmp_path / "g.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), [1.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1,)])
+def test_zero_d_and_zero_size(tmp_path, shape):
+    a = _sample(shape, np.int32)
+    interop.save_npy(a, tmp_path / "z.npy")
+    _same(np.load(tmp_path / "z.npy"), a)
+    _same(interop.load_npy(tmp_path / "z.npy", device="cpu"), a)
+
+
+def test_progress_callable_is_monotonic_and_complete(tmp_path):
+    a = _sample((100, 10), np.float32)
+    seen: list[tuple[int, int]] = []
+    interop.save_npy(
+        a, tmp_path / "p.npy", chunk_bytes=512, progress=lambda d, t: seen.append((d, t))
+    )
+    assert len(seen) > 5
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (a.nbytes, a.nbytes)
+    seen.clear()
+    interop.load_npy(
+        tmp_path / "p.npy", device="cpu", chunk_bytes=700, progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen[-1] == (a.nbytes, a.nbytes)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_progress_bar(tmp_path, capsys):
+    a = _sample((50,), np.float64)
+    interop.save_npy(a, tmp_path / "bar.npy", progress=True)
+    interop.load_npy(tmp_path / "bar.npy", device="cpu", progress=True)
+    err = capsys.readouterr().err
+    assert "save_npy" in err
+    assert "load_npy" in err
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_interrupted_save_leaves_no_file_and_keeps_the_old_one(tmp_path):
+    target = tmp_path / "keep.npy"
+    old = np.arange(4.0)
+    np.save(target, old)
+
+    def stop(done, total):
+        if done > total // 2:
+            raise _Stop("interrupted")
+
+    with pytest.raises(_Stop):
+        interop.save_npy(_sample((200, 10), np.float64), target, chunk_bytes=1024, progress=stop)
+    _same(np.load(target), old)  # the previous file is untouched
+    assert sorted(os.listdir(tmp_path)) == ["keep.npy"]  # no partial file left behind
+
+    fresh = tmp_path / "fresh.npy"
+    with pytest.raises(_Stop):
+        interop.save_npy(_sample((200, 10), np.float64), fresh, chunk_bytes=1024, progress=stop)
+    assert not fresh.exists()
+
+
+def test_load_into_strided_numpy_and_torch_out(tmp_path, torch):
+    a = _sample((9, 4), np.float32)
+    np.save(tmp_path / "a.npy", a)
+    base = np.zeros((4, 18), np.float32)
+    out = base.T[::2]
+    assert out.shape == a.shape
+    assert interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=20) is out
+    np.testing.assert_array_equal(out, a)
+    t = torch.zeros(9, 4)
+    assert interop.load_npy(tmp_path / "a.npy", t, chunk_bytes=12) is t
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_load_fortran_order_file(tmp_path):
+    a = np.asfortranarray(_sample((5, 7, 3), np.int64))
+    np.save(tmp_path / "f.npy", a)
+    assert read_npy_header(tmp_path / "f.npy").fortran_order
+    _same(interop.load_npy(tmp_path / "f.npy", device="cpu", chunk_bytes=48), a)
+
+
+def _untouched(out):
+    return out.copy()
+
+
+def test_corrupt_file_names_the_file_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"not an npy file at all" * 4)
+    out = np.full(3, 7.0)
+    with pytest.raises(ValueError, match=r"bad\.npy.*not a readable \.npy file"):
+        interop.load_npy(bad, out)
+    np.testing.assert_array_equal(out, [7.0, 7.0, 7.0])
+
+
+def test_truncated_file(tmp_path):
+    path = tmp_path / "t.npy"
+    np.save(path, np.arange(1000, dtype=np.float64))
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 8)
+    out = np.full(1000, -1.0)
+    with pytest.raises(ValueError, match=r"t\.npy' is truncated: expected \d+ bytes"):
+        interop.load_npy(path, out)
+    assert (out == -1.0).all()
+
+
+def test_file_longer_than_header(tmp_path):
+    path = tmp_path / "long.npy"
+    np.save(path, np.arange(10, dtype=np.int16))
+    with open(path, "ab") as f:
+        f.write(b"\0" * 4)
+    with pytest.raises(ValueError, match="longer than its header says"):
+        read_npy_header(path)
+
+
+def test_object_file_refused(tmp_path):
+    path = tmp_path / "o.npy"
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="never unpickles"):
+        interop.load_npy(path, device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("out", "exc", "pattern"),
+    [
+        (np.zeros((3, 4), np.float32), ValueError, r"shape \(4, 3\)"),
+        (np.zeros((4, 3), np.float64), ValueError, "dtype float32"),
+        ([0.0] * 12, TypeError, "expected out .* NumPy array"),
+    ],
+)
+def test_wrong_out_is_refused_before_writing(tmp_path, out, exc, pattern):
+    np.save(tmp_path / "a.npy", np.ones((4, 3), np.float32))
+    before = json.dumps(np.asarray(out).tolist())
+    with pytest.raises(exc, match=pattern):
+        interop.load_npy(tmp_path / "a.npy", out)
+    assert json.dumps(np.asarray(out).tolist()) == before
+
+
+def test_read_only_out_is_refused(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones(3))
+    out = np.zeros(3)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        interop.load_npy(tmp_path / "a.npy", out)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        interop.load_npy(tmp_path / "nope.npy", device="cpu")
+
+
+def test_save_rejects_non_arrays(tmp_path):
+    with pytest.raises(TypeError, match=r"save_npy expected .* \(got builtins.list\)"):
+        interop.save_npy([1, 2, 3], tmp_path / "x.npy")
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_without_a_gpu_device_paths_raise_no_device(tmp_path):
+    if interop._backends.cupy_device_count() > 0:
+        pytest.skip("a CUDA device is visible")
+    np.save(tmp_path / "a.npy", np.ones(3))
+    with pytest.raises(interop.NoDeviceError, match="expected a CUDA device"):
+        interop.load_npy(tmp_path / "a.npy")
+    with pytest.raises(interop.NoDeviceError):
+        interop.copy_to_device(np.ones(3))
+
+
+def test_copy_to_device_rejects_non_arrays():
+    with pytest.raises(TypeError, match=r"copy_to_device expected .* \(got builtins.str\)"):
+        interop.copy_to_device("abc")
+
+
+def test_save_peak_rss_stays_within_twice_the_ring(tmp_path):
+    """Saving a 256 MiB CPU tensor must not make a full-size host copy."""
+    code = f"""
+        import numpy as np, torch, interop
+        def status(key):
+            for line in open("/proc/self/status"):
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        t = torch.ones(64 * 2**20, dtype=torch.float32)  # 256 MiB, touched
+        chunk, nbuf = 4 << 20, 2
+        with interop.config.set(chunk_bytes=chunk, num_buffers=nbuf):
+            interop.save_npy(t[:1024], r"{tmp_path / "warm.npy"}")  # imports done
+            open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS
+            base = status("VmRSS:")
+            interop.save_npy(t, r"{tmp_path / "big.npy"}")
+            extra = status("VmHWM:") - base
+        print(extra, 2 * nbuf * chunk)
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    extra, bound = map(int, proc.stdout.split())
+    assert extra <= bound, f"peak extra RSS {extra} bytes exceeds {bound}"
+    assert (tmp_path / "big.npy").stat().st_size == 64 * 2**20 * 4 + 128
+
+
+# ----------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_gpu_save_and_load_cupy(tmp_path, cp, layout):
+    a = cp.arange(3 * 1000, dtype=cp.float32).reshape(3, 1000)
+    src = a if layout == "contiguous" else a.T
+    interop.save_npy(src, tmp_path / "g.npy", chunk_bytes=4096)
+    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), cp.asnumpy(src))
+    back = interop.load_npy(tmp_path / "g.npy", chunk_bytes=3000)
+    assert isinstance(back, cp.ndarray)
+    assert bool((back == src).all())
+
+
+@pytest.mark.gpu
+def test_gpu_save_and_load_torch_bf16(tmp_path, torch):
+    t = torch.linspace(-4, 4, 4099, device="cuda").to(torch.bfloat16)
+    interop.save_npy(t, tmp_path / "b.npy", chunk_bytes=1000)
+    loaded = np.load(tmp_path / "b.npy")
+    assert loaded.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(loaded.astype(np.float32), t.float().cpu().numpy())
+    out = torch.empty_like(t)
+    assert interop.load_npy(tmp_path / "b.npy", out, chunk_bytes=512) is out
+    assert torch.equal(out, t)
+
+
+@pytest.mark.gpu
+def test_gpu_load_into_strided_out(tmp_path, cp):
+    a = _sample((64, 48), np.float64)
+    np.save(tmp_path / "a.npy", a)
+    base = cp.zeros((48, 128))
+    out = base.T[::2]
+    interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=1000)
+    np.testing.assert_array_equal(cp.asnumpy(out), a)
+    assert float(base.T[1::2].sum()) == 0.0  # the gaps are untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [8, 4096, 1 << 22])
+def test_gpu_copy_to_device_strided_and_memmap(tmp_path, cp, chunk):
+    a = _sample((300, 70), np.float32)
+    out = interop.copy_to_device(a[::-1, ::3], chunk_bytes=chunk)
+    np.testing.assert_array_equal(cp.asnumpy(out), a[::-1, ::3])
+    mm = np.lib.format.open_memmap(tmp_path / "m.npy", "w+", np.float32, a.shape)
+    mm[...] = a
+    out2 = cp.zeros((70, 300), np.float32).T
+    assert interop.copy_to_device(mm, out2, chunk_bytes=chunk) is out2
+    np.testing.assert_array_equal(cp.asnumpy(out2), a)
+
+
+@pytest.mark.gpu
+def test_gpu_copy_to_device_into_torch_and_validation(torch):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)
+    out = torch.zeros(3, 4, dtype=torch.bfloat16, device="cuda")
+    assert interop.copy_to_device(a, out, chunk_bytes=6) is out
+    np.testing.assert_array_equal(out.float().cpu().numpy(), a.astype(np.float32))
+    wrong = torch.full((4, 3), 5.0, device="cuda")
+    with pytest.raises(ValueError, match=r"shape \(3, 4\)"):
+        interop.copy_to_device(np.ones((3, 4), np.float32), wrong)
+    assert bool((wrong == 5.0).all())
+
+
+@pytest.mark.gpu
+def test_gpu_copy_to_device_orders_after_current_stream(torch):
+    """Work queued on torch's current stream before the copy is not overwritten later."""
+    out = torch.empty(1 << 20, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        out.fill_(1.0)
+        interop.copy_to_device(np.full(1 << 20, 2.0, np.float32), out, chunk_bytes=1 << 18)
+    side.synchronize()
+    assert bool((out == 2.0).all())
