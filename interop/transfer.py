@@ -197,7 +197,7 @@ class Transfer:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    # -- used by the engines
+    # -- used by the engines (from the transfer's own thread only)
     def _chunk_done(self, i: int) -> None:
         with self._lock:
             self._complete[i] = True
@@ -206,8 +206,8 @@ class Transfer:
                 advanced += self._sizes[self._next]
                 self._next += 1
             self._bytes_done += advanced
-            if advanced:
-                self._progress.add(advanced)
+        if advanced:  # outside the lock: a slow callback must not block bytes_done readers
+            self._progress.add(advanced)
 
     def _check_cancel(self) -> None:
         if self._cancelled.is_set():

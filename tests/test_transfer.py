@@ -1,0 +1,421 @@
+"""copy_to_host / copy_to_host_async: the host engine on real data here, the CUDA
+engine under the ``gpu`` marker."""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import interop
+from interop.transfer import _ring_cache, c_order_chunks
+
+NUMPY_DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+    ml_dtypes.bfloat16,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+]
+TORCH_DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+]
+
+
+def sample(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        return rng.integers(0, 100, shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.uniform(-4, 4, shape).astype(dtype)
+
+
+def bits(a):
+    """Bytes of ``a`` in C order, for exact comparisons of any dtype."""
+    return np.ascontiguousarray(a).tobytes()
+
+
+# ----------------------------------------------------------------- the planner
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunk"),
+    [((5, 7), 56), ((5, 7), 24), ((5, 7), 10_000), ((2, 3, 4), 8), ((2, 3, 4), 1), ((9,), 20)],
+)
+def test_chunks_cover_c_order_within_the_limit(shape, chunk):
+    a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    chunks = list(c_order_chunks(shape, 8, chunk))
+    assert np.concatenate([a[i].reshape(-1) for i in chunks]).tolist() == list(range(a.size))
+    assert all(a[i].nbytes <= max(chunk, 8) for i in chunks)
+    assert all(np.shares_memory(a[i], a) for i in chunks)  # views, not copies
+
+
+def test_chunks_of_0d_and_zero_size():
+    assert list(c_order_chunks((), 4, 1)) == [(Ellipsis,)]
+    assert list(c_order_chunks((3, 0), 4, 1)) == []
+
+
+# ----------------------------------------------------------------- host engine
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_every_dtype(dtype):
+    a = sample((13, 7), dtype)
+    out = np.empty_like(a)
+    assert interop.copy_to_host(a, out, chunk_bytes=20) is out
+    assert bits(out) == bits(a)
+    fresh = interop.copy_to_host(a, chunk_bytes=33)
+    assert fresh.dtype == a.dtype
+    assert not np.shares_memory(fresh, a)
+    assert bits(fresh) == bits(a)
+
+
+@pytest.mark.parametrize("name", TORCH_DTYPES)
+def test_cpu_tensor_every_dtype(torch, name):
+    t = torch.from_numpy(sample((6, 5), np.float64)).to(getattr(torch, name))
+    got = interop.copy_to_host(t, chunk_bytes=7)
+    expect = interop.to_numpy(t)
+    assert got.dtype == expect.dtype
+    assert bits(got) == bits(expect)
+    if name == "bfloat16":
+        assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_conj_and_neg_tensors_give_their_values(torch):
+    z = torch.tensor([[1 + 2j, 3 - 4j], [5 + 6j, -7 - 8j]])
+    np.testing.assert_array_equal(interop.copy_to_host(z.conj(), chunk_bytes=16), z.numpy().conj())
+    np.testing.assert_array_equal(
+        interop.copy_to_host(z.conj().imag, chunk_bytes=8), -z.numpy().imag
+    )
+    g = torch.ones(3, requires_grad=True)
+    np.testing.assert_array_equal(interop.copy_to_host(g), [1.0, 1.0, 1.0])
+
+
+VIEWS = {
+    "contiguous": lambda a: a,
+    "transposed": lambda a: a.T,
+    "negative": lambda a: a[::-1, ::-2],
+    "column": lambda a: a[:, 4],
+    "steps": lambda a: a[1::3, 2:9:2],
+}
+
+
+@pytest.mark.parametrize("src_view", VIEWS.values(), ids=VIEWS.keys())
+@pytest.mark.parametrize("out_layout", ["C", "F", "strided"])
+@pytest.mark.parametrize("chunk", [1, 24, 1 << 20])
+def test_strided_sources_and_outs(src_view, out_layout, chunk):
+    src = src_view(sample((10, 12), np.float64, seed=1))
+    if out_layout == "C":
+        out = np.zeros(src.shape)
+    elif out_layout == "F":
+        out = np.zeros(src.shape, order="F")
+    else:
+        out = (
+            np.zeros(tuple(2 * n for n in src.shape))[::2, ::-2]
+            if src.ndim == 2
+            else (np.zeros(2 * src.shape[0])[::2])
+        )
+    interop.copy_to_host(src, out, chunk_bytes=chunk)
+    np.testing.assert_array_equal(out, src)
+
+
+def test_memmap_source_and_out(tmp_path):
+    src = np.lib.format.open_memmap(tmp_path / "s.npy", "w+", np.float32, (64, 40))
+    src[...] = sample((64, 40), np.float32)
+    out = np.lib.format.open_memmap(tmp_path / "o.npy", "w+", np.float32, (40, 64))
+    interop.copy_to_host(src.T, out, chunk_bytes=1000)
+    out.flush()
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), src.T)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (4, 0, 3), (1,)])
+def test_zero_d_and_zero_size(shape):
+    a = sample(shape, np.int16)
+    out = np.full(shape, 9, np.int16)
+    assert interop.copy_to_host(a, out) is out
+    assert out.shape == shape
+    assert bits(out) == bits(a)
+
+
+def test_chunk_smaller_than_an_element_is_clamped():
+    a = sample((17,), np.complex128)
+    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1), a)
+
+
+# ----------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    ("make_out", "exc", "pattern"),
+    [
+        (lambda: np.full((4, 5), 3.0), ValueError, r"shape \(5, 4\) \(got \(4, 5\)\)"),
+        (lambda: np.full((5, 4), 3, np.float32), ValueError, "dtype float64 \\(got float32\\)"),
+        (lambda: [[3.0] * 4] * 5, TypeError, r"writable NumPy array .* \(got builtins.list\)"),
+    ],
+)
+def test_bad_out_is_refused_before_writing(make_out, exc, pattern):
+    out = make_out()
+    before = np.asarray(out).tobytes()
+    with pytest.raises(exc, match=pattern):
+        interop.copy_to_host(np.ones((5, 4)), out)
+    assert np.asarray(out).tobytes() == before
+
+
+def test_read_only_out_is_refused():
+    out = np.full(3, 2.0)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="writable out"):
+        interop.copy_to_host(np.ones(3), out)
+    assert out.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_overlapping_out_is_refused():
+    a = np.arange(10.0)
+    with pytest.raises(ValueError, match="overlap"):
+        interop.copy_to_host(a[:5], a[3:8])
+    assert a.tolist() == list(np.arange(10.0))
+    interop.copy_to_host(a[0::2], a[1::2])  # interleaved, disjoint: allowed
+    assert a[1::2].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_non_arrays_and_bad_chunk_bytes():
+    with pytest.raises(TypeError, match=r"copy_to_host expected .* \(got builtins.list\)"):
+        interop.copy_to_host([1, 2])
+    with pytest.raises(ValueError, match=r"chunk_bytes to be a positive int \(got 0\)"):
+        interop.copy_to_host(np.ones(2), chunk_bytes=0)
+
+
+def test_cuda_data_without_a_device_raises_no_device():
+    class FakeCAI:
+        __cuda_array_interface__: ClassVar = {
+            "shape": (4,),
+            "typestr": "<f4",
+            "data": (0, False),
+            "version": 3,
+        }
+
+    if interop._backends.cupy_device_count() > 0:
+        pytest.skip("a CUDA device is visible")
+    with pytest.raises(interop.NoDeviceError, match="expected a CUDA device"):
+        interop.copy_to_host(FakeCAI())
+
+
+# ----------------------------------------------------------------- progress, cancel, errors
+
+
+def test_progress_callable_is_monotonic_and_complete():
+    a = sample((300, 10), np.float64)
+    seen = []
+    interop.copy_to_host(a, chunk_bytes=800, progress=lambda d, t: seen.append((d, t)))
+    assert len(seen) > 10
+    done = [d for d, _ in seen]
+    assert done == sorted(done)
+    assert seen[-1] == (a.nbytes, a.nbytes)
+    assert {t for _, t in seen} == {a.nbytes}
+
+
+def test_progress_bar(capsys):
+    interop.copy_to_host(np.ones(1000), progress=True)
+    assert "copy_to_host" in capsys.readouterr().err
+
+
+def test_cancel_reports_the_complete_prefix():
+    a = sample((4000, 8), np.float64)
+    out = np.zeros_like(a)
+    holder = {}
+    gate = threading.Event()
+
+    def progress(done, total):
+        if done >= 10 * 64 and "t" in holder:
+            holder["t"].cancel()
+        gate.wait(5)
+
+    transfer = interop.copy_to_host_async(a, out, chunk_bytes=64, progress=progress)
+    holder["t"] = transfer
+    gate.set()
+    with pytest.raises(
+        interop.TransferError, match=r"cancelled; bytes \[0, (\d+)\) of 256000"
+    ) as info:
+        transfer.result(timeout=30)
+    err = info.value
+    assert 0 < err.bytes_done < a.nbytes
+    assert err.nbytes == a.nbytes
+    assert transfer.done()
+    n = err.bytes_done // 8
+    assert out.reshape(-1)[:n].tolist() == a.reshape(-1)[:n].tolist()
+
+
+def test_worker_error_is_raised_in_the_caller():
+    def progress(done, total):
+        raise ZeroDivisionError("from the callback")
+
+    with pytest.raises(interop.TransferError, match="ZeroDivisionError: from the callback") as info:
+        interop.copy_to_host(np.ones(100), chunk_bytes=80, progress=progress)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert info.value.bytes_done == 80  # the first chunk was complete when it failed
+
+
+def test_keyboard_interrupt_in_a_worker_reaches_the_caller():
+    def progress(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interop.copy_to_host(np.ones(10), progress=progress)
+
+
+def test_result_timeout_then_completion():
+    gate = threading.Event()
+    a = np.arange(50.0)
+    transfer = interop.copy_to_host_async(a, chunk_bytes=80, progress=lambda d, t: gate.wait(5))
+    with pytest.raises(TimeoutError, match="not finished"):
+        transfer.result(timeout=0.01)
+    assert not transfer.done()
+    gate.set()
+    np.testing.assert_array_equal(transfer.result(timeout=30), a)
+    assert transfer.bytes_done == transfer.nbytes == a.nbytes
+    assert transfer.cancel() is False  # already finished
+
+
+def test_concurrent_transfers():
+    sources = [sample((200, 30), np.float32, seed=s) for s in range(8)]
+    outs = [np.zeros_like(s) for s in sources]
+    errors = []
+
+    def work(i):
+        try:
+            interop.copy_to_host(sources[i].T, outs[i].T, chunk_bytes=512)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for s, o in zip(sources, outs, strict=True):
+        np.testing.assert_array_equal(o, s)
+
+
+# ----------------------------------------------------------------- CUDA engine
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize("chunk", [4, 4096, 1 << 22])
+def test_gpu_cupy_sources(cp, layout, chunk):
+    a = cp.arange(300 * 70, dtype=cp.float32).reshape(300, 70)
+    src = {"contiguous": a, "transposed": a.T, "sliced": a[::-3, 5:60:2]}[layout]
+    out = interop.copy_to_host(src, chunk_bytes=chunk)
+    np.testing.assert_array_equal(out, cp.asnumpy(src))
+    strided_out = np.zeros((src.shape[1], src.shape[0]), np.float32).T
+    assert interop.copy_to_host(src, strided_out, chunk_bytes=chunk) is strided_out
+    np.testing.assert_array_equal(strided_out, cp.asnumpy(src))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TORCH_DTYPES)
+def test_gpu_torch_every_dtype(torch, name):
+    t = torch.linspace(-3, 3, 1000, device="cuda").reshape(40, 25).to(getattr(torch, name))
+    got = interop.copy_to_host(t.T, chunk_bytes=300)
+    expect = interop.to_numpy(t.T.cpu())
+    assert got.dtype == expect.dtype
+    assert bits(got) == bits(expect)
+
+
+@pytest.mark.gpu
+def test_gpu_conj_neg_and_grad(torch):
+    z = torch.randn(64, 3, dtype=torch.complex64, device="cuda")
+    np.testing.assert_array_equal(
+        interop.copy_to_host(z.conj(), chunk_bytes=64), z.cpu().numpy().conj()
+    )
+    np.testing.assert_array_equal(
+        interop.copy_to_host(z.conj().imag, chunk_bytes=64), -z.cpu().numpy().imag
+    )
+    g = torch.ones(5, device="cuda", requires_grad=True)
+    np.testing.assert_array_equal(interop.copy_to_host(g), np.ones(5, np.float32))
+
+
+@pytest.mark.gpu
+def test_gpu_transposed_source_extra_memory_within_the_ring(cp):
+    a = cp.ones((4096, 4096), cp.float32)  # 64 MiB
+    cp.cuda.Device().synchronize()
+    pool = cp.get_default_memory_pool()
+    chunk = 1 << 20
+    with interop.config.set(chunk_bytes=chunk, num_buffers=3):
+        before = pool.used_bytes()
+        transfer = interop.copy_to_host_async(a.T, chunk_bytes=chunk)
+        peak = before
+        while not transfer.done():
+            peak = max(peak, pool.used_bytes())
+        out = transfer.result()
+        peak = max(peak, pool.used_bytes())
+    assert out.sum() == 4096 * 4096
+    assert peak - before <= 3 * chunk
+
+
+@pytest.mark.gpu
+def test_gpu_stream_order_without_explicit_sync(torch):
+    side = torch.cuda.Stream()
+    x = torch.zeros(1 << 22, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x.fill_(7.0)
+        out = interop.copy_to_host(x, chunk_bytes=1 << 20)
+    assert (out == 7.0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
+    a = cp.arange(1 << 22, dtype=cp.float32)
+    holder = {}
+
+    def progress(done, total):
+        if "t" in holder:
+            holder["t"].cancel()
+
+    transfer = interop.copy_to_host_async(a, chunk_bytes=1 << 16, progress=progress)
+    holder["t"] = transfer
+    with pytest.raises(interop.TransferError) as info:
+        transfer.result(timeout=60)
+    n = info.value.bytes_done // 4
+    out = transfer._out
+    np.testing.assert_array_equal(out[:n], cp.asnumpy(a[:n]))
+    cached = sum(len(v) for v in _ring_cache.values())
+    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
+    assert sum(len(v) for v in _ring_cache.values()) >= cached
