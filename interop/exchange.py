@@ -111,10 +111,24 @@ def _negative_strides(strides: tuple[int, ...] | None) -> bool:
     return strides is not None and any(s < 0 for s in strides)
 
 
+def _normalise_strides(a: np.ndarray) -> np.ndarray:
+    """A zero-copy view whose size-1 axes have stride 0 (a negative stride on an
+    axis of length 1 is meaningless, but PyTorch refuses it); a zero-size array
+    becomes a fresh empty one (there is no data to share)."""
+    if a.size == 0:
+        return a if not _negative_strides(a.strides) else np.empty(a.shape, a.dtype)
+    fixed = tuple(0 if n == 1 else st for st, n in zip(a.strides, a.shape, strict=True))
+    if fixed == a.strides:
+        return a
+    return np.lib.stride_tricks.as_strided(a, a.shape, fixed, subok=True)
+
+
 def _readonly_if_broadcast(arr: np.ndarray) -> np.ndarray:
     """Mark a zero-stride (broadcast) view read-only, as ``numpy.broadcast_to`` does."""
-    if arr.flags.writeable and any(
-        st == 0 and n > 1 for st, n in zip(arr.strides, arr.shape, strict=True)
+    if (
+        arr.size
+        and arr.flags.writeable
+        and any(st == 0 and n > 1 for st, n in zip(arr.strides, arr.shape, strict=True))
     ):
         arr = arr.view()
         arr.flags.writeable = False
@@ -316,6 +330,7 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
             raise _copy_required(f"an array in non-native byte order ({a.dtype.str!r})")
         a = a.astype(a.dtype.newbyteorder("="))
         copied = True
+    a = _normalise_strides(a)
     if _negative_strides(a.strides):
         if copy is False:
             raise _copy_required(f"an array with negative strides {a.strides} (PyTorch has none)")
