@@ -98,6 +98,26 @@ def is_standard(dtype: np.dtype) -> bool:
     return np.dtype(dtype).name in _STANDARD
 
 
+def torch_dtype_of_numpy(dtype: Any) -> Any:
+    """The torch dtype for a NumPy (or ``ml_dtypes``) dtype.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        PyTorch has no such dtype (strings, objects, datetimes, ...).
+    """
+    dtype = np.dtype(dtype)
+    ml = ml_view_of_numpy(dtype)
+    if ml is not None:
+        return ml[0]
+    if not is_standard(dtype):
+        raise UnsupportedDtypeError(
+            f"expected a dtype PyTorch supports (got {dtype!r}); "
+            "convert first with a.astype(<a numeric dtype>)"
+        )
+    return getattr(_backends.torch(), dtype.name)
+
+
 def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
     """The NumPy dtype that holds a torch dtype's values bit for bit.
 

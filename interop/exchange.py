@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from . import _backends, dtypes
-from .errors import CopyRequiredError, ReadOnlyWarning, UnsupportedDtypeError
+from .errors import (
+    BackendUnavailableError,
+    CopyRequiredError,
+    NoDeviceError,
+    ReadOnlyWarning,
+)
 
 if TYPE_CHECKING:
     import cupy
@@ -182,19 +187,35 @@ def _device_to_host(x: Any) -> np.ndarray:
     return copy_to_host(x)
 
 
-def _host_to_cupy(a: np.ndarray, index: int | None) -> cupy.ndarray:
-    cp = _backends.cupy()
-    index = cp.cuda.runtime.getDevice() if index is None else index
-    with cp.cuda.Device(index):
-        out = cp.empty(a.shape, dtype=a.dtype)
-        out.set(np.ascontiguousarray(a))
-    return out
+def _host_to_cupy(a: Any, index: int | None) -> cupy.ndarray:
+    """A new CuPy array holding host data (NumPy or CPU tensor), streamed
+    through the pinned ring of :func:`interop.copy_to_device`."""
+    from .upload import copy_to_device
+
+    return copy_to_device(a, device=index)
 
 
-def _host_to_torch(t: torch.Tensor, index: int | None) -> torch.Tensor:
+def _host_to_torch(t: Any, index: int | None) -> torch.Tensor:
+    """A new CUDA tensor holding host data's values (a CPU tensor or a NumPy
+    array, any strides; conjugate/negative bits applied chunk by chunk).
+
+    Streams through :func:`interop.copy_to_device` when CuPy can drive the
+    copy; with PyTorch alone, falls back to ``Tensor.to`` (which stages the
+    whole tensor in pinned memory).
+    """
     th = _backends.require_torch_cuda()
     device = th.device("cuda", th.cuda.current_device() if index is None else index)
-    return t.to(device)
+    try:
+        _backends.require_cupy_device()
+    except (BackendUnavailableError, NoDeviceError):
+        if isinstance(t, np.ndarray):
+            t = _torch_from_numpy(t, True)  # a private copy: no read-only warning
+        return t.resolve_conj().resolve_neg().to(device)
+    from .upload import copy_to_device
+
+    dtype = dtypes.torch_dtype_of_numpy(t.dtype) if isinstance(t, np.ndarray) else t.dtype
+    out = th.empty(tuple(t.shape), dtype=dtype, device=device)
+    return copy_to_device(t, out)
 
 
 # --------------------------------------------------------------------------- to_numpy
@@ -339,12 +360,8 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
     if copy and not copied:
         a = a.copy(order="K")
         copied = True
+    dtypes.torch_dtype_of_numpy(a.dtype)  # raises UnsupportedDtypeError
     ml = dtypes.ml_view_of_numpy(a.dtype)
-    if ml is None and not dtypes.is_standard(a.dtype):
-        raise UnsupportedDtypeError(
-            f"expected a dtype PyTorch supports (got {a.dtype!r}); "
-            "convert first with a.astype(<a numeric dtype>)"
-        )
     src = a if ml is None else a.view(ml[1])
     if src.flags.writeable:
         t = th.from_numpy(src)
@@ -387,11 +404,10 @@ def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None)
         return t.clone() if copy else t
     if copy is False:
         raise _copy_required(f"moving a tensor from {t.device} to {_target_str(target)}")
-    if target[0] == "cpu":
-        t, _ = _resolve_bits(t, copy)
+    if target[0] == "cpu":  # bits are applied chunk by chunk by copy_to_host
         return _torch_from_numpy(_device_to_host(t), None)
     if t.device.type == "cpu":
-        return _host_to_torch(t.resolve_conj().resolve_neg(), target[1])
+        return _host_to_torch(t, target[1])
     return t.to(_backends.torch().device("cuda", target[1]))
 
 
@@ -468,7 +484,7 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         if target is not None and target[0] == "cuda":
             if copy is False:
                 raise _copy_required(f"moving a NumPy array to {_target_str(target)}")
-            return _host_to_torch(_torch_from_numpy(x, None), target[1])
+            return _host_to_torch(x, target[1])
         return _torch_from_numpy(x, copy)
     if _backends.is_cupy_array(x):
         if target is not None and not _same_cuda(x.device.id, target):
@@ -604,7 +620,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         if copy is False:
             raise _copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
         dtypes.check_cupy_dtype(t.dtype)
-        return _host_to_cupy(_numpy_from_torch(t, None), want)
+        return _host_to_cupy(t, want)
     if isinstance(x, np.ndarray):
         if copy is False:
             raise _copy_required("a NumPy array (to_cupy returns device memory)")
