@@ -1,0 +1,88 @@
+"""Import-time promises and the error classes of SPEC §2."""
+
+from __future__ import annotations
+
+import pytest
+
+import interop
+
+from .helpers import run_python
+
+
+def test_import_interop_imports_neither_torch_nor_cupy():
+    proc = run_python(
+        """
+        import sys, interop
+        interop.to_numpy(__import__("numpy").arange(3))
+        print(sorted(m for m in ("torch", "cupy") if m in sys.modules))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("blocked", "call", "extra"),
+    [
+        ("cupy", "interop.to_cupy(np.arange(3))", "interop[cuda12]"),
+        ("torch", "interop.to_torch(np.arange(3))", "interop[torch]"),
+    ],
+)
+def test_missing_backend_names_the_extra(blocked, call, extra):
+    proc = run_python(
+        f"""
+        import sys
+        sys.modules[{blocked!r}] = None  # as if not installed
+        import numpy as np, interop
+        try:
+            {call}
+        except ImportError as exc:
+            assert isinstance(exc, interop.BackendUnavailableError)
+            assert isinstance(exc.__cause__, ImportError)
+            print(exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"needs {blocked}" in proc.stdout
+    assert extra in proc.stdout
+
+
+def test_to_numpy_works_without_torch_and_cupy():
+    proc = run_python(
+        """
+        import sys
+        sys.modules["torch"] = None
+        sys.modules["cupy"] = None
+        import numpy as np, interop
+        print(interop.to_numpy(np.arange(3)).tolist())
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0, 1, 2]"
+
+
+@pytest.mark.parametrize(
+    ("cls", "builtin"),
+    [
+        (interop.CopyRequiredError, BufferError),
+        (interop.UnsupportedDtypeError, TypeError),
+        (interop.BackendUnavailableError, ImportError),
+        (interop.NoDeviceError, RuntimeError),
+        (interop.TransferError, RuntimeError),
+    ],
+)
+def test_error_hierarchy(cls, builtin):
+    assert issubclass(cls, interop.InteropError)
+    assert issubclass(cls, builtin)
+    with pytest.raises(builtin):
+        raise cls("x")
+
+
+def test_read_only_warning_is_a_user_warning():
+    assert issubclass(interop.ReadOnlyWarning, UserWarning)
+
+
+def test_public_names():
+    for name in ["to_numpy", "to_torch", "to_cupy", "copy_to_host", "copy_to_host_async"]:
+        assert name in interop.__all__
+        assert callable(getattr(interop, name))
