@@ -60,17 +60,20 @@ def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
     return _torch_ml_table().get(dtype)
 
 
+@functools.cache  # dtypes are hashable; this is on every exchange's path
 def is_ml_dtype(dtype: Any) -> bool:
     """True for the ``ml_dtypes`` types interop moves by bit view (bfloat16, float8)."""
     return np.dtype(dtype) in _ML_NUMPY
 
 
+@functools.cache  # dtypes are hashable; this is on every exchange's path
 def int_view_of_numpy(dtype: Any) -> np.dtype:
     """A same-sized integer dtype for ``dtype``'s bits (itself for standard dtypes)."""
     entry = _ML_NUMPY.get(np.dtype(dtype))
     return np.dtype(dtype) if entry is None else entry[1]
 
 
+@functools.cache  # dtypes are hashable; this is on every exchange's path
 def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
     """For an ``ml_dtypes`` NumPy dtype, return ``(torch dtype, NumPy integer
     view dtype)``; otherwise ``None``.
@@ -93,11 +96,13 @@ def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
     return tdt, view
 
 
+@functools.cache  # dtypes are hashable; this is on every exchange's path
 def is_standard(dtype: np.dtype) -> bool:
     """True for NumPy dtypes that PyTorch has under the same name (bool, ints, floats, complex)."""
     return np.dtype(dtype).name in _STANDARD
 
 
+@functools.cache  # dtypes are hashable; this is on every exchange's path
 def torch_dtype_of_numpy(dtype: Any) -> Any:
     """The torch dtype for a NumPy (or ``ml_dtypes``) dtype.
 
@@ -118,6 +123,7 @@ def torch_dtype_of_numpy(dtype: Any) -> Any:
     return getattr(_backends.torch(), dtype.name)
 
 
+@functools.cache  # dtypes are hashable; this is on every exchange's path
 def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
     """The NumPy dtype that holds a torch dtype's values bit for bit.
 

@@ -113,7 +113,7 @@ def _parse_device(device: object) -> Target | None:
 
 
 def _negative_strides(strides: tuple[int, ...] | None) -> bool:
-    return strides is not None and any(s < 0 for s in strides)
+    return bool(strides) and min(strides) < 0
 
 
 def _normalise_strides(a: np.ndarray) -> np.ndarray:
@@ -122,6 +122,8 @@ def _normalise_strides(a: np.ndarray) -> np.ndarray:
     becomes a fresh empty one (there is no data to share)."""
     if a.size == 0:
         return a if not _negative_strides(a.strides) else np.empty(a.shape, a.dtype)
+    if not _negative_strides(a.strides):
+        return a
     fixed = tuple(0 if n == 1 else st for st, n in zip(a.strides, a.shape, strict=True))
     if fixed == a.strides:
         return a
@@ -232,6 +234,8 @@ def _numpy_from_torch_cpu(t: torch.Tensor) -> np.ndarray:
 
 
 def _check_strided_tensor(t: torch.Tensor, func: str) -> None:
+    if t.is_cpu and t.layout is _backends.torch().strided:
+        return  # the common case
     if t.layout != _backends.torch().strided:
         raise TypeError(
             f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
@@ -256,13 +260,13 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 
 def _numpy_from_torch(t: torch.Tensor, copy: bool | None) -> np.ndarray:
     _check_strided_tensor(t, "to_numpy")
-    t = t.detach()
-    if t.device.type == "cuda":
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_cuda:
         if copy is False:
             raise _copy_required(f"a tensor on {t.device} (to_numpy returns host memory)")
         dtypes.numpy_dtype_of_torch(t.dtype)
         return _device_to_host(t)
-    dtypes.numpy_dtype_of_torch(t.dtype)
     t, copied = _resolve_bits(t, copy)
     arr = _numpy_from_torch_cpu(t)
     if copy and not copied:

@@ -375,6 +375,22 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------- host engine
 
+_HOST_CHUNK_MAX = 256 << 20
+
+
+def _host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
+    """Default chunk size of the host engine.
+
+    A host-to-host copy needs no staging buffer, so the chunk size only sets
+    the progress/cancel granularity and the parallelism. Measured on a 2-core
+    machine: copying 256 MiB in 32 MiB pieces was 1.5x slower than one
+    ``numpy.copyto`` (the C library's large-copy strategy works per call),
+    while one piece per thread beat it. So: one chunk per thread, at least
+    ``chunk_bytes`` and at most 256 MiB.
+    """
+    per_thread = -(-nbytes // max(1, threads))
+    return max(chunk, min(per_thread, _HOST_CHUNK_MAX))
+
 
 def _host_engine(src: Any, out: np.ndarray, chunks: list[tuple], threads: int):
     from .exchange import to_numpy
@@ -590,9 +606,11 @@ def copy_to_host_async(
         out = np.empty(shape, dtype)
     else:
         _check_out(out, shape, dtype, src, kind)
+    threads = config.host_threads
+    if kind == "host" and chunk_bytes is None:
+        chunk = _host_chunk_bytes(_nbytes(shape, dtype.itemsize), chunk, threads)
     chunks = list(c_order_chunks(shape, dtype.itemsize, chunk))
     sizes = [_nbytes(out[idx].shape, dtype.itemsize) for idx in chunks]
-    threads = config.host_threads
     if kind == "cuda":
         run = _cuda_engine(src, out, chunks, chunk, threads)
     else:
