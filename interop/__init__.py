@@ -7,6 +7,7 @@ time a call needs it.
 
 from __future__ import annotations
 
+from .allocator import StreamMismatchError, use_torch_allocator
 from .config import config
 from .errors import (
     BackendUnavailableError,
@@ -19,6 +20,7 @@ from .errors import (
 )
 from .exchange import to_cupy, to_numpy, to_torch
 from .npy import load_npy, save_npy
+from .streams import stream
 from .transfer import Transfer, copy_to_host, copy_to_host_async
 from .upload import copy_to_device
 
@@ -30,6 +32,7 @@ __all__ = [
     "InteropError",
     "NoDeviceError",
     "ReadOnlyWarning",
+    "StreamMismatchError",
     "Transfer",
     "TransferError",
     "UnsupportedDtypeError",
@@ -40,7 +43,9 @@ __all__ = [
     "copy_to_host_async",
     "load_npy",
     "save_npy",
+    "stream",
     "to_cupy",
     "to_numpy",
     "to_torch",
+    "use_torch_allocator",
 ]

@@ -36,6 +36,7 @@ from .errors import (
     NoDeviceError,
     ReadOnlyWarning,
 )
+from .streams import cupy_stream, torch_stream_handle
 
 if TYPE_CHECKING:
     import cupy
@@ -153,30 +154,6 @@ def _cuda_context(index: int) -> Iterator[None]:
             if th.cuda.is_available():
                 stack.enter_context(th.cuda.device(index))
         yield
-
-
-class _StreamHandle:
-    """A raw stream handle presented through the ``__cuda_stream__`` protocol."""
-
-    def __init__(self, handle: int) -> None:
-        self._handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self._handle)
-
-
-def _cupy_stream(cp: Any, handle: int, device: int) -> Any:
-    """A CuPy stream object for a raw handle (e.g. PyTorch's current stream)."""
-    if handle == 0:
-        return cp.cuda.Stream.null
-    from_external = getattr(cp.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_StreamHandle(handle))
-    return cp.cuda.ExternalStream(handle, device)
-
-
-def _torch_stream_handle(th: Any, index: int) -> int:
-    return int(th.cuda.current_stream(index).cuda_stream)
 
 
 # ----------------------------------------------------------------- host <-> device
@@ -391,13 +368,12 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
             raise _copy_required(f"an array with negative strides {c.strides} (PyTorch has none)")
         copy = True
     with _cuda_context(index):
-        cp = _backends.cupy()
-        # CuPy's __dlpack__ orders PyTorch's current stream after CuPy's current
-        # stream. A negative-stride array is packed first, on PyTorch's current
-        # stream, so the packing kernel is ordered with the consumer too.
+        # A copy (packing a negative-stride array) runs on CuPy's current
+        # stream, after the producer's work; CuPy's __dlpack__ then orders
+        # PyTorch's current stream after CuPy's current stream.
         if copy:
-            with _cupy_stream(cp, _torch_stream_handle(th, index), index):
-                c = cp.ascontiguousarray(c) if _negative_strides(c.strides) else c.copy()
+            cp = _backends.cupy()
+            c = cp.ascontiguousarray(c) if _negative_strides(c.strides) else c.copy()
         return th.from_dlpack(c)
 
 
@@ -481,7 +457,7 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     target = _parse_device(device)
     if not _is_array(x):
         raise _unsupported("to_torch", x)
-    th = _backends.torch()
+    _backends.torch()  # BackendUnavailableError before any work
     if _backends.is_torch_tensor(x):
         return _torch_from_torch(x, copy, target)
     if isinstance(x, np.ndarray):
@@ -506,7 +482,7 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         if kind in (_DL_CUDA, _DL_CUDA_MANAGED):
             with _cuda_context(int(index)):
                 cp = _backends.require_cupy_device()
-                stream = _cupy_stream(cp, _torch_stream_handle(th, int(index)), int(index))
+                stream = cupy_stream(torch_stream_handle(int(index)), int(index))
                 with stream:
                     c = cp.from_dlpack(x)
             return to_torch(c, device=device, copy=copy)

@@ -433,12 +433,12 @@ def _cuda_source(src: Any) -> tuple[Any, int, Any]:
         index = int(src.device.id)
         with cp.cuda.Device(index):
             return src, index, cp.cuda.get_current_stream()
-    from .exchange import _cupy_stream, _torch_stream_handle
+    from .streams import cupy_stream, torch_stream_handle
 
     th = _backends.torch()
     index = int(src.device.index)
     with cp.cuda.Device(index):
-        producer = _cupy_stream(cp, _torch_stream_handle(th, index), index)
+        producer = cupy_stream(torch_stream_handle(index), index)
     if src.is_conj() or src.is_neg():
         return None, index, producer  # resolved chunk by chunk
     ml = dtypes.ml_view_of_torch(src.dtype)

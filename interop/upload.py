@@ -274,9 +274,9 @@ def _consumer_stream(out: Any, index: int) -> Any:
     """The current stream of ``out``'s library on device ``index``, as a CuPy stream."""
     cp = _backends.cupy()
     if _backends.is_torch_tensor(out):
-        from .exchange import _cupy_stream, _torch_stream_handle
+        from .streams import cupy_stream, torch_stream_handle
 
-        return _cupy_stream(cp, _torch_stream_handle(_backends.torch(), index), index)
+        return cupy_stream(torch_stream_handle(index), index)
     return cp.cuda.get_current_stream()
 
 

@@ -1,0 +1,154 @@
+"""One CUDA stream for PyTorch and CuPy: ``interop.stream`` and stream helpers.
+
+Stream-likes accepted everywhere: a ``torch.cuda.Stream``, a
+``cupy.cuda.Stream``, any object with ``__cuda_stream__`` (the CUDA stream
+protocol: a method returning ``(version, handle)``), or a raw handle (an int;
+0 is the legacy default stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from . import _backends
+
+__all__ = ["stream"]
+
+
+class _StreamHandle:
+    """A raw handle presented through the ``__cuda_stream__`` protocol."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+
+def resolve_stream(s: Any) -> tuple[int, int | None]:
+    """``(handle, device index or None)`` of a stream-like.
+
+    Raises
+    ------
+    TypeError
+        ``s`` is not a stream-like (a str, None, a float, a bool, ...), or its
+        ``__cuda_stream__`` does not return ``(version, handle)`` ints.
+    ValueError
+        A negative handle.
+    """
+    if isinstance(s, bool) or s is None:
+        raise _not_a_stream(s)
+    if isinstance(s, int):
+        if s < 0:
+            raise ValueError(f"expected a stream handle >= 0 (got {s!r})")
+        return s, None
+    module = type(s).__module__
+    if module.startswith("torch") and hasattr(s, "cuda_stream") and hasattr(s, "device"):
+        return int(s.cuda_stream), s.device.index
+    if module.startswith("cupy") and hasattr(s, "ptr") and hasattr(s, "device_id"):
+        device = int(s.device_id)
+        return int(s.ptr), device if device >= 0 else None
+    protocol = getattr(s, "__cuda_stream__", None)
+    if protocol is not None:
+        value = protocol() if callable(protocol) else protocol
+        if (
+            not isinstance(value, tuple)
+            or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            raise TypeError(
+                f"expected __cuda_stream__() to return (version, handle) ints (got {value!r})"
+            )
+        return resolve_stream(value[1])[0], None
+    raise _not_a_stream(s)
+
+
+def _not_a_stream(s: Any) -> TypeError:
+    return TypeError(
+        "expected a torch.cuda.Stream, a cupy.cuda.Stream, an object with __cuda_stream__ "
+        f"or a raw stream handle (int) (got {type(s).__module__}.{type(s).__qualname__}: {s!r})"
+    )
+
+
+def cupy_stream(handle: int, device: int) -> Any:
+    """A CuPy stream object for a raw handle (``Stream.from_external`` where the
+    installed CuPy has it, else the older ``ExternalStream``)."""
+    cp = _backends.cupy()
+    if handle == 0:
+        return cp.cuda.Stream.null
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(handle))
+    return cp.cuda.ExternalStream(handle, device)
+
+
+def torch_stream_handle(index: int) -> int:
+    """The handle of PyTorch's current stream on device ``index``."""
+    th = _backends.torch()
+    return int(th.cuda.current_stream(index).cuda_stream)
+
+
+def cupy_stream_handle(index: int) -> int:
+    """The handle of CuPy's current stream on device ``index``."""
+    cp = _backends.cupy()
+    with cp.cuda.Device(index):
+        return int(cp.cuda.get_current_stream().ptr)
+
+
+@contextlib.contextmanager
+def stream(s: Any) -> Iterator[Any]:
+    """Make ``s`` the current stream of both PyTorch and CuPy inside the block.
+
+    Parameters
+    ----------
+    s : stream-like
+        A ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
+        ``__cuda_stream__``, or a raw handle (int). A raw handle or protocol
+        object is taken to belong to the current CuPy device.
+
+    Yields
+    ------
+    s
+
+    Notes
+    -----
+    Inside the block the stream's device is the current device of both
+    libraries, and work queued by either library goes to ``s`` in order, so
+    data produced by one can be consumed by the other without
+    synchronisation. Nothing is synchronised on entry or exit. On exit — also
+    on an exception, and correctly nested — both libraries' previous current
+    streams and devices are restored. The caller keeps ``s`` alive for the
+    duration of the block.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``s`` is not a stream-like (checked before anything else).
+    BackendUnavailableError
+        PyTorch or CuPy is not installed.
+    NoDeviceError
+        No CUDA device is visible.
+    """
+    handle, device = resolve_stream(s)
+    th = _backends.require_torch_cuda()
+    cp = _backends.require_cupy_device()
+    if device is None:
+        device = int(cp.cuda.runtime.getDevice())
+    if type(s).__module__.startswith("torch") and hasattr(s, "cuda_stream"):
+        torch_side = s
+    elif handle == 0:
+        torch_side = th.cuda.default_stream(device)
+    else:
+        torch_side = th.cuda.ExternalStream(handle, device=th.device("cuda", device))
+    if type(s).__module__.startswith("cupy") and hasattr(s, "ptr"):
+        cupy_side = s
+    else:
+        cupy_side = cupy_stream(handle, device)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cp.cuda.Device(device))
+        stack.enter_context(th.cuda.device(device))
+        stack.enter_context(th.cuda.stream(torch_side))
+        stack.enter_context(cupy_side)
+        yield s

@@ -1,0 +1,153 @@
+"""interop.stream and the stream helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+import interop
+from interop.streams import resolve_stream
+
+from .helpers import run_python
+
+
+class Protocol:
+    def __init__(self, value):
+        self.value = value
+
+    def __cuda_stream__(self):
+        return self.value
+
+
+def test_resolve_raw_handles_and_protocol_objects():
+    assert resolve_stream(0) == (0, None)
+    assert resolve_stream(0x7F00) == (0x7F00, None)
+    assert resolve_stream(Protocol((0, 1234))) == (1234, None)
+
+
+@pytest.mark.parametrize("bad", ["s", None, 1.5, True, [1], object()])
+def test_non_streams_are_type_errors(bad):
+    with pytest.raises(TypeError, match=r"expected a torch.cuda.Stream, .* \(got "):
+        resolve_stream(bad)
+    with pytest.raises(TypeError, match=r"expected a torch\.cuda\.Stream"), interop.stream(bad):
+        pass
+
+
+@pytest.mark.parametrize("value", [(0,), "x", (0, "1"), (0, 1.0), None])
+def test_bad_protocol_values(value):
+    with pytest.raises(TypeError, match=r"__cuda_stream__\(\) to return \(version, handle\)"):
+        resolve_stream(Protocol(value))
+
+
+def test_negative_handle():
+    with pytest.raises(ValueError, match=r"handle >= 0 \(got -1\)"):
+        resolve_stream(-1)
+
+
+def test_without_a_device(torch):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    entered = False
+    with pytest.raises(interop.NoDeviceError, match="expected a CUDA device"), interop.stream(0):
+        entered = True
+    assert not entered
+
+
+def test_without_cupy():
+    proc = run_python(
+        """
+        import sys
+        sys.modules["cupy"] = None
+        import interop
+        try:
+            with interop.stream(0):
+                pass
+        except interop.BackendUnavailableError as exc:
+            print("unavailable:", exc)
+        except interop.NoDeviceError as exc:
+            print("no device:", exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    # torch is checked first: without a CUDA torch build this is NoDeviceError
+    assert proc.stdout.startswith(("unavailable: this call needs cupy", "no device:"))
+
+
+# ----------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["torch", "cupy", "protocol", "int"])
+def test_both_libraries_use_the_stream_and_restore(cp, torch, kind):
+    ts = torch.cuda.Stream()
+    handle = ts.cuda_stream
+    s = {
+        "torch": ts,
+        "cupy": cp.cuda.Stream.from_external(ts)
+        if hasattr(cp.cuda.Stream, "from_external")
+        else cp.cuda.ExternalStream(handle),
+        "protocol": Protocol((0, handle)),
+        "int": handle,
+    }[kind]
+    before_t = torch.cuda.current_stream().cuda_stream
+    before_c = cp.cuda.get_current_stream().ptr
+    with interop.stream(s) as got:
+        assert got is s
+        assert torch.cuda.current_stream().cuda_stream == handle
+        assert cp.cuda.get_current_stream().ptr == handle
+    assert torch.cuda.current_stream().cuda_stream == before_t
+    assert cp.cuda.get_current_stream().ptr == before_c
+
+
+@pytest.mark.gpu
+def test_restored_after_exceptions_and_nesting(cp, torch):
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    before = (torch.cuda.current_stream().cuda_stream, cp.cuda.get_current_stream().ptr)
+    seen = []
+
+    def fail_inside():
+        with interop.stream(a), interop.stream(b):
+            seen.append(cp.cuda.get_current_stream().ptr)
+            raise RuntimeError("inner")
+
+    with pytest.raises(RuntimeError, match="inner"):
+        fail_inside()
+    assert seen == [b.cuda_stream]
+    assert (torch.cuda.current_stream().cuda_stream, cp.cuda.get_current_stream().ptr) == before
+    with interop.stream(a):
+        with interop.stream(b):
+            pass
+        assert torch.cuda.current_stream().cuda_stream == a.cuda_stream
+        assert cp.cuda.get_current_stream().ptr == a.cuda_stream
+    assert (torch.cuda.current_stream().cuda_stream, cp.cuda.get_current_stream().ptr) == before
+
+
+@pytest.mark.gpu
+def test_side_stream_work_consumed_by_cupy_without_sync(cp, torch):
+    side = torch.cuda.Stream()
+    with interop.stream(side):
+        x = torch.zeros(1 << 20, device="cuda")
+        torch.cuda._sleep(200_000_000)
+        x.fill_(4.0)
+        c = interop.to_cupy(x)
+        total = c.sum()  # CuPy kernel on the same stream, after torch's
+        assert not side.query()
+    side.synchronize()
+    assert float(total) == 4.0 * (1 << 20)
+
+
+@pytest.mark.gpu
+def test_explicit_device_zero(cp, torch):
+    s = torch.cuda.Stream(device=0)
+    with cp.cuda.Device(0), interop.stream(s):
+        assert cp.cuda.runtime.getDevice() == 0
+        assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.multigpu
+def test_stream_of_device_one_makes_device_one_current(cp, torch):
+    s = torch.cuda.Stream(device=1)
+    with interop.stream(s):
+        assert cp.cuda.runtime.getDevice() == 1
+        assert torch.cuda.current_device() == 1
+        assert cp.cuda.get_current_stream().ptr == s.cuda_stream
+    assert cp.cuda.runtime.getDevice() == 0
