@@ -426,52 +426,67 @@ def _host_engine(src: Any, out: np.ndarray, chunks: list[tuple], threads: int):
 # ----------------------------------------------------------------- CUDA engine
 
 
-def _cuda_source(src: Any) -> tuple[Any, int, Any]:
-    """(CuPy bit view of the whole source or None, device index, producer stream)."""
+def _cuda_source(src: Any) -> tuple[Any, int, Any, Any]:
+    """Called in the caller's thread (current streams are per thread).
+
+    Returns the CuPy bit view of the whole source (None for a tensor whose
+    conjugate/negative bit is resolved chunk by chunk), the device index, the
+    producer's current stream as a CuPy stream, and PyTorch's current stream
+    object for a tensor source (else None).
+    """
     cp = _backends.require_cupy_device()
     if _backends.is_cupy_array(src):
         index = int(src.device.id)
         with cp.cuda.Device(index):
-            return src, index, cp.cuda.get_current_stream()
-    from .streams import cupy_stream, torch_stream_handle
+            return src, index, cp.cuda.get_current_stream(), None
+    from .streams import cupy_stream
 
     th = _backends.torch()
     index = int(src.device.index)
+    torch_stream = th.cuda.current_stream(index)
     with cp.cuda.Device(index):
-        producer = cupy_stream(torch_stream_handle(index), index)
+        producer = cupy_stream(int(torch_stream.cuda_stream), index)
     if src.is_conj() or src.is_neg():
-        return None, index, producer  # resolved chunk by chunk
+        return None, index, producer, torch_stream
     ml = dtypes.ml_view_of_torch(src.dtype)
     bits = src if ml is None else src.view(ml[1])
     with cp.cuda.Device(index), th.cuda.device(index), producer:
-        return cp.from_dlpack(bits), index, producer
+        return cp.from_dlpack(bits), index, producer, torch_stream
 
 
 def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: int, threads: int):
     cp = _backends.require_cupy_device()
-    whole, index, producer = _cuda_source(src)
+    whole, index, producer, torch_stream = _cuda_source(src)
     itemsize = out.dtype.itemsize
     nslots = max(1, min(config.num_buffers, len(chunks)))
+    with cp.cuda.Device(index):
+        # Ordered after the work queued so far on the producer's stream: the
+        # event is recorded here, in the caller's thread, at the call.
+        stream = cp.cuda.Stream(non_blocking=True)
+        start = cp.cuda.Event(disable_timing=True)
+        start.record(producer)
+        stream.wait_event(start)
 
     def chunk_on_device(idx: tuple) -> Any:
         if whole is not None:
             return whole[idx]
         th = _backends.torch()
-        with th.cuda.device(index):
-            part = src[idx].resolve_conj().resolve_neg()  # chunk-sized, on torch's stream
+        with th.cuda.device(index), th.cuda.stream(torch_stream):
+            part = src[idx].resolve_conj().resolve_neg()  # chunk-sized, on the producer stream
             ml = dtypes.ml_view_of_torch(part.dtype)
             part = part if ml is None else part.view(ml[1])
-            return cp.from_dlpack(part)
+            with producer:
+                return cp.from_dlpack(part)
 
     def run(transfer: Transfer) -> None:
         with cp.cuda.Device(index):
-            stream = cp.cuda.Stream(non_blocking=True)
-            start = cp.cuda.Event(disable_timing=True)
-            start.record(producer)
-            stream.wait_event(start)
             events = [cp.cuda.Event(disable_timing=True) for _ in range(nslots)]
             staging = None
             drains: list[Future[None] | None] = [None] * nslots
+            # A resolved chunk's memory belongs to PyTorch's caching allocator:
+            # keep it until its DMA is known complete, or it could be reused
+            # while the copy stream still reads it.
+            held: list[Any] = [None] * nslots
             pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="interop-d2h")
             failing = False
             with pinned_ring(nslots, max(chunk_bytes, itemsize)) as ring:
@@ -491,8 +506,10 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                             drains[k].result()  # slot k is free again
                             transfer._chunk_done(i - nslots)
                             drains[k] = None
+                            held[k] = None
                         transfer._check_cancel()
                         part = chunk_on_device(idx)
+                        held[k] = part
                         n = part.size * itemsize
                         if whole is None:  # produced on the producer stream just now
                             ready = cp.cuda.Event(disable_timing=True)
@@ -530,6 +547,10 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                     _drain(stream, failing)
 
     return run
+
+
+def _nothing(transfer: Transfer) -> None:
+    return None
 
 
 def _drain(stream: Any, failing: bool) -> None:
@@ -611,7 +632,9 @@ def copy_to_host_async(
         chunk = _host_chunk_bytes(_nbytes(shape, dtype.itemsize), chunk, threads)
     chunks = list(c_order_chunks(shape, dtype.itemsize, chunk))
     sizes = [_nbytes(out[idx].shape, dtype.itemsize) for idx in chunks]
-    if kind == "cuda":
+    if not chunks:
+        run = _nothing  # zero-size: nothing to copy, no ring, no stream
+    elif kind == "cuda":
         run = _cuda_engine(src, out, chunks, chunk, threads)
     else:
         run = _host_engine(src, out, chunks, threads)
