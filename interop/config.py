@@ -114,3 +114,17 @@ class Config:
 
 
 config = Config()
+
+
+def chunk_bytes_or_default(chunk_bytes: int | None) -> int:
+    """A call's ``chunk_bytes`` argument, or ``config.chunk_bytes`` for None.
+
+    Raises
+    ------
+    ValueError
+        Not a positive int.
+    """
+    value = config.chunk_bytes if chunk_bytes is None else chunk_bytes
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"expected chunk_bytes to be a positive int (got {value!r})")
+    return value

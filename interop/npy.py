@@ -28,7 +28,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from . import _backends, dtypes
-from .config import config
+from .config import chunk_bytes_or_default
 from .errors import TransferError
 from .transfer import Progress, c_order_chunks, copy_to_host_async
 
@@ -125,13 +125,6 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
 
 
 # ----------------------------------------------------------------------- helpers
-
-
-def _chunk_bytes(chunk_bytes: int | None) -> int:
-    value = config.chunk_bytes if chunk_bytes is None else chunk_bytes
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"expected chunk_bytes to be a positive int (got {value!r})")
-    return value
 
 
 def _shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype, bool]:
@@ -253,7 +246,7 @@ def save_npy(
         The file cannot be written; no file is left under ``path``.
     """
     path = Path(os.fspath(path))
-    chunk = _chunk_bytes(chunk_bytes)
+    chunk = chunk_bytes_or_default(chunk_bytes)
     shape, dtype, _ = _shape_dtype(x)
     if dtype.hasobject:
         raise TypeError(f"save_npy expected numeric data (got dtype {dtype!r})")
@@ -374,7 +367,7 @@ def load_npy(
         partly written ``out`` as success.
     """
     header = read_npy_header(path)
-    chunk = _chunk_bytes(chunk_bytes)
+    chunk = chunk_bytes_or_default(chunk_bytes)
     dest, host = _destination(header, out, device)
     result = dest if out is None else out
     target = _c_order_view(dest, header.fortran_order)

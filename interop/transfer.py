@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _backends, dtypes
-from .config import config
+from .config import chunk_bytes_or_default, config
 from .errors import TransferError
 
 __all__ = ["Transfer", "copy_to_host", "copy_to_host_async"]
@@ -619,9 +619,7 @@ def copy_to_host_async(
     NoDeviceError, BackendUnavailableError
         Device data without a usable CUDA device or CuPy.
     """
-    chunk = config.chunk_bytes if chunk_bytes is None else chunk_bytes
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
-        raise ValueError(f"expected chunk_bytes to be a positive int (got {chunk!r})")
+    chunk = chunk_bytes_or_default(chunk_bytes)
     src, shape, dtype, kind = _source(x)
     if out is None:
         out = np.empty(shape, dtype)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import _backends, dtypes
-from .config import config
+from .config import chunk_bytes_or_default, config
 from .errors import TransferError
 from .transfer import PinnedRing, Progress, c_order_chunks, pinned_ring
 
@@ -164,9 +164,7 @@ def copy_to_device(
         A chunk failed; the message says which byte range is complete. Every
         staging buffer and stream is released.
     """
-    chunk = config.chunk_bytes if chunk_bytes is None else chunk_bytes
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
-        raise ValueError(f"expected chunk_bytes to be a positive int (got {chunk!r})")
+    chunk = chunk_bytes_or_default(chunk_bytes)
     host = _host_source(x)
     cp = _backends.require_cupy_device()
     if host is None:

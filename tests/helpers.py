@@ -7,6 +7,39 @@ import subprocess
 import sys
 import textwrap
 
+import ml_dtypes
+import numpy as np
+
+# dtype names PyTorch and NumPy share (SPEC 1.1: every int, bool, float, complex)
+STANDARD = [
+    "bool",
+    *(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)),
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
+# ... plus the ones NumPy only has through ml_dtypes
+ML = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+ALL_NAMES = STANDARD + ML
+NUMPY_DTYPES = [
+    np.dtype(n) if n in STANDARD else np.dtype(getattr(ml_dtypes, n)) for n in ALL_NAMES
+]
+
+
+def sample(shape, dtype, seed=0):
+    """Deterministic test data of any dtype above (values exact in every dtype)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        return rng.integers(0, 100, shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.uniform(-4, 4, shape).astype(dtype)
+
 
 def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 120):
     """Run ``code`` in a fresh interpreter; return the CompletedProcess.

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import interop
 
-from .helpers import run_python
+from .helpers import STANDARD, run_python
 
 
 class Producer:
@@ -239,24 +239,6 @@ def test_complex32_is_unsupported(torch):
     with pytest.raises(interop.UnsupportedDtypeError, match=r"torch.complex32.*complex64") as info:
         interop.to_numpy(t)
     assert isinstance(info.value, TypeError)
-
-
-STANDARD = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-]
 
 
 @pytest.mark.parametrize("name", STANDARD)

@@ -11,7 +11,7 @@ import pytest
 
 import interop
 
-from .test_exchange import STANDARD
+from .helpers import STANDARD
 
 pytestmark = pytest.mark.gpu
 

@@ -12,40 +12,7 @@ import pytest
 import interop
 from interop.npy import read_npy_header
 
-from .helpers import run_python
-
-DTYPES = [
-    np.bool_,
-    np.int8,
-    np.int16,
-    np.int32,
-    np.int64,
-    np.uint8,
-    np.uint16,
-    np.uint32,
-    np.uint64,
-    np.float16,
-    np.float32,
-    np.float64,
-    np.complex64,
-    np.complex128,
-    ml_dtypes.bfloat16,
-    ml_dtypes.float8_e4m3fn,
-    ml_dtypes.float8_e5m2,
-]
-
-
-def _sample(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
-    if dtype.kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    return rng.uniform(-8, 8, shape).astype(dtype)
+from .helpers import NUMPY_DTYPES, run_python, sample
 
 
 def _same(a, b):
@@ -54,9 +21,9 @@ def _same(a, b):
     assert a.tobytes() == np.ascontiguousarray(b).tobytes()
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_round_trip_every_dtype(tmp_path, dtype):
-    a = _sample((7, 5), dtype)
+    a = sample((7, 5), dtype)
     path = interop.save_npy(a, tmp_path / "a.npy", chunk_bytes=16)
     assert path == tmp_path / "a.npy"
     _same(np.load(path), a)  # a standard file: numpy reads it (ml_dtypes is imported)
@@ -85,7 +52,7 @@ def test_bfloat16_header_names_the_dtype(tmp_path):
 )
 @pytest.mark.parametrize("chunk", [1, 8, 40, 1 << 20])
 def test_strided_sources_and_chunk_sizes(tmp_path, view, chunk):
-    base = _sample((6, 11), np.float64, seed=3)
+    base = sample((6, 11), np.float64, seed=3)
     src = view(base)
     interop.save_npy(src, tmp_path / "s.npy", chunk_bytes=chunk)
     _same(np.load(tmp_path / "s.npy"), np.ascontiguousarray(src))
@@ -93,7 +60,7 @@ def test_strided_sources_and_chunk_sizes(tmp_path, view, chunk):
 
 def test_memmap_source(tmp_path):
     mm = np.lib.format.open_memmap(tmp_path / "src.npy", "w+", np.float32, (64, 33))
-    mm[...] = _sample((64, 33), np.float32)
+    mm[...] = sample((64, 33), np.float32)
     interop.save_npy(mm.T, tmp_path / "out.npy", chunk_bytes=1000)
     _same(np.load(tmp_path / "out.npy"), np.ascontiguousarray(mm.T))
 
@@ -116,14 +83,14 @@ def test_torch_cpu_sources(tmp_path, torch):
 
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1,)])
 def test_zero_d_and_zero_size(tmp_path, shape):
-    a = _sample(shape, np.int32)
+    a = sample(shape, np.int32)
     interop.save_npy(a, tmp_path / "z.npy")
     _same(np.load(tmp_path / "z.npy"), a)
     _same(interop.load_npy(tmp_path / "z.npy", device="cpu"), a)
 
 
 def test_progress_callable_is_monotonic_and_complete(tmp_path):
-    a = _sample((100, 10), np.float32)
+    a = sample((100, 10), np.float32)
     seen: list[tuple[int, int]] = []
     interop.save_npy(
         a, tmp_path / "p.npy", chunk_bytes=512, progress=lambda d, t: seen.append((d, t))
@@ -140,7 +107,7 @@ def test_progress_callable_is_monotonic_and_complete(tmp_path):
 
 
 def test_progress_bar(tmp_path, capsys):
-    a = _sample((50,), np.float64)
+    a = sample((50,), np.float64)
     interop.save_npy(a, tmp_path / "bar.npy", progress=True)
     interop.load_npy(tmp_path / "bar.npy", device="cpu", progress=True)
     err = capsys.readouterr().err
@@ -162,18 +129,18 @@ def test_interrupted_save_leaves_no_file_and_keeps_the_old_one(tmp_path):
             raise _Stop("interrupted")
 
     with pytest.raises(_Stop):
-        interop.save_npy(_sample((200, 10), np.float64), target, chunk_bytes=1024, progress=stop)
+        interop.save_npy(sample((200, 10), np.float64), target, chunk_bytes=1024, progress=stop)
     _same(np.load(target), old)  # the previous file is untouched
     assert sorted(os.listdir(tmp_path)) == ["keep.npy"]  # no partial file left behind
 
     fresh = tmp_path / "fresh.npy"
     with pytest.raises(_Stop):
-        interop.save_npy(_sample((200, 10), np.float64), fresh, chunk_bytes=1024, progress=stop)
+        interop.save_npy(sample((200, 10), np.float64), fresh, chunk_bytes=1024, progress=stop)
     assert not fresh.exists()
 
 
 def test_load_into_strided_numpy_and_torch_out(tmp_path, torch):
-    a = _sample((9, 4), np.float32)
+    a = sample((9, 4), np.float32)
     np.save(tmp_path / "a.npy", a)
     base = np.zeros((4, 18), np.float32)
     out = base.T[::2]
@@ -186,7 +153,7 @@ def test_load_into_strided_numpy_and_torch_out(tmp_path, torch):
 
 
 def test_load_fortran_order_file(tmp_path):
-    a = np.asfortranarray(_sample((5, 7, 3), np.int64))
+    a = np.asfortranarray(sample((5, 7, 3), np.int64))
     np.save(tmp_path / "f.npy", a)
     assert read_npy_header(tmp_path / "f.npy").fortran_order
     _same(interop.load_npy(tmp_path / "f.npy", device="cpu", chunk_bytes=48), a)
@@ -336,7 +303,7 @@ def test_gpu_save_and_load_torch_bf16(tmp_path, torch):
 
 @pytest.mark.gpu
 def test_gpu_load_into_strided_out(tmp_path, cp):
-    a = _sample((64, 48), np.float64)
+    a = sample((64, 48), np.float64)
     np.save(tmp_path / "a.npy", a)
     base = cp.zeros((48, 128))
     out = base.T[::2]
@@ -348,7 +315,7 @@ def test_gpu_load_into_strided_out(tmp_path, cp):
 @pytest.mark.gpu
 @pytest.mark.parametrize("chunk", [8, 4096, 1 << 22])
 def test_gpu_copy_to_device_strided_and_memmap(tmp_path, cp, chunk):
-    a = _sample((300, 70), np.float32)
+    a = sample((300, 70), np.float32)
     out = interop.copy_to_device(a[::-1, ::3], chunk_bytes=chunk)
     np.testing.assert_array_equal(cp.asnumpy(out), a[::-1, ::3])
     mm = np.lib.format.open_memmap(tmp_path / "m.npy", "w+", np.float32, a.shape)

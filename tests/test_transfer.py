@@ -13,56 +13,7 @@ import pytest
 import interop
 from interop.transfer import _ring_cache, c_order_chunks
 
-NUMPY_DTYPES = [
-    np.bool_,
-    np.int8,
-    np.int16,
-    np.int32,
-    np.int64,
-    np.uint8,
-    np.uint16,
-    np.uint32,
-    np.uint64,
-    np.float16,
-    np.float32,
-    np.float64,
-    np.complex64,
-    np.complex128,
-    ml_dtypes.bfloat16,
-    ml_dtypes.float8_e4m3fn,
-    ml_dtypes.float8_e5m2,
-]
-TORCH_DTYPES = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-]
-
-
-def sample(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype.kind in "iu":
-        return rng.integers(0, 100, shape).astype(dtype)
-    if dtype.kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    return rng.uniform(-4, 4, shape).astype(dtype)
+from .helpers import ALL_NAMES, NUMPY_DTYPES, sample
 
 
 def bits(a):
@@ -105,7 +56,7 @@ def test_numpy_every_dtype(dtype):
     assert bits(fresh) == bits(a)
 
 
-@pytest.mark.parametrize("name", TORCH_DTYPES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_cpu_tensor_every_dtype(torch, name):
     t = torch.from_numpy(sample((6, 5), np.float64)).to(getattr(torch, name))
     got = interop.copy_to_host(t, chunk_bytes=7)
@@ -349,7 +300,7 @@ def test_gpu_cupy_sources(cp, layout, chunk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", TORCH_DTYPES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_gpu_torch_every_dtype(torch, name):
     t = torch.linspace(-3, 3, 1000, device="cuda").reshape(40, 25).to(getattr(torch, name))
     got = interop.copy_to_host(t.T, chunk_bytes=300)
