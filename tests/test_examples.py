@@ -27,3 +27,12 @@ def test_exchange_tour(capsys):
     assert seen["readonly_warning"] == ["ReadOnlyWarning"]
     assert seen["copy_false"] == "CopyRequiredError"
     assert "reversed" in capsys.readouterr().out
+
+
+def test_stream_large_tensor(tmp_path):
+    seen = _load("stream_large_tensor").main(mib=4, directory=str(tmp_path), progress=False)
+    n = 4 * (1 << 20) // 4
+    assert seen["shape"] == (n // 1024, 1024)
+    assert seen["round_trip_equal"] is True
+    assert seen["last"] == float(n - 1)
+    assert seen["file_bytes"] == n * 4 + 128
