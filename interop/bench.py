@@ -341,7 +341,7 @@ def _gpu_rows(nbytes: int, repeats: int, exchange_calls: int) -> list[dict[str, 
 
             def write_plain() -> None:
                 with open(plain, "wb") as f:
-                    f.write(memoryview(g.out.view(np.uint8)))
+                    f.write(g.out.view(np.uint8).data)
 
             file_rate = nbytes / _median_seconds(write_plain, repeats) / GB
             save = g.gbps(lambda: save_npy(g.x, path))
@@ -459,7 +459,7 @@ def run_bench(quick: bool = False, json_path: str | None = None) -> int:
         for name in _GPU_ROWS:
             rows.append(_skipped(name, "GPU row (SPEC 5)", "see docs/benchmarks.md", reason))
 
-    result = {
+    result: dict[str, Any] = {
         "device": _device_name(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": _git_commit(),

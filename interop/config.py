@@ -65,6 +65,8 @@ class Config:
     """
 
     __slots__ = ("_lock", "_values")
+    _lock: threading.Lock
+    _values: dict[str, int]
 
     def __init__(self) -> None:
         object.__setattr__(self, "_lock", threading.Lock())

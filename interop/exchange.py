@@ -99,14 +99,15 @@ def _parse_device(device: object) -> Target | None:
                 return ("cuda", int(index))
         raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
     module = type(device).__module__
-    if module.startswith("torch") and hasattr(device, "type"):
-        if device.type == "cpu":
+    dev: Any = device
+    if module.startswith("torch") and hasattr(dev, "type"):
+        if dev.type == "cpu":
             return ("cpu", None)
-        if device.type == "cuda":
-            return ("cuda", device.index)
+        if dev.type == "cuda":
+            return ("cuda", dev.index)
         raise ValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
-    if module.startswith("cupy") and hasattr(device, "id"):
-        return ("cuda", int(device.id))
+    if module.startswith("cupy") and hasattr(dev, "id"):
+        return ("cuda", int(dev.id))
     raise TypeError(
         "expected a device: 'cpu', 'cuda', 'cuda:N', an int, a torch.device or a "
         f"cupy.cuda.Device (got {_describe(device)})"
@@ -114,7 +115,7 @@ def _parse_device(device: object) -> Target | None:
 
 
 def _negative_strides(strides: tuple[int, ...] | None) -> bool:
-    return bool(strides) and min(strides) < 0
+    return bool(strides) and min(strides or (0,)) < 0
 
 
 def _normalise_strides(a: np.ndarray) -> np.ndarray:

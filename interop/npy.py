@@ -143,7 +143,7 @@ def _shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype, bool]:
 
 def _as_bytes(a: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array (any dtype, ml_dtypes included)."""
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 def _host_chunks(x: Any, chunk_bytes: int) -> Iterator[np.ndarray]:
@@ -381,7 +381,7 @@ def load_npy(
             for idx in c_order_chunks(shape, header.dtype.itemsize, chunk):
                 part = target[idx]
                 n = int(np.prod(part.shape, dtype=np.int64)) * header.dtype.itemsize
-                got = f.readinto(memoryview(buf)[:n])
+                got = f.readinto(buf[:n].data)
                 if got != n:
                     raise TransferError(
                         f"{str(header.path)!r} ended early: expected {n} bytes at offset "

@@ -37,9 +37,7 @@ _HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device
 # ----------------------------------------------------------------- planning
 
 
-def c_order_chunks(
-    shape: tuple[int, ...], itemsize: int, chunk_bytes: int
-) -> Iterator[tuple[int | slice, ...]]:
+def c_order_chunks(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> Iterator[tuple]:
     """Index tuples whose views cover an array of ``shape`` in C order.
 
     Each ``x[idx]`` is a view of at most ``max(chunk_bytes, itemsize)`` bytes:
@@ -348,7 +346,7 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, src: Any, kind
         host = src if isinstance(src, np.ndarray) else _host_view(src)
         if host is not None and np.may_share_memory(out, host):
             try:
-                overlap = np.shares_memory(out, host, max_work=100_000)
+                overlap = np.shares_memory(out, host, max_work=100_000)  # type: ignore[arg-type]
             except np.exceptions.TooHardError:
                 overlap = True
             if overlap:
@@ -502,8 +500,9 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
 
                     for i, idx in enumerate(chunks):
                         k = i % nslots
-                        if drains[k] is not None:
-                            drains[k].result()  # slot k is free again
+                        previous = drains[k]
+                        if previous is not None:
+                            previous.result()  # slot k is free again
                             transfer._chunk_done(i - nslots)
                             drains[k] = None
                             held[k] = None
@@ -530,8 +529,9 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                     first = len(chunks) - nslots
                     for j in range(max(0, first), len(chunks)):
                         k = j % nslots
-                        if drains[k] is not None:
-                            drains[k].result()
+                        pending = drains[k]
+                        if pending is not None:
+                            pending.result()
                             drains[k] = None
                             transfer._chunk_done(j)
                 except BaseException:
