@@ -30,7 +30,7 @@ from numpy.lib import format as npformat
 from . import _backends, dtypes
 from .config import chunk_bytes_or_default
 from .errors import TransferError
-from .transfer import Progress, c_order_chunks, copy_to_host_async
+from .transfer import Progress, array_source, c_order_chunks, copy_to_host_async
 
 __all__ = ["NpyHeader", "load_npy", "read_npy_header", "save_npy"]
 
@@ -127,20 +127,6 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
 # ----------------------------------------------------------------------- helpers
 
 
-def _shape_dtype(x: Any) -> tuple[tuple[int, ...], np.dtype, bool]:
-    """(shape, NumPy dtype, is_device) of an array of SPEC §1, without moving data."""
-    if isinstance(x, np.ndarray):
-        return x.shape, x.dtype, False
-    if _backends.is_torch_tensor(x):
-        return tuple(x.shape), dtypes.numpy_dtype_of_torch(x.dtype), x.device.type == "cuda"
-    if _backends.is_cupy_array(x):
-        return x.shape, np.dtype(x.dtype), True
-    raise TypeError(
-        "save_npy expected a NumPy array, a PyTorch tensor or a CuPy array "
-        f"(got {type(x).__module__}.{type(x).__qualname__})"
-    )
-
-
 def _as_bytes(a: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array (any dtype, ml_dtypes included)."""
     return a.reshape(-1).view(np.uint8).data
@@ -157,7 +143,7 @@ def _host_chunks(x: Any, chunk_bytes: int) -> Iterator[np.ndarray]:
     """
     from .exchange import to_numpy
 
-    shape, dtype, on_device = _shape_dtype(x)
+    x, shape, dtype, on_device = array_source(x, "save_npy")
     if int(np.prod(shape, dtype=np.int64)) == 0:
         return
     bounce = [np.empty(max(chunk_bytes, dtype.itemsize), np.uint8) for _ in range(2)]
@@ -247,7 +233,7 @@ def save_npy(
     """
     path = Path(os.fspath(path))
     chunk = chunk_bytes_or_default(chunk_bytes)
-    shape, dtype, _ = _shape_dtype(x)
+    x, shape, dtype, _ = array_source(x, "save_npy")
     if dtype.hasobject:
         raise TypeError(f"save_npy expected numeric data (got dtype {dtype!r})")
     header = _header_bytes(shape, dtype)
@@ -286,7 +272,7 @@ def _destination(header: NpyHeader, out: Any, device: Any) -> tuple[Any, bool]:
         if not out.flags.writeable:
             raise ValueError(f"expected a writable out {where} (got a read-only array)")
     elif _backends.is_cupy_array(out) or _backends.is_torch_tensor(out):
-        shape, dtype, on_device = _shape_dtype(out)
+        _, shape, dtype, on_device = array_source(out, "load_npy")
         host = not on_device
     else:
         raise TypeError(

@@ -20,7 +20,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -300,27 +300,48 @@ class _Cancelled(Exception):
 # ----------------------------------------------------------------- validation
 
 
-def _source(x: Any) -> tuple[Any, tuple[int, ...], np.dtype, str]:
-    """(object to slice, shape, NumPy dtype, 'host' or 'cuda') for an array of SPEC §1."""
+class Source(NamedTuple):
+    """An array of SPEC §1 as the transfer engines see it."""
+
+    obj: Any  # what chunk views are taken of: ndarray, detached tensor or CuPy array
+    shape: tuple[int, ...]
+    dtype: np.dtype  # the NumPy (or ml_dtypes) dtype of its values
+    on_device: bool
+
+
+def array_source(x: Any, func: str = "copy_to_host") -> Source:
+    """Describe ``x`` without moving data; foreign ``__dlpack__`` /
+    ``__cuda_array_interface__`` objects are wrapped zero-copy.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array (the message names ``func``), or is a
+        non-strided tensor.
+    ValueError
+        A tensor on a device other than CPU or CUDA.
+    UnsupportedDtypeError
+        No NumPy dtype holds its values.
+    """
     if isinstance(x, np.ndarray):
-        return x, x.shape, x.dtype, "host"
+        return Source(x, x.shape, x.dtype, False)
     if _backends.is_torch_tensor(x):
         if x.layout != _backends.torch().strided:
-            raise TypeError(f"expected a dense (strided) tensor (got layout {x.layout})")
-        kind = "cuda" if x.device.type == "cuda" else "host"
+            raise TypeError(f"{func} expected a dense (strided) tensor (got layout {x.layout})")
         if x.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"expected a CPU or CUDA tensor (got device {str(x.device)!r})")
-        return x.detach(), tuple(x.shape), dtypes.numpy_dtype_of_torch(x.dtype), kind
+            raise ValueError(f"{func} expected a CPU or CUDA tensor (got device {str(x.device)!r})")
+        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
+        return Source(x.detach(), tuple(x.shape), dtype, x.device.type == "cuda")
     if _backends.is_cupy_array(x):
-        return x, tuple(x.shape), np.dtype(x.dtype), "cuda"
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True)
     if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
         from .exchange import to_cupy, to_numpy
 
         if hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in (1, 3):
-            return _source(to_numpy(x))
-        return _source(to_cupy(x))
+            return array_source(to_numpy(x), func)
+        return array_source(to_cupy(x), func)
     raise TypeError(
-        "copy_to_host expected a NumPy array, a PyTorch tensor, a CuPy array, or an object "
+        f"{func} expected a NumPy array, a PyTorch tensor, a CuPy array, or an object "
         f"with __dlpack__ or __cuda_array_interface__ (got {type(x).__module__}."
         f"{type(x).__qualname__})"
     )
@@ -620,7 +641,8 @@ def copy_to_host_async(
         Device data without a usable CUDA device or CuPy.
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
-    src, shape, dtype, kind = _source(x)
+    src, shape, dtype, on_device = array_source(x)
+    kind = "cuda" if on_device else "host"
     if out is None:
         out = np.empty(shape, dtype)
     else:

@@ -30,7 +30,7 @@ import numpy as np
 from . import _backends, dtypes
 from .config import chunk_bytes_or_default, config
 from .errors import TransferError
-from .transfer import PinnedRing, Progress, c_order_chunks, pinned_ring
+from .transfer import PinnedRing, Progress, array_source, c_order_chunks, pinned_ring
 
 __all__ = ["copy_to_device"]
 
@@ -88,30 +88,6 @@ def _cupy_bits(out: Any, func: str) -> tuple[Any, np.dtype]:
     )
 
 
-def _host_source(x: Any) -> tuple[Any, tuple[int, ...], np.dtype] | None:
-    """(object to slice, shape, NumPy dtype) for host sources; None for device ones."""
-    if isinstance(x, np.ndarray):
-        return x, x.shape, x.dtype
-    if _backends.is_torch_tensor(x):
-        if x.device.type == "cuda":
-            return None
-        return x.detach(), tuple(x.shape), dtypes.numpy_dtype_of_torch(x.dtype)
-    if _backends.is_cupy_array(x) or hasattr(x, "__cuda_array_interface__"):
-        return None
-    if hasattr(x, "__dlpack__"):
-        from .exchange import to_numpy
-
-        kind, _ = x.__dlpack_device__()
-        if kind in (1, 3):
-            a = to_numpy(x)
-            return a, a.shape, a.dtype
-        return None
-    raise TypeError(
-        "copy_to_device expected a NumPy array, a PyTorch tensor, a CuPy array, or an "
-        f"object with __dlpack__ (got {type(x).__module__}.{type(x).__qualname__})"
-    )
-
-
 def copy_to_device(
     x: Any,
     /,
@@ -165,11 +141,10 @@ def copy_to_device(
         staging buffer and stream is released.
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
-    host = _host_source(x)
+    src, shape, dtype, on_device = array_source(x, "copy_to_device")
     cp = _backends.require_cupy_device()
-    if host is None:
-        return _device_to_device(x, out, device)
-    src, shape, dtype = host
+    if on_device:
+        return _device_to_device(src, out, device)
 
     result = empty_device(shape, dtype, device) if out is None else out
     dst, out_dtype = _cupy_bits(result, "copy_to_device")

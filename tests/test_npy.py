@@ -348,3 +348,19 @@ def test_gpu_copy_to_device_orders_after_current_stream(torch):
         interop.copy_to_device(np.full(1 << 20, 2.0, np.float32), out, chunk_bytes=1 << 18)
     side.synchronize()
     assert bool((out == 2.0).all())
+
+
+def test_foreign_dlpack_producer(tmp_path):
+    class Producer:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kwargs):
+            return self.a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    a = sample((5, 6), np.int32)[::-1]
+    interop.save_npy(Producer(a), tmp_path / "p.npy", chunk_bytes=24)
+    _same(np.load(tmp_path / "p.npy"), a)
