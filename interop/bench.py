@@ -62,22 +62,42 @@ def _skipped(name: str, what: str, target: str, reason: str) -> dict[str, Any]:
 # ----------------------------------------------------------------- host rows
 
 
+def _per_call_row(
+    name: str,
+    what: str,
+    ours: Callable[[], Any],
+    anchor_name: str,
+    anchor: Callable[[], Any],
+    calls: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """A per-call latency row: ours against a same-run anchor, target <= 2x."""
+    ours_us = _per_call_us(ours, calls, repeats)
+    anchor_us = _per_call_us(anchor, calls, repeats)
+    ratio = ours_us / anchor_us
+    return _row(
+        name,
+        what,
+        f"<= 2 x {anchor_name}",
+        us=ours_us,
+        anchors={f"{anchor_name}_us": anchor_us},
+        ratios={f"vs_{anchor_name}": ratio},
+        met=ratio <= 2.0,
+    )
+
+
 def _to_numpy_us(calls: int, repeats: int) -> dict[str, Any]:
     from .exchange import to_numpy
 
-    th = _backends.torch()
-    t = th.ones(16)
-    ours = _per_call_us(lambda: to_numpy(t), calls, repeats)
-    anchor = _per_call_us(lambda: np.from_dlpack(t), calls, repeats)
-    ratio = ours / anchor
-    return _row(
+    t = _backends.torch().ones(16)
+    return _per_call_row(
         "to_numpy_us",
         "interop.to_numpy(small CPU tensor) per call",
-        "<= 2 x numpy.from_dlpack",
-        us=ours,
-        anchors={"numpy.from_dlpack_us": anchor},
-        ratios={"vs_numpy.from_dlpack": ratio},
-        met=ratio <= 2.0,
+        lambda: to_numpy(t),
+        "numpy.from_dlpack",
+        lambda: np.from_dlpack(t),
+        calls,
+        repeats,
     )
 
 
@@ -86,17 +106,14 @@ def _to_torch_us(calls: int, repeats: int) -> dict[str, Any]:
 
     th = _backends.torch()
     a = np.ones(16)
-    ours = _per_call_us(lambda: to_torch(a), calls, repeats)
-    anchor = _per_call_us(lambda: th.from_dlpack(a), calls, repeats)
-    ratio = ours / anchor
-    return _row(
+    return _per_call_row(
         "to_torch_us",
         "interop.to_torch(small NumPy array) per call",
-        "<= 2 x torch.from_dlpack",
-        us=ours,
-        anchors={"torch.from_dlpack_us": anchor},
-        ratios={"vs_torch.from_dlpack": ratio},
-        met=ratio <= 2.0,
+        lambda: to_torch(a),
+        "torch.from_dlpack",
+        lambda: th.from_dlpack(a),
+        calls,
+        repeats,
     )
 
 

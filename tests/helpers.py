@@ -28,6 +28,19 @@ NUMPY_DTYPES = [
 ]
 
 
+class Producer:
+    """A minimal foreign DLPack producer wrapping a NumPy array or a tensor."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __dlpack__(self, **kwargs):
+        return self.inner.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.inner.__dlpack_device__()
+
+
 def sample(shape, dtype, seed=0):
     """Deterministic test data of any dtype above (values exact in every dtype)."""
     rng = np.random.default_rng(seed)

@@ -13,20 +13,7 @@ from hypothesis import strategies as st
 
 import interop
 
-from .helpers import STANDARD, run_python
-
-
-class Producer:
-    """A minimal foreign DLPack producer wrapping a NumPy array or CPU tensor."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __dlpack__(self, **kwargs):
-        return self.inner.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.inner.__dlpack_device__()
+from .helpers import STANDARD, Producer, run_python
 
 
 def ptr(x) -> int:

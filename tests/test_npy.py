@@ -12,7 +12,7 @@ import pytest
 import interop
 from interop.npy import read_npy_header
 
-from .helpers import NUMPY_DTYPES, run_python, sample
+from .helpers import NUMPY_DTYPES, Producer, run_python, sample
 
 
 def _same(a, b):
@@ -351,16 +351,6 @@ def test_gpu_copy_to_device_orders_after_current_stream(torch):
 
 
 def test_foreign_dlpack_producer(tmp_path):
-    class Producer:
-        def __init__(self, a):
-            self.a = a
-
-        def __dlpack__(self, **kwargs):
-            return self.a.__dlpack__(**kwargs)
-
-        def __dlpack_device__(self):
-            return self.a.__dlpack_device__()
-
     a = sample((5, 6), np.int32)[::-1]
     interop.save_npy(Producer(a), tmp_path / "p.npy", chunk_bytes=24)
     _same(np.load(tmp_path / "p.npy"), a)
