@@ -13,7 +13,7 @@ import pytest
 import interop
 from interop.transfer import _ring_cache, c_order_chunks
 
-from .helpers import ALL_NAMES, NUMPY_DTYPES, sample
+from .helpers import ALL_NAMES, NUMPY_DTYPES, run_python, sample
 
 
 def bits(a):
@@ -370,3 +370,31 @@ def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
     cached = sum(len(v) for v in _ring_cache.values())
     np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
     assert sum(len(v) for v in _ring_cache.values()) >= cached
+
+
+def test_ctrl_c_while_waiting_cancels_releases_and_reraises():
+    """SIGINT during result(): KeyboardInterrupt is re-raised after the transfer
+    stopped and its threads are gone; the process stays usable."""
+    proc = run_python(
+        """
+        import os, signal, threading, time
+        import numpy as np, interop
+        base = threading.active_count()
+        a = np.arange(1 << 16, dtype=np.float64)
+        out = np.zeros_like(a)
+        slow = lambda done, total: time.sleep(0.01)
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            interop.copy_to_host(a, out, chunk_bytes=4096, progress=slow)
+        except KeyboardInterrupt:
+            print("interrupted")
+        time.sleep(0.3)  # the timer thread ends
+        print("threads", threading.active_count() - base)
+        n = int(np.argmin(out[1:] != 0)) + 1 if (out[1:] == 0).any() else a.size
+        print("prefix ok", bool((out[:n] == a[:n]).all()), n < a.size)
+        print("usable", bool((interop.copy_to_host(a) == a).all()))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == ["interrupted", "threads 0", "prefix ok True True", "usable True"]
