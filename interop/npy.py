@@ -291,6 +291,65 @@ def _destination(header: NpyHeader, out: Any, device: Any) -> tuple[Any, bool]:
     return out, host
 
 
+def _pread_into(fd: int, view: memoryview, offset: int, header: NpyHeader, done: int) -> None:
+    """Fill ``view`` from the file at ``offset``; a short file is an error."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise EOFError(
+                f"{str(header.path)!r} ended early: expected {len(view)} bytes at offset "
+                f"{offset}, read {got}; bytes [0, {done}) of the data are complete"
+            )
+        got += n
+
+
+def _load_to_host(header: NpyHeader, target: np.ndarray, chunk: int, progress: Any) -> None:
+    """Read the file chunk by chunk into host memory (``target`` in file order)."""
+    itemsize = header.dtype.itemsize
+    bar = Progress(progress, header.nbytes, "load_npy")
+    done = 0
+    fd = os.open(header.path, os.O_RDONLY)
+    try:
+        buf = np.empty(max(chunk, itemsize), np.uint8)
+        for idx in c_order_chunks(tuple(target.shape), itemsize, chunk):
+            part = target[idx]
+            n = part.size * itemsize
+            direct = part.flags.c_contiguous
+            raw = part.reshape(-1).view(np.uint8) if direct else buf[:n]
+            try:
+                _pread_into(fd, raw.data, header.offset + done, header, done)
+            except EOFError as exc:
+                raise TransferError(str(exc), bytes_done=done, nbytes=header.nbytes) from exc
+            if not direct:
+                np.copyto(part, raw.view(header.dtype).reshape(part.shape))
+            done += n
+            bar.add(n)
+    finally:
+        os.close(fd)
+        bar.close()
+
+
+def _load_to_device(header: NpyHeader, result: Any, chunk: int, progress: Any) -> None:
+    """Read the file straight into the pinned staging slots (host threads,
+    ``os.preadv``) while earlier slots are copied to the device."""
+    from .upload import _cupy_bits, h2d_pipeline
+
+    dst, _ = _cupy_bits(result, "load_npy")
+    target = _c_order_view(dst, header.fortran_order)
+    fd = os.open(header.path, os.O_RDONLY)
+
+    def read(idx: tuple, start: int, slot: np.ndarray) -> int:
+        n = target[idx].size * header.dtype.itemsize
+        _pread_into(fd, slot[:n].data, header.offset + start, header, start)
+        return n
+
+    try:
+        h2d_pipeline(result, target, header.dtype.itemsize, read, chunk, progress, "load_npy")
+    finally:
+        os.close(fd)
+
+
 def _c_order_view(dest: Any, fortran: bool) -> Any:
     """The destination as seen in the file's storage order (C order)."""
     if not fortran or len(getattr(dest, "shape", ())) < 2:
@@ -335,10 +394,14 @@ def load_npy(
 
     Notes
     -----
-    The file is never read whole: each chunk is read into a bounded host
-    buffer and copied to the destination (through :func:`interop.copy_to_device`
-    for device memory, ordered on the destination library's current stream).
-    Extra host memory is one chunk buffer plus the staging ring.
+    The file is never read whole. For device memory, host threads read each
+    chunk (``os.preadv``) straight into a free pinned staging slot while
+    earlier slots are copied to the device — the pipeline of
+    :func:`interop.copy_to_device`, ordered after the destination library's
+    current stream; the call returns when the data is on the device. For host
+    memory, contiguous chunks are read straight into ``out``, others through
+    one chunk buffer. Extra host memory is the staging ring (device) or one
+    chunk buffer (host).
 
     Raises
     ------
@@ -356,35 +419,8 @@ def load_npy(
     chunk = chunk_bytes_or_default(chunk_bytes)
     dest, host = _destination(header, out, device)
     result = dest if out is None else out
-    target = _c_order_view(dest, header.fortran_order)
-    shape = tuple(target.shape)
-    bar = Progress(progress, header.nbytes, "load_npy")
-    done = 0
-    try:
-        buf = np.empty(max(chunk, header.dtype.itemsize), np.uint8)
-        with open(header.path, "rb") as f:
-            f.seek(header.offset)
-            for idx in c_order_chunks(shape, header.dtype.itemsize, chunk):
-                part = target[idx]
-                n = int(np.prod(part.shape, dtype=np.int64)) * header.dtype.itemsize
-                got = f.readinto(buf[:n].data)
-                if got != n:
-                    raise TransferError(
-                        f"{str(header.path)!r} ended early: expected {n} bytes at offset "
-                        f"{header.offset + done}, read {got}; bytes [0, {done}) of the data "
-                        "are complete",
-                        bytes_done=done,
-                        nbytes=header.nbytes,
-                    )
-                chunk_view = buf[:n].view(header.dtype).reshape(tuple(part.shape))
-                if host:
-                    np.copyto(part, chunk_view)
-                else:
-                    from .upload import copy_to_device
-
-                    copy_to_device(chunk_view, part, chunk_bytes=chunk)
-                done += n
-                bar.add(n)
-    finally:
-        bar.close()
+    if host:
+        _load_to_host(header, _c_order_view(dest, header.fortran_order), chunk, progress)
+    else:
+        _load_to_device(header, result, chunk, progress)
     return result

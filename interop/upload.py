@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -142,7 +143,7 @@ def copy_to_device(
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
     src, shape, dtype, on_device = array_source(x, "copy_to_device")
-    cp = _backends.require_cupy_device()
+    _backends.require_cupy_device()
     if on_device:
         return _device_to_device(src, out, device)
 
@@ -154,24 +155,54 @@ def copy_to_device(
             f"(got shape {tuple(dst.shape)} and dtype {out_dtype})"
         )
     bits = dtypes.int_view_of_numpy(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes == 0:
-        return result
-    chunk = max(chunk, dtype.itemsize)
-    chunks = list(c_order_chunks(shape, dtype.itemsize, chunk))
-    nslots = min(config.num_buffers, len(chunks))
-    bar = Progress(progress, nbytes, "copy_to_device")
-    done = 0
-
+    itemsize = dtype.itemsize
     from .exchange import to_numpy
 
-    def fill(i: int, slot: np.ndarray, wait: Any) -> int:
-        if wait is not None:
-            wait.synchronize()  # the DMA that last read this slot has finished
-        part = to_numpy(src[chunks[i]])
-        n = part.size * dtype.itemsize
+    def pack(idx: tuple, start: int, slot: np.ndarray) -> int:
+        part = to_numpy(src[idx])  # per chunk: conjugate/negative bits applied here
+        n = part.size * itemsize
         np.copyto(slot[:n].view(bits).reshape(part.shape), part.view(bits))
         return n
+
+    h2d_pipeline(result, dst, itemsize, pack, chunk, progress, "copy_to_device")
+    return result
+
+
+def h2d_pipeline(
+    result: Any,
+    dst: Any,
+    itemsize: int,
+    fill: Callable[[tuple, int, np.ndarray], int],
+    chunk: int,
+    progress: Any,
+    func: str,
+) -> None:
+    """Stream host data into the CuPy view ``dst`` of ``result`` through the
+    pinned ring.
+
+    ``fill(idx, start, slot)`` writes the bytes of chunk ``dst[idx]`` (C
+    order; ``start`` is its byte offset in that order) into the pinned
+    ``slot`` and returns their count; it runs on host threads.
+    Used by :func:`copy_to_device` (packing a host array) and
+    :func:`interop.load_npy` (reading a file straight into the slots).
+    Returns when the data is on the device.
+    """
+    cp = _backends.cupy()
+    shape = tuple(dst.shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+    if nbytes == 0:
+        return
+    chunk = max(chunk, itemsize)
+    chunks = list(c_order_chunks(shape, itemsize, chunk))
+    starts = np.cumsum([0] + [dst[idx].size * itemsize for idx in chunks[:-1]]).tolist()
+    nslots = min(config.num_buffers, len(chunks))
+    bar = Progress(progress, nbytes, func)
+    done = 0
+
+    def fill_slot(i: int, slot: np.ndarray, wait: Any) -> int:
+        if wait is not None:
+            wait.synchronize()  # the DMA that last read this slot has finished
+        return fill(chunks[i], int(starts[i]), slot)
 
     index = int(dst.device.id)
     with cp.cuda.Device(index):
@@ -190,7 +221,7 @@ def copy_to_device(
         try:
             ring = rings.enter_context(pinned_ring(nslots, chunk))
             for i in range(nslots):
-                fills[i] = pool.submit(fill, i, ring.arrays[i], None)
+                fills[i] = pool.submit(fill_slot, i, ring.arrays[i], None)
             for i, idx in enumerate(chunks):
                 k = i % nslots
                 n = fills.pop(i).result()
@@ -207,7 +238,9 @@ def copy_to_device(
                         part[...] = staging[k, :n].view(part.dtype).reshape(part.shape)
                 events[k].record(stream)
                 if i + nslots < len(chunks):
-                    fills[i + nslots] = pool.submit(fill, i + nslots, ring.arrays[k], events[k])
+                    fills[i + nslots] = pool.submit(
+                        fill_slot, i + nslots, ring.arrays[k], events[k]
+                    )
                 done += n
                 bar.add(n)
         except BaseException as exc:
@@ -234,13 +267,12 @@ def copy_to_device(
                 raise error
             complete = done if synced else 0
             raise TransferError(
-                f"copy_to_device failed ({type(error).__name__}: {error}); bytes "
+                f"{func} failed ({type(error).__name__}: {error}); bytes "
                 f"[0, {complete}) of {nbytes} (C order) are complete, the rest of out is "
                 "unspecified",
                 bytes_done=complete,
                 nbytes=nbytes,
             ) from error
-    return result
 
 
 def _consumer_stream(out: Any, index: int) -> Any:

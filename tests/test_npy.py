@@ -354,3 +354,21 @@ def test_foreign_dlpack_producer(tmp_path):
     a = sample((5, 6), np.int32)[::-1]
     interop.save_npy(Producer(a), tmp_path / "p.npy", chunk_bytes=24)
     _same(np.load(tmp_path / "p.npy"), a)
+
+
+def test_file_shrinking_during_the_read_is_an_error_not_success(tmp_path):
+    path = tmp_path / "shrinks.npy"
+    a = np.arange(1000, dtype=np.float64)
+    np.save(path, a)
+    out = np.zeros(1000)
+
+    def shrink(done, total):
+        if done == 800:  # after the first chunk: another process truncates the file
+            with open(path, "r+b") as f:
+                f.truncate(128 + 1200)
+
+    with pytest.raises(interop.TransferError, match=r"shrinks\.npy' ended early") as info:
+        interop.load_npy(path, out, chunk_bytes=800, progress=shrink)
+    assert info.value.bytes_done == 800
+    assert "bytes [0, 800) of the data are complete" in str(info.value)
+    np.testing.assert_array_equal(out[:100], a[:100])
