@@ -194,7 +194,9 @@ def h2d_pipeline(
         return
     chunk = max(chunk, itemsize)
     chunks = list(c_order_chunks(shape, itemsize, chunk))
-    starts = np.cumsum([0] + [dst[idx].size * itemsize for idx in chunks[:-1]]).tolist()
+    sizes = [dst[idx].size * itemsize for idx in chunks]
+    starts = np.cumsum([0, *sizes[:-1]]).tolist()
+    slot_bytes = max(sizes)  # a small array never pins a full chunk
     nslots = min(config.num_buffers, len(chunks))
     bar = Progress(progress, nbytes, func)
     done = 0
@@ -219,7 +221,7 @@ def h2d_pipeline(
         rings = contextlib.ExitStack()
         error: BaseException | None = None
         try:
-            ring = rings.enter_context(pinned_ring(nslots, chunk))
+            ring = rings.enter_context(pinned_ring(nslots, slot_bytes))
             for i in range(nslots):
                 fills[i] = pool.submit(fill_slot, i, ring.arrays[i], None)
             for i, idx in enumerate(chunks):
@@ -230,7 +232,7 @@ def h2d_pipeline(
                     cp.cuda.runtime.memcpyAsync(part.data.ptr, ring.ptrs[k], n, _H2D, stream.ptr)
                 else:
                     if staging is None:
-                        staging = cp.empty((nslots, chunk), dtype=cp.uint8)
+                        staging = cp.empty((nslots, slot_bytes), dtype=cp.uint8)
                     cp.cuda.runtime.memcpyAsync(
                         staging[k].data.ptr, ring.ptrs[k], n, _H2D, stream.ptr
                     )
