@@ -64,13 +64,28 @@ class Config:
     8388608
     """
 
-    __slots__ = ("_lock", "_values")
+    # The values are a base (global assignments, environment) plus one overlay
+    # per active ``set`` block. Leaving a block removes its own overlay
+    # wherever it is in the stack, so blocks entered and left by different
+    # threads in any interleaving restore the base exactly, instead of one
+    # thread "restoring" another thread's temporary value forever.
+    __slots__ = ("_base", "_lock", "_overlays", "_values")
     _lock: threading.Lock
+    _base: dict[str, int]
+    _overlays: list[dict[str, int]]
     _values: dict[str, int]
 
     def __init__(self) -> None:
         object.__setattr__(self, "_lock", threading.Lock())
-        object.__setattr__(self, "_values", {name: _from_env(name) for name in _DEFAULTS})
+        object.__setattr__(self, "_base", {name: _from_env(name) for name in _DEFAULTS})
+        object.__setattr__(self, "_overlays", [])
+        object.__setattr__(self, "_values", dict(self._base))
+
+    def _recompute(self) -> None:  # with self._lock held
+        values = dict(self._base)
+        for overlay in self._overlays:
+            values.update(overlay)
+        object.__setattr__(self, "_values", values)
 
     def __getattr__(self, name: str) -> int:
         try:
@@ -81,19 +96,30 @@ class Config:
     def __setattr__(self, name: str, value: object) -> None:
         checked = _validate(name, value)
         with self._lock:
-            self._values[name] = checked
+            # Inside a block that set this name, the assignment lasts until
+            # that block exits (as if the block had set it), like a restore.
+            for overlay in reversed(self._overlays):
+                if name in overlay:
+                    overlay[name] = checked
+                    break
+            else:
+                self._base[name] = checked
+            self._recompute()
 
     def as_dict(self) -> dict[str, int]:
         """The current settings."""
-        with self._lock:
-            return dict(self._values)
+        return dict(self._values)
 
     @contextlib.contextmanager
     def set(self, **settings: int) -> Iterator[Config]:
         """Change settings for the duration of a ``with`` block.
 
         All values are validated before any is changed; the previous values
-        are restored on exit, also when the block raises.
+        are restored on exit, also when the block raises. Blocks nest. The
+        settings are process-wide (a transfer started by any thread while the
+        block is active uses them); blocks entered by several threads at once
+        each remove only their own change on exit. For a per-call choice pass
+        ``chunk_bytes=`` to the call instead.
 
         Raises
         ------
@@ -101,14 +127,18 @@ class Config:
             Unknown setting, or a value that is not a positive int.
         """
         checked = {name: _validate(name, value) for name, value in settings.items()}
+        overlay = dict(checked)
         with self._lock:
-            previous = {name: self._values[name] for name in checked}
-            self._values.update(checked)
+            self._overlays.append(overlay)
+            self._recompute()
         try:
             yield self
         finally:
             with self._lock:
-                self._values.update(previous)
+                # identity, not equality: two blocks may set the same values
+                index = next(i for i, o in enumerate(self._overlays) if o is overlay)
+                del self._overlays[index]
+                self._recompute()
 
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())

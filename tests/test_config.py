@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import interop
@@ -27,6 +29,42 @@ def test_set_block_restores_also_on_error_and_nests():
     assert interop.config.as_dict() == before
     with pytest.raises(RuntimeError, match="boom"), interop.config.set(host_threads=9):
         raise RuntimeError("boom")
+    assert interop.config.as_dict() == before
+
+
+def test_blocks_from_several_threads_restore_the_base_in_any_order():
+    """A enters, B enters, A leaves, B leaves: B must not 'restore' A's value."""
+    before = interop.config.as_dict()
+    steps = [threading.Event() for _ in range(3)]
+    seen = {}
+
+    def a():
+        with interop.config.set(chunk_bytes=111):
+            steps[0].set()
+            steps[1].wait(10)
+        seen["after A left"] = interop.config.chunk_bytes
+        steps[2].set()
+
+    def b():
+        steps[0].wait(10)
+        with interop.config.set(chunk_bytes=222):
+            steps[1].set()
+            steps[2].wait(10)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"after A left": 222}  # B's block is still active
+    assert interop.config.as_dict() == before
+
+
+def test_assignment_inside_a_block_lasts_until_it_ends():
+    before = interop.config.as_dict()
+    with interop.config.set(chunk_bytes=64):
+        interop.config.chunk_bytes = 128
+        assert interop.config.chunk_bytes == 128
     assert interop.config.as_dict() == before
 
 
