@@ -1,12 +1,25 @@
 """Chunked device-to-host (and host-to-host) copies: ``copy_to_host`` and
 ``copy_to_host_async``.
 
-Building blocks reused by ``interop.npy`` and ``interop.upload``:
+Building blocks reused by ``interop.npy`` and ``interop.upload`` (and by any
+other pipeline that stages through pinned memory):
 
-* :func:`c_order_chunks` — plans views that cover an array in C order.
-* :class:`Progress` — tqdm bar or callback, in bytes.
-* :class:`PinnedRing` / :func:`pinned_ring` — page-locked staging buffers of
-  exact size, cached for reuse.
+``c_order_chunks(shape, itemsize, chunk_bytes) -> Iterator[tuple]``
+    Index tuples ``idx`` such that every ``x[idx]`` is a view of at most
+    ``max(chunk_bytes, itemsize)`` bytes and the views cover ``x`` in C
+    order. Zero-size shapes yield nothing; a 0-d shape yields ``(...,)``.
+``array_source(x, func="copy_to_host") -> Source``
+    ``Source(obj, shape, dtype, on_device)``: what the engines copy from
+    (a NumPy array, a detached tensor or a CuPy array) and its NumPy dtype.
+``Progress(progress, total, desc)``
+    ``.add(n)`` / ``.close()``: tqdm bar in bytes or ``progress(done, total)``.
+``interop.memory.StagingRing(count, nbytes)`` (alias ``PinnedRing``)
+    ``count`` pinned buffers of exactly ``nbytes``: ``.ptrs`` (addresses for
+    ``cudaMemcpyAsync``), ``.arrays`` (``uint8`` NumPy views), ``.free()``;
+    a context manager.
+``interop.memory.staging_ring(count, nbytes)`` (alias ``pinned_ring``)
+    ``with staging_ring(n, size) as ring:`` borrows a ring from the cache for
+    one transfer (returned on success, freed on error).
 
 Two engines share one scheduler (:class:`Transfer` plus an in-order prefix
 counter): the host engine copies host sources with a thread pool; the CUDA
@@ -15,9 +28,8 @@ engine streams device sources through the pinned ring (see docs/transfer.md).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -27,11 +39,11 @@ import numpy as np
 from . import _backends, dtypes
 from .config import chunk_bytes_or_default, config
 from .errors import TransferError
+from .memory import StagingRing, staging_ring
 
 __all__ = ["Transfer", "copy_to_host", "copy_to_host_async"]
 
 _D2H = 2  # cudaMemcpyDeviceToHost
-_HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device
 
 
 # ----------------------------------------------------------------- planning
@@ -105,68 +117,9 @@ class Progress:
 
 # ----------------------------------------------------------------- pinned ring
 
-
-class PinnedRing:
-    """``count`` page-locked host buffers of exactly ``nbytes`` each.
-
-    Allocated with ``cudaHostAlloc`` (portable) at exact size — not through
-    CuPy's pinned pool, which rounds up to powers of two — and freed with
-    ``cudaFreeHost`` by :meth:`free`.
-    """
-
-    def __init__(self, count: int, nbytes: int) -> None:
-        self._cp = _backends.cupy()
-        self.nbytes = nbytes
-        self.ptrs: list[int] = []
-        self.arrays: list[np.ndarray] = []
-        try:
-            for _ in range(count):
-                ptr = int(self._cp.cuda.runtime.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE))
-                self.ptrs.append(ptr)
-                buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
-                self.arrays.append(np.ctypeslib.as_array(buf))
-        except BaseException:
-            self.free()
-            raise
-
-    def free(self) -> None:
-        """Free every buffer (only once no copy uses them)."""
-        self.arrays.clear()
-        while self.ptrs:
-            self._cp.cuda.runtime.freeHost(self.ptrs.pop())
-
-
-_ring_lock = threading.Lock()
-_ring_cache: dict[tuple[int, int], list[PinnedRing]] = {}
-_RINGS_KEPT = 2  # idle rings kept per (count, nbytes), for concurrent transfers
-
-
-@contextlib.contextmanager
-def pinned_ring(count: int, nbytes: int) -> Iterator[PinnedRing]:
-    """Borrow a ring from the cache (or allocate one) for one transfer.
-
-    A ring is never lent to two transfers at once. It goes back to the cache
-    when the block exits normally; on an error it is freed, since a failed
-    copy may have left it in an unknown state.
-    """
-    key = (count, nbytes)
-    with _ring_lock:
-        idle = _ring_cache.get(key)
-        ring = idle.pop() if idle else None
-    if ring is None:
-        ring = PinnedRing(count, nbytes)
-    try:
-        yield ring
-    except BaseException:
-        ring.free()
-        raise
-    with _ring_lock:
-        idle = _ring_cache.setdefault(key, [])
-        if len(idle) < _RINGS_KEPT:
-            idle.append(ring)
-            ring = None
-    if ring is not None:
-        ring.free()
+# The ring lives in interop.memory; these names stay for the other pipelines.
+PinnedRing = StagingRing
+pinned_ring = staging_ring
 
 
 # ----------------------------------------------------------------- Transfer
@@ -216,7 +169,7 @@ class Transfer:
             try:
                 run(self)
             except BaseException as exc:  # re-raised in the caller by result()
-                self._error = exc
+                self._error = _detached(exc)
             finally:
                 self._progress.close()
                 self._finished.set()
@@ -270,10 +223,19 @@ class Transfer:
         except KeyboardInterrupt:
             self.cancel()
             self._finished.wait()
+            self._join()
             raise
+        self._join()
         if self._error is not None:
             raise self._failure(self._error)
         return self._out
+
+    def _join(self) -> None:
+        # Finished: the thread is past its last statement; joining it means
+        # it (and everything its frames referenced) is gone when result() ends.
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _failure(self, exc: BaseException) -> BaseException:
         if isinstance(exc, TransferError | KeyboardInterrupt):
@@ -295,6 +257,29 @@ class Transfer:
 
 class _Cancelled(Exception):
     pass
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """``exc`` without live worker frames, its traceback kept as text.
+
+    A traceback keeps every frame of the worker alive, and with them the
+    engine's closures: streams, events, device staging memory, the source.
+    The caller may hold the error for long (a notebook's ``sys.last_exc``),
+    so the frames are cleared and dropped; the worker's traceback is added as
+    a note (Python >= 3.11) so it is still shown.
+    """
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None and text:
+        add_note("in the transfer's worker thread:\n" + text)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        traceback.clear_frames(link.__traceback__)
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
 
 
 # ----------------------------------------------------------------- validation
@@ -365,7 +350,7 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, src: Any, kind
         raise ValueError("copy_to_host expected a writable out (got a read-only array)")
     if kind == "host" and out.size:
         host = src if isinstance(src, np.ndarray) else _host_view(src)
-        if host is not None and np.may_share_memory(out, host):
+        if np.may_share_memory(out, host):
             try:
                 overlap = np.shares_memory(out, host, max_work=100_000)  # type: ignore[arg-type]
             except np.exceptions.TooHardError:
@@ -377,13 +362,29 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, src: Any, kind
                 )
 
 
-def _host_view(t: Any) -> np.ndarray | None:
-    """The raw memory of a CPU tensor as NumPy (for overlap checks), if cheap."""
-    if t.is_conj() or t.is_neg():
-        return None
+def _host_view(t: Any) -> np.ndarray:
+    """The raw memory of a CPU tensor as NumPy, zero-copy (for overlap checks).
+
+    A conjugate/negative bit is flipped off by a view first, so the check
+    sees the memory the lazy tensor reads.
+    """
     from .exchange import to_numpy
 
+    th = _backends.torch()
+    if t.is_conj():
+        t = t.conj()  # a view without the bit, same memory
+    if t.is_neg():
+        t = th._neg_view(t)
     return to_numpy(t)
+
+
+def _check_progress(progress: Any) -> None:
+    if progress is None or isinstance(progress, bool) or callable(progress):
+        return
+    raise TypeError(
+        "expected progress to be True, False or a callable progress(bytes_done, bytes_total) "
+        f"(got {progress!r})"
+    )
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -478,6 +479,8 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
     whole, index, producer, torch_stream = _cuda_source(src)
     itemsize = out.dtype.itemsize
     nslots = max(1, min(config.num_buffers, len(chunks)))
+    # Slots as large as the largest chunk: a small array never pins a full chunk.
+    slot_bytes = max(out[idx].size for idx in chunks) * itemsize
     with cp.cuda.Device(index):
         # Ordered after the work queued so far on the producer's stream: the
         # event is recorded here, in the caller's thread, at the call.
@@ -508,7 +511,7 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
             held: list[Any] = [None] * nslots
             pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="interop-d2h")
             failing = False
-            with pinned_ring(nslots, max(chunk_bytes, itemsize)) as ring:
+            with pinned_ring(nslots, slot_bytes) as ring:
                 try:
 
                     def drain(i: int, k: int) -> None:
@@ -566,12 +569,15 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                             f.cancel()
                     pool.shutdown(wait=True, cancel_futures=True)
                     _drain(stream, failing)
+                    # Device memory goes back now, not when the frame dies.
+                    held.clear()
+                    staging = part = packed = None
 
     return run
 
 
 def _nothing(transfer: Transfer) -> None:
-    return None
+    transfer._progress.add(0)  # a callback still sees (0, 0): it ends at the total
 
 
 def _drain(stream: Any, failing: bool) -> None:
@@ -641,6 +647,7 @@ def copy_to_host_async(
         Device data without a usable CUDA device or CuPy.
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
+    _check_progress(progress)
     src, shape, dtype, on_device = array_source(x)
     kind = "cuda" if on_device else "host"
     if out is None:

@@ -4,6 +4,7 @@ engine under the ``gpu`` marker."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import ClassVar
 
 import ml_dtypes
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 import interop
-from interop.transfer import _ring_cache, c_order_chunks
+from interop.memory import StagingRing, _ring_cache, cached_rings, staging_ring
+from interop.transfer import c_order_chunks
 
 from .helpers import ALL_NAMES, NUMPY_DTYPES, run_python, sample
 
@@ -164,6 +166,25 @@ def test_overlapping_out_is_refused():
     assert a[1::2].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
 
 
+def test_lazy_conj_and_neg_sources_overlapping_out_are_refused(torch):
+    z = torch.tensor([1 + 2j, 3 - 4j, 5 + 6j, 7 - 8j])
+    out = z.numpy()
+    before = out.tobytes()
+    with pytest.raises(ValueError, match="overlap"):
+        interop.copy_to_host(z.conj(), out)
+    reals = torch.view_as_real(z)  # float64 (4, 2) over the same memory
+    with pytest.raises(ValueError, match="overlap"):
+        interop.copy_to_host(z.conj().imag, reals.numpy()[:, 1])
+    assert out.tobytes() == before
+
+
+def test_bad_progress_is_refused_before_writing():
+    out = np.zeros(4)
+    with pytest.raises(TypeError, match=r"expected progress to be .* \(got 'yes'\)"):
+        interop.copy_to_host(np.ones(4), out, progress="yes")
+    assert out.tolist() == [0.0] * 4
+
+
 def test_non_arrays_and_bad_chunk_bytes():
     with pytest.raises(TypeError, match=r"copy_to_host expected .* \(got builtins.list\)"):
         interop.copy_to_host([1, 2])
@@ -198,6 +219,13 @@ def test_progress_callable_is_monotonic_and_complete():
     assert done == sorted(done)
     assert seen[-1] == (a.nbytes, a.nbytes)
     assert {t for _, t in seen} == {a.nbytes}
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0)])
+def test_progress_of_an_empty_transfer_ends_at_the_total(shape):
+    seen = []
+    interop.copy_to_host(np.ones(shape), progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(0, 0)]
 
 
 def test_progress_bar(capsys):
@@ -241,6 +269,23 @@ def test_worker_error_is_raised_in_the_caller():
     assert info.value.bytes_done == 80  # the first chunk was complete when it failed
 
 
+def test_a_failed_transfer_keeps_nothing_alive():
+    """The worker's frames (engine state: on a GPU, staging memory and streams)
+    are not kept alive by the error the caller holds."""
+    src = np.ones(1000)
+    alive = weakref.ref(src)
+
+    def progress(done, total):
+        raise ZeroDivisionError
+
+    transfer = interop.copy_to_host_async(src, chunk_bytes=800, progress=progress)
+    del src
+    with pytest.raises(interop.TransferError) as info:
+        transfer.result(timeout=30)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert alive() is None
+
+
 def test_keyboard_interrupt_in_a_worker_reaches_the_caller():
     def progress(done, total):
         raise KeyboardInterrupt
@@ -281,6 +326,36 @@ def test_concurrent_transfers():
     assert errors == []
     for s, o in zip(sources, outs, strict=True):
         np.testing.assert_array_equal(o, s)
+
+
+# ----------------------------------------------------------------- staging ring
+
+
+def test_staging_ring_without_a_device_says_so():
+    if interop._backends.cupy_device_count() > 0:
+        pytest.skip("a CUDA device is visible")
+    with pytest.raises(interop.NoDeviceError):
+        StagingRing(2, 64)
+
+
+@pytest.mark.gpu
+def test_gpu_staging_ring_is_exact_cached_and_freed_on_error(cp):
+    with StagingRing(3, 1000) as ring:
+        assert len(ring.ptrs) == 3
+        assert [a.nbytes for a in ring.arrays] == [1000] * 3
+        ring.arrays[2][:] = 7  # host-writable
+        assert not ring.closed
+    assert ring.closed
+    with staging_ring(2, 4096) as lent:
+        pass
+    assert lent in _ring_cache[(2, 4096)]
+    with staging_ring(2, 4096) as again:
+        assert again is lent  # reused, and not lent twice meanwhile
+        assert lent not in _ring_cache[(2, 4096)]
+    with pytest.raises(RuntimeError, match="boom"), staging_ring(2, 4096) as failed:
+        raise RuntimeError("boom")
+    assert failed.closed
+    assert failed not in _ring_cache.get((2, 4096), [])
 
 
 # ----------------------------------------------------------------- CUDA engine
@@ -367,9 +442,28 @@ def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
     n = info.value.bytes_done // 4
     out = transfer._out
     np.testing.assert_array_equal(out[:n], cp.asnumpy(a[:n]))
-    cached = sum(len(v) for v in _ring_cache.values())
+    # the failed transfer's ring was freed, not cached
+    assert all(not r.closed for v in _ring_cache.values() for r in v)
+    cached = cached_rings()
     np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
-    assert sum(len(v) for v in _ring_cache.values()) >= cached
+    assert cached_rings() >= cached
+
+
+@pytest.mark.gpu
+def test_gpu_error_in_a_worker_releases_and_stays_usable(cp):
+    a = cp.arange(1 << 20, dtype=cp.float32).reshape(1024, 1024).T  # packed on the device
+    pool = cp.get_default_memory_pool()
+    cp.cuda.Device().synchronize()
+    before = pool.used_bytes()
+
+    def progress(done, total):
+        raise ZeroDivisionError
+
+    with pytest.raises(interop.TransferError) as info:
+        interop.copy_to_host(a, chunk_bytes=1 << 16, progress=progress)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert pool.used_bytes() == before  # device staging released, though the error lives
+    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
 
 
 def test_ctrl_c_while_waiting_cancels_releases_and_reraises():
