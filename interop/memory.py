@@ -95,7 +95,9 @@ class StagingRing:
 
 _ring_lock = threading.Lock()
 _ring_cache: dict[tuple[int, int], list[StagingRing]] = {}
+_ring_order: list[StagingRing] = []  # idle rings, least recently returned first
 _RINGS_KEPT = 2  # idle rings kept per (count, nbytes), for concurrent transfers
+_RINGS_KEPT_TOTAL = 4  # idle rings kept in all: sizes seen once do not pin memory forever
 
 
 @contextlib.contextmanager
@@ -104,9 +106,10 @@ def staging_ring(count: int, nbytes: int) -> Iterator[StagingRing]:
 
     The ring comes from the cache when one of that size is idle, else it is
     allocated. It is never lent to two transfers at once. It goes back to the
-    cache (at most two idle rings per size are kept) when the block exits
-    normally; when the block raises it is freed, since a failed copy may have
-    left it in an unknown state. The caller must have waited for every copy
+    cache when the block exits normally (at most two idle rings per size and
+    four in all are kept, the least recently used is freed first); when the
+    block raises it is freed, since a failed copy may have left it in an
+    unknown state. The caller must have waited for every copy
     that uses the ring before the block exits.
 
     Rings are portable pinned memory, so the cache key is ``(count, nbytes)``,
@@ -116,6 +119,8 @@ def staging_ring(count: int, nbytes: int) -> Iterator[StagingRing]:
     with _ring_lock:
         idle = _ring_cache.get(key)
         ring = idle.pop() if idle else None
+        if ring is not None:
+            _ring_order.remove(ring)
     if ring is None:
         ring = StagingRing(count, nbytes)
     try:
@@ -123,13 +128,24 @@ def staging_ring(count: int, nbytes: int) -> Iterator[StagingRing]:
     except BaseException:
         ring.free()
         raise
+    evicted: list[StagingRing] = []
     with _ring_lock:
         idle = _ring_cache.setdefault(key, [])
         if len(idle) < _RINGS_KEPT:
             idle.append(ring)
+            _ring_order.append(ring)
             ring = None
+            while len(_ring_order) > _RINGS_KEPT_TOTAL:
+                oldest = _ring_order.pop(0)
+                oldest_key = (oldest.count, oldest.nbytes)
+                _ring_cache[oldest_key].remove(oldest)
+                if not _ring_cache[oldest_key]:
+                    del _ring_cache[oldest_key]
+                evicted.append(oldest)
     if ring is not None:
-        ring.free()
+        evicted.append(ring)
+    for spare in evicted:  # freed outside the lock: cudaFreeHost can take a while
+        spare.free()
 
 
 def cached_rings() -> int:
@@ -141,7 +157,8 @@ def cached_rings() -> int:
 def free_cached_rings() -> None:
     """Free every idle ring in the cache (rings lent out are not affected)."""
     with _ring_lock:
-        rings = [r for v in _ring_cache.values() for r in v]
+        rings = list(_ring_order)
         _ring_cache.clear()
+        _ring_order.clear()
     for ring in rings:
         ring.free()

@@ -479,8 +479,12 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
     whole, index, producer, torch_stream = _cuda_source(src)
     itemsize = out.dtype.itemsize
     nslots = max(1, min(config.num_buffers, len(chunks)))
-    # Slots as large as the largest chunk: a small array never pins a full chunk.
-    slot_bytes = max(out[idx].size for idx in chunks) * itemsize
+    # Slots as large as the largest chunk, so a small array never pins a full
+    # chunk, rounded up to a power of two (at most the chunk size) so that
+    # arrays of many sizes share a few cached rings instead of each pinning
+    # its own.
+    largest = max(out[idx].size for idx in chunks) * itemsize
+    slot_bytes = max(largest, min(1 << (largest - 1).bit_length(), chunk_bytes))
     with cp.cuda.Device(index):
         # Ordered after the work queued so far on the producer's stream: the
         # event is recorded here, in the caller's thread, at the call.

@@ -338,6 +338,38 @@ def test_staging_ring_without_a_device_says_so():
         StagingRing(2, 64)
 
 
+class _HostRing:
+    """Stands in for pinned memory so the cache policy runs without a GPU."""
+
+    def __init__(self, count, nbytes):
+        self.count, self.nbytes, self.closed = count, nbytes, False
+
+    def free(self):
+        self.closed = True
+
+
+def test_ring_cache_lends_each_ring_once_and_stays_bounded(monkeypatch):
+    monkeypatch.setattr(interop.memory, "StagingRing", _HostRing)
+    interop.memory.free_cached_rings()
+    with staging_ring(2, 64) as a, staging_ring(2, 64) as b:
+        assert a is not b  # concurrent transfers never share a ring
+    with staging_ring(2, 64) as c:
+        assert c in (a, b)
+    with pytest.raises(RuntimeError), staging_ring(2, 64) as failed:
+        raise RuntimeError
+    assert failed.closed
+    rings = []
+    for size in range(100, 110):  # sizes seen once each
+        with staging_ring(1, size) as ring:
+            rings.append(ring)
+    assert cached_rings() == interop.memory._RINGS_KEPT_TOTAL
+    assert [r.closed for r in rings[-4:]] == [False] * 4  # the most recent are kept
+    assert all(r.closed for r in rings[:-4])
+    interop.memory.free_cached_rings()
+    assert cached_rings() == 0
+    assert all(r.closed for r in rings)
+
+
 @pytest.mark.gpu
 def test_gpu_staging_ring_is_exact_cached_and_freed_on_error(cp):
     with StagingRing(3, 1000) as ring:
