@@ -597,7 +597,7 @@ def _row_host_copy(ctx: BenchContext) -> dict[str, Any]:
             ),
             "numpy.copyto": Case(lambda: np.copyto(out, src), src.nbytes),
         },
-        ctx.sizes.repeats,
+        3 * ctx.sizes.repeats,  # a copy takes milliseconds: more repeats, same cost
         release=_collect_garbage,
     )
     ours, anchor = got["copy_to_host"], got["numpy.copyto"]

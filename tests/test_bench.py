@@ -102,7 +102,7 @@ def test_host_rows_report_positive_figures_and_ratios(quick_run):
     assert rows["to_torch_us"]["ratios"]["vs torch.from_dlpack"] > 0
     assert rows["host_copy"]["gbps"] > 0
     assert rows["host_copy"]["samples"]["copy_to_host"]["result_checked"] is True
-    assert len(rows["host_copy"]["samples"]["numpy.copyto"]["seconds"]) == 3
+    assert len(rows["host_copy"]["samples"]["numpy.copyto"]["seconds"]) == 9
     rss = rows["save_npy_rss"]["memory"]
     assert rss["bound_bytes"] == 2 * data["config"]["num_buffers"] * data["config"]["chunk_bytes"]
     assert rss["extra_host_rss_bytes"] >= 0  # 0 is possible: the tensor is written in place
