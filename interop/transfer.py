@@ -28,6 +28,7 @@ engine streams device sources through the pinned ring (see docs/transfer.md).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -508,7 +509,8 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
         with cp.cuda.Device(index):
             events = [cp.cuda.Event(disable_timing=True) for _ in range(nslots)]
             staging = None
-            drains: list[Future[None] | None] = [None] * nslots
+            # The host copies of each slot (one future per piece).
+            drains: list[list[Future[None]]] = [[] for _ in range(nslots)]
             # A resolved chunk's memory belongs to PyTorch's caching allocator:
             # keep it until its DMA is known complete, or it could be reused
             # while the copy stream still reads it.
@@ -518,21 +520,24 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
             with pinned_ring(nslots, slot_bytes) as ring:
                 try:
 
-                    def drain(i: int, k: int) -> None:
-                        events[k].synchronize()
-                        idx = chunks[i]
-                        dst = out[idx]
+                    def drain(i: int, k: int, piece: tuple) -> None:
+                        events[k].synchronize()  # releases the GIL
+                        dst = _bits(out[chunks[i]])
                         n = dst.size * itemsize
-                        view = ring.arrays[k][:n].view(_bits(dst).dtype).reshape(dst.shape)
-                        np.copyto(_bits(dst), view)
+                        view = ring.arrays[k][:n].view(dst.dtype).reshape(dst.shape)
+                        np.copyto(dst[piece], view[piece])
+
+                    def wait_slot(k: int) -> bool:
+                        busy = bool(drains[k])
+                        for f in drains[k]:
+                            f.result()
+                        drains[k] = []
+                        return busy
 
                     for i, idx in enumerate(chunks):
                         k = i % nslots
-                        previous = drains[k]
-                        if previous is not None:
-                            previous.result()  # slot k is free again
+                        if wait_slot(k):  # slot k is free again
                             transfer._chunk_done(i - nslots)
-                            drains[k] = None
                             held[k] = None
                         transfer._check_cancel()
                         part = chunk_on_device(idx)
@@ -553,14 +558,13 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                             src_ptr = packed.data.ptr
                         cp.cuda.runtime.memcpyAsync(ring.ptrs[k], src_ptr, n, _D2H, stream.ptr)
                         events[k].record(stream)
-                        drains[k] = pool.submit(drain, i, k)
+                        drains[k] = [
+                            pool.submit(drain, i, k, piece)
+                            for piece in drain_pieces(part.shape, n, threads)
+                        ]
                     first = len(chunks) - nslots
                     for j in range(max(0, first), len(chunks)):
-                        k = j % nslots
-                        pending = drains[k]
-                        if pending is not None:
-                            pending.result()
-                            drains[k] = None
+                        if wait_slot(j % nslots):
                             transfer._chunk_done(j)
                 except BaseException:
                     failing = True
@@ -568,8 +572,8 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                 finally:
                     # Nothing may touch the ring once it is released: stop the
                     # host threads, then drain the copy stream.
-                    for f in drains:
-                        if f is not None:
+                    for futures in drains:
+                        for f in futures:
                             f.cancel()
                     pool.shutdown(wait=True, cancel_futures=True)
                     _drain(stream, failing)
@@ -578,6 +582,27 @@ def _cuda_engine(src: Any, out: np.ndarray, chunks: list[tuple], chunk_bytes: in
                     staging = part = packed = None
 
     return run
+
+
+_DRAIN_PIECE_MIN = 1 << 20  # bytes; smaller pieces cost more in scheduling than they gain
+
+
+def drain_pieces(shape: tuple[int, ...], nbytes: int, threads: int) -> list[tuple]:
+    """Split one chunk's host copy (``shape``, ``nbytes``) for ``threads`` threads.
+
+    Returns index tuples that cover an array of ``shape`` exactly once,
+    splitting its first axis longer than 1 into at most ``threads`` runs of
+    at least about 1 MiB each. One slot's copy out of pinned memory is then
+    shared by several threads: one thread's ``memcpy`` into pageable memory
+    is slower than the DMA that fills the slot.
+    """
+    axis = next((a for a, n in enumerate(shape) if n > 1), None)
+    count = 0 if axis is None else min(threads, shape[axis], nbytes // _DRAIN_PIECE_MIN)
+    if axis is None or count <= 1:
+        return [(...,)]
+    edges = [shape[axis] * j // count for j in range(count + 1)]
+    lead = (slice(None),) * axis
+    return [(*lead, slice(lo, hi)) for lo, hi in itertools.pairwise(edges)]
 
 
 def _nothing(transfer: Transfer) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import interop
 from interop.memory import StagingRing, _ring_cache, cached_rings, staging_ring
-from interop.transfer import c_order_chunks
+from interop.transfer import c_order_chunks, drain_pieces
 
 from .helpers import ALL_NAMES, NUMPY_DTYPES, run_python, sample
 
@@ -41,6 +41,26 @@ def test_chunks_cover_c_order_within_the_limit(shape, chunk):
 def test_chunks_of_0d_and_zero_size():
     assert list(c_order_chunks((), 4, 1)) == [(Ellipsis,)]
     assert list(c_order_chunks((3, 0), 4, 1)) == []
+
+
+@pytest.mark.parametrize(
+    ("shape", "nbytes", "threads", "count"),
+    [
+        ((64, 1024), 64 << 20, 4, 4),  # split along the first axis
+        ((1, 1, 300, 7), 8 << 20, 3, 3),  # leading axes of 1 skipped
+        ((3, 10), 64 << 20, 8, 3),  # at most one piece per row
+        ((64, 1024), 1 << 20, 4, 1),  # small chunks are not split
+        ((), 8, 4, 1),
+        ((1, 1), 8, 4, 1),
+    ],
+)
+def test_drain_pieces_cover_each_element_once(shape, nbytes, threads, count):
+    hits = np.zeros(shape, np.int64)
+    pieces = drain_pieces(shape, nbytes, threads)
+    for piece in pieces:
+        hits[piece] += 1
+    assert len(pieces) == count
+    assert (hits == 1).all()
 
 
 # ----------------------------------------------------------------- host engine
