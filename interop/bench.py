@@ -456,21 +456,8 @@ class BenchContext:
 
 def _release_interop_rings() -> None:
     """Free interop's idle pinned staging rings so the next call allocates (and counts) one."""
-    try:
-        from .memory import free_cached_rings
-    except ImportError:  # before interop.memory: the cache lived in interop.transfer
-        from . import transfer
+    from .memory import free_cached_rings
 
-        cache = getattr(transfer, "_ring_cache", None)
-        lock = getattr(transfer, "_ring_lock", None)
-        if cache is None or lock is None:
-            return
-        with lock:
-            rings = [ring for idle in cache.values() for ring in idle]
-            cache.clear()
-        for ring in rings:
-            ring.free()
-        return
     free_cached_rings()
 
 
