@@ -427,6 +427,58 @@ def test_gpu_cupy_sources(cp, layout, chunk):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(), (0,), (5, 0), (1,)])
+def test_gpu_zero_d_and_zero_size(cp, shape):
+    a = cp.full(shape, 3, dtype=cp.int16)
+    out = np.full(shape, 9, np.int16)
+    assert interop.copy_to_host(a, out, chunk_bytes=1) is out
+    assert bits(out) == bits(cp.asnumpy(a))
+
+
+@pytest.mark.gpu
+def test_gpu_cupy_bfloat16_transposed(cp, torch):
+    if not interop._backends.cupy_supports_bfloat16():
+        pytest.skip("this CuPy has no bfloat16")
+    t = torch.linspace(-3, 3, 600, device="cuda").reshape(20, 30).to(torch.bfloat16)
+    c = interop.to_cupy(t).T
+    got = interop.copy_to_host(c, chunk_bytes=100)
+    assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+    assert bits(got) == bits(interop.to_numpy(t.T.cpu()))
+
+
+@pytest.mark.gpu
+def test_gpu_concurrent_transfers(cp):
+    sources = [cp.arange(s, s + 50_000, dtype=cp.float64).reshape(500, 100) for s in range(6)]
+    outs = [np.zeros((100, 500)) for _ in sources]
+    errors = []
+
+    def work(i):
+        try:
+            interop.copy_to_host(sources[i].T, outs[i], chunk_bytes=8192)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(sources))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for s, o in zip(sources, outs, strict=True):
+        np.testing.assert_array_equal(o, cp.asnumpy(s.T))
+
+
+@pytest.mark.gpu
+def test_gpu_large_chunks_split_across_host_threads(cp):
+    """Chunks of several MiB: each slot's host copy is split across threads."""
+    a = cp.arange(3 << 20, dtype=cp.float32).reshape(3 << 10, 1 << 10)  # 12 MiB
+    out = np.zeros((1 << 10, 3 << 10), np.float32).T  # strided out
+    with interop.config.set(host_threads=4, num_buffers=2):
+        interop.copy_to_host(a, out, chunk_bytes=4 << 20)
+    np.testing.assert_array_equal(out, cp.asnumpy(a))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_gpu_torch_every_dtype(torch, name):
     t = torch.linspace(-3, 3, 1000, device="cuda").reshape(40, 25).to(getattr(torch, name))
