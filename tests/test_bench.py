@@ -175,6 +175,30 @@ def test_wrong_data_makes_an_error_row(monkeypatch, capsys):
     assert "MISSED" not in bench.format_table(data)
 
 
+def test_a_failing_cache_release_keeps_the_other_rows(monkeypatch, capsys):
+    """A release that raises (a sticky CUDA error) is a note; the run goes on."""
+
+    def failing_release(self):
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setattr(bench.BenchContext, "release", failing_release)
+    first = bench.RowSpec("first", "a row", "-", (), False, lambda ctx: {"met": None})
+    second = bench.RowSpec("second", "a row", "-", (), False, lambda ctx: {"met": None})
+    data = bench.collect_results(bench.BenchSizes.choose(True, 0.02), (first, second))
+    assert [row["status"] for row in data["rows"]] == ["ok", "ok"]
+    assert len(data["notes"]["release_errors"]) == 2
+    assert "cudaErrorIllegalAddress" in capsys.readouterr().err
+
+
+def test_json_is_strict_with_non_finite_figures(tmp_path):
+    results = {"rows": [{"gbps": float("nan"), "ratios": {"a": float("inf"), "b": 1.5}}]}
+    path = bench.write_json(results, tmp_path / "deep" / "r.json")
+    text = path.read_text()
+    assert "NaN" not in text
+    assert "Infinity" not in text
+    assert json.loads(text) == {"rows": [{"gbps": None, "ratios": {"a": None, "b": 1.5}}]}
+
+
 @pytest.mark.gpu
 def test_gpu_rows_run(tmp_path):
     """On a GPU runner every GPU row runs and checks its result (figures not judged)."""
@@ -190,4 +214,5 @@ def test_gpu_rows_run(tmp_path):
     for name in ("d2h_prealloc", "d2h_fresh", "d2h_strided", "h2d_pageable", "save_npy"):
         assert any(s.get("result_checked") for s in rows[name]["samples"].values()), name
     assert rows["d2h_strided"]["memory"]["extra_device_bytes"] is not None
+    assert rows["d2h_strided"]["memory"]["copy_to_host(t.T) extra_device_bytes"] is not None
     assert rows["h2d_pageable"]["memory"]["extra_host_rss_bytes"] is not None
