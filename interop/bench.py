@@ -1187,7 +1187,10 @@ def _run_row(
 
 
 def collect_results(
-    sizes: BenchSizes, rows: tuple[RowSpec, ...] = ROWS, workdir: str | None = None
+    sizes: BenchSizes,
+    rows: tuple[RowSpec, ...] = ROWS,
+    workdir: str | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``rows`` and return the results with the run's context.
 
@@ -1200,6 +1203,10 @@ def collect_results(
     workdir : str, optional
         Where file rows write (default ``INTEROP_BENCH_DIR`` or the system
         temporary directory).
+    on_row : callable, optional
+        Called after each row with the results so far (the same form as the
+        return value, plus ``"partial": True``), e.g. to save them, so that a
+        run that dies in a later row keeps the rows already measured.
 
     Returns
     -------
@@ -1214,17 +1221,8 @@ def collect_results(
     directory = Path(workdir or os.environ.get("INTEROP_BENCH_DIR") or tempfile.gettempdir())
     gpu_reason, host_reason = _gpu_unavailable(), _host_unavailable()
     started = datetime.datetime.now(datetime.timezone.utc)
-    ctx = BenchContext(sizes, directory)
-    try:
-        results = [_run_row(spec, ctx, gpu_reason, host_reason) for spec in rows]
-    finally:
-        try:
-            ctx.close()
-        except Exception as exc:  # the results are kept; the failure is reported
-            traceback.print_exc(file=sys.stderr)
-            ctx.notes["close_error"] = f"{type(exc).__name__}: {exc}"
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return {
+    header = {
         "schema": SCHEMA,
         "device": _device_name(),
         "date": started.isoformat(timespec="seconds"),
@@ -1234,9 +1232,28 @@ def collect_results(
         "sizes": dataclasses.asdict(sizes),
         "cpu_count": os.cpu_count(),
         "versions": collect_info(),
-        "notes": ctx.notes,
-        "rows": results,
     }
+    ctx = BenchContext(sizes, directory)
+    results: list[dict[str, Any]] = []
+    try:
+        for spec in rows:
+            start = time.perf_counter()
+            results.append(_run_row(spec, ctx, gpu_reason, host_reason))
+            print(
+                f"interop bench: {spec.name} {results[-1]['status']} "
+                f"({time.perf_counter() - start:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            if on_row is not None:
+                on_row(header | {"notes": ctx.notes, "rows": list(results), "partial": True})
+    finally:
+        try:
+            ctx.close()
+        except Exception as exc:  # the results are kept; the failure is reported
+            traceback.print_exc(file=sys.stderr)
+            ctx.notes["close_error"] = f"{type(exc).__name__}: {exc}"
+    return header | {"notes": ctx.notes, "rows": results}
 
 
 def _num(v: float) -> str:
@@ -1341,13 +1358,25 @@ def run_bench(quick: bool = False, json_path: str | None = None) -> int:
         reason (a missed target is a result, not a failure), 1 when a row
         raised or returned wrong data (its traceback is on stderr), 2 for a
         bad ``INTEROP_BENCH_SCALE``.
+
+    Notes
+    -----
+    With ``json_path`` the file is rewritten after every row with the rows so
+    far and ``"partial": true``, so a run that dies keeps what it measured;
+    the final file has no ``partial`` key. Each row's status and duration go
+    to stderr as it finishes.
     """
     try:
         sizes = BenchSizes.choose(quick, _scale_from_env())
     except ValueError as exc:
         print(f"interop bench: {exc}", file=sys.stderr)
         return 2
-    results = collect_results(sizes)
+
+    def save_partial(partial: dict[str, Any]) -> None:
+        if json_path:
+            write_json(partial | {"quick": quick}, json_path)
+
+    results = collect_results(sizes, on_row=save_partial)
     results["quick"] = quick
     print(format_table(results))
     if quick:

@@ -190,6 +190,31 @@ def test_a_failing_cache_release_keeps_the_other_rows(monkeypatch, capsys):
     assert "cudaErrorIllegalAddress" in capsys.readouterr().err
 
 
+def test_results_so_far_are_handed_out_after_each_row():
+    """A run that dies in a later row (a crash in the driver) keeps the earlier rows."""
+    seen = []
+    first = bench.RowSpec("first", "a row", "-", (), False, lambda ctx: {"met": None})
+
+    def crash(ctx):
+        raise SystemExit("the process dies here")
+
+    second = bench.RowSpec("second", "a row", "-", (), False, crash)
+    with pytest.raises(SystemExit):
+        bench.collect_results(
+            bench.BenchSizes.choose(True, 0.02), (first, second), on_row=seen.append
+        )
+    (partial,) = seen
+    assert partial["partial"] is True
+    assert [row["name"] for row in partial["rows"]] == ["first"]
+    assert partial["device"]
+    assert partial["commit"]
+
+
+def test_final_json_is_not_marked_partial(quick_run):
+    _, data = quick_run
+    assert "partial" not in data
+
+
 def test_json_is_strict_with_non_finite_figures(tmp_path):
     results = {"rows": [{"gbps": float("nan"), "ratios": {"a": float("inf"), "b": 1.5}}]}
     path = bench.write_json(results, tmp_path / "deep" / "r.json")
