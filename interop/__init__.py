@@ -21,8 +21,13 @@ from .errors import (
 from .exchange import to_cupy, to_numpy, to_torch
 from .npy import load_npy, save_npy
 from .streams import stream
-from .transfer import Transfer, copy_to_host, copy_to_host_async
-from .upload import copy_to_device
+from .transfer import (
+    Transfer,
+    copy_to_device,
+    copy_to_device_async,
+    copy_to_host,
+    copy_to_host_async,
+)
 
 __version__ = "0.1.0"
 
@@ -39,6 +44,7 @@ __all__ = [
     "__version__",
     "config",
     "copy_to_device",
+    "copy_to_device_async",
     "copy_to_host",
     "copy_to_host_async",
     "load_npy",

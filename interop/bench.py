@@ -456,7 +456,7 @@ class BenchContext:
 
 def _release_interop_rings() -> None:
     """Free interop's idle pinned staging rings so the next call allocates (and counts) one."""
-    from .memory import free_cached_rings
+    from .pipeline.ring import free_cached_rings
 
     free_cached_rings()
 

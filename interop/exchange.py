@@ -25,11 +25,24 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _backends, dtypes
+from .arrays import (
+    DL_CPU,
+    DL_CUDA,
+    DL_CUDA_HOST,
+    DL_CUDA_MANAGED,
+    Target,
+    check_strided_tensor,
+    is_array,
+    not_an_array,
+    numpy_view_of_cpu_tensor,
+    parse_device,
+    target_str,
+)
 from .errors import (
     BackendUnavailableError,
     CopyRequiredError,
@@ -37,22 +50,13 @@ from .errors import (
     ReadOnlyWarning,
 )
 from .streams import cupy_stream, torch_stream_handle
+from .transfer import copy_to_device, copy_to_host
 
 if TYPE_CHECKING:
     import cupy
     import torch
 
 __all__ = ["to_cupy", "to_numpy", "to_torch"]
-
-# DLPack device types (dlpack.h, DLDeviceType).
-_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
-
-_EXPECTED = (
-    "a NumPy array, a PyTorch tensor, a CuPy array, or an object with "
-    "__dlpack__ or __cuda_array_interface__"
-)
-
-Target = tuple[Literal["cpu", "cuda"], "int | None"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -63,55 +67,8 @@ def _check_copy(copy: object) -> None:
         raise TypeError(f"expected copy to be None, True or False (got {copy!r})")
 
 
-def _describe(x: object) -> str:
-    text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(x).__module__}.{type(x).__qualname__}: {text}"
-
-
-def _unsupported(func: str, x: object) -> TypeError:
-    return TypeError(f"{func} expected {_EXPECTED} (got {_describe(x)})")
-
-
 def _copy_required(what: str, how: str = "pass copy=None or copy=True") -> CopyRequiredError:
     return CopyRequiredError(f"copy=False, but {what} needs a copy; {how}")
-
-
-def _parse_device(device: object) -> Target | None:
-    """Normalise ``device`` to ``("cpu", None)`` or ``("cuda", index or None)``."""
-    if device is None:
-        return None
-    if isinstance(device, bool):
-        raise TypeError(f"expected a device (got {device!r})")
-    if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"expected a CUDA device index >= 0 (got {device!r})")
-        return ("cuda", device)
-    if isinstance(device, str):
-        kind, _, index = device.partition(":")
-        if kind == "cpu" and not index:
-            return ("cpu", None)
-        if kind == "cuda":
-            if not index:
-                return ("cuda", None)
-            if index.isdigit():
-                return ("cuda", int(index))
-        raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
-    module = type(device).__module__
-    dev: Any = device
-    if module.startswith("torch") and hasattr(dev, "type"):
-        if dev.type == "cpu":
-            return ("cpu", None)
-        if dev.type == "cuda":
-            return ("cuda", dev.index)
-        raise ValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
-    if module.startswith("cupy") and hasattr(dev, "id"):
-        return ("cuda", int(dev.id))
-    raise TypeError(
-        "expected a device: 'cpu', 'cuda', 'cuda:N', an int, a torch.device or a "
-        f"cupy.cuda.Device (got {_describe(device)})"
-    )
 
 
 def _negative_strides(strides: tuple[int, ...] | None) -> bool:
@@ -162,16 +119,12 @@ def _cuda_context(index: int) -> Iterator[None]:
 
 def _device_to_host(x: Any) -> np.ndarray:
     """A fresh host copy of a CuPy array or CUDA tensor (bits resolved)."""
-    from .transfer import copy_to_host
-
     return copy_to_host(x)
 
 
 def _host_to_cupy(a: Any, index: int | None) -> cupy.ndarray:
     """A new CuPy array holding host data (NumPy or CPU tensor), streamed
     through the pinned ring of :func:`interop.copy_to_device`."""
-    from .upload import copy_to_device
-
     return copy_to_device(a, device=index)
 
 
@@ -191,39 +144,12 @@ def _host_to_torch(t: Any, index: int | None) -> torch.Tensor:
         if isinstance(t, np.ndarray):
             t = _torch_from_numpy(t, True)  # a private copy: no read-only warning
         return t.resolve_conj().resolve_neg().to(device)
-    from .upload import copy_to_device
-
     dtype = dtypes.torch_dtype_of_numpy(t.dtype) if isinstance(t, np.ndarray) else t.dtype
     out = th.empty(tuple(t.shape), dtype=dtype, device=device)
     return copy_to_device(t, out)
 
 
 # --------------------------------------------------------------------------- to_numpy
-
-
-def _numpy_from_torch_cpu(t: torch.Tensor) -> np.ndarray:
-    """Zero-copy NumPy view of a CPU tensor with no conj/neg bit."""
-    ml = dtypes.ml_view_of_torch(t.dtype)
-    if ml is not None:
-        np_dtype, int_view = ml
-        return t.view(int_view).numpy().view(np_dtype)
-    dtypes.numpy_dtype_of_torch(t.dtype)  # raises UnsupportedDtypeError
-    return t.numpy()
-
-
-def _check_strided_tensor(t: torch.Tensor, func: str) -> None:
-    if t.is_cpu and t.layout is _backends.torch().strided:
-        return  # the common case
-    if t.layout != _backends.torch().strided:
-        raise TypeError(
-            f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
-            "call t.to_dense() first"
-        )
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); "
-            "move it with t.cpu() first"
-        )
 
 
 def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, bool]:
@@ -237,7 +163,7 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 
 
 def _numpy_from_torch(t: torch.Tensor, copy: bool | None) -> np.ndarray:
-    _check_strided_tensor(t, "to_numpy")
+    check_strided_tensor(t, "to_numpy")
     if t.requires_grad:
         t = t.detach()
     if t.is_cuda:
@@ -246,7 +172,7 @@ def _numpy_from_torch(t: torch.Tensor, copy: bool | None) -> np.ndarray:
         dtypes.numpy_dtype_of_torch(t.dtype)
         return _device_to_host(t)
     t, copied = _resolve_bits(t, copy)
-    arr = _numpy_from_torch_cpu(t)
+    arr = numpy_view_of_cpu_tensor(t)
     if copy and not copied:
         return arr.copy(order="K")
     return _readonly_if_broadcast(arr)
@@ -312,14 +238,14 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         return _numpy_from_cupy(x, copy)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         kind, index = x.__dlpack_device__()
-        if kind in (_DL_CPU, _DL_CUDA_HOST):
+        if kind in (DL_CPU, DL_CUDA_HOST):
             return _numpy_from_numpy(np.from_dlpack(x), copy)
-        if kind in (_DL_CUDA, _DL_CUDA_MANAGED):
+        if kind in (DL_CUDA, DL_CUDA_MANAGED):
             return _numpy_from_cupy(_cupy_from_foreign_cuda(x, int(index)), copy)
         raise ValueError(f"to_numpy expected CPU or CUDA data (got DLPack device {kind!r})")
     if hasattr(x, "__cuda_array_interface__"):
         return _numpy_from_cupy(_backends.require_cupy_device().asarray(x), copy)
-    raise _unsupported("to_numpy", x)
+    raise not_an_array("to_numpy", x)
 
 
 # --------------------------------------------------------------------------- to_torch
@@ -379,12 +305,12 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
 
 
 def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None) -> torch.Tensor:
-    _check_strided_tensor(t, "to_torch")
+    check_strided_tensor(t, "to_torch")
     t = t.detach() if t.requires_grad else t
     if target is None or _same_torch_device(t, target):
         return t.clone() if copy else t
     if copy is False:
-        raise _copy_required(f"moving a tensor from {t.device} to {_target_str(target)}")
+        raise _copy_required(f"moving a tensor from {t.device} to {target_str(target)}")
     if target[0] == "cpu":  # bits are applied chunk by chunk by copy_to_host
         return _torch_from_numpy(_device_to_host(t), None)
     if t.device.type == "cpu":
@@ -400,11 +326,6 @@ def _same_torch_device(t: torch.Tensor, target: Target) -> bool:
         return True
     current = _backends.torch().cuda.current_device() if index is None else index
     return t.device.index == current
-
-
-def _target_str(target: Target) -> str:
-    kind, index = target
-    return kind if index is None else f"{kind}:{index}"
 
 
 def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torch.Tensor:
@@ -455,32 +376,32 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         ``x`` is not an array, or ``device``/``copy`` have the wrong type.
     """
     _check_copy(copy)
-    target = _parse_device(device)
-    if not _is_array(x):
-        raise _unsupported("to_torch", x)
+    target = parse_device(device)
+    if not is_array(x):
+        raise not_an_array("to_torch", x)
     _backends.torch()  # BackendUnavailableError before any work
     if _backends.is_torch_tensor(x):
         return _torch_from_torch(x, copy, target)
     if isinstance(x, np.ndarray):
         if target is not None and target[0] == "cuda":
             if copy is False:
-                raise _copy_required(f"moving a NumPy array to {_target_str(target)}")
+                raise _copy_required(f"moving a NumPy array to {target_str(target)}")
             return _host_to_torch(x, target[1])
         return _torch_from_numpy(x, copy)
     if _backends.is_cupy_array(x):
         if target is not None and not _same_cuda(x.device.id, target):
             if copy is False:
-                raise _copy_required(f"moving a CuPy array to {_target_str(target)}")
+                raise _copy_required(f"moving a CuPy array to {target_str(target)}")
             if target[0] == "cpu":
                 return _torch_from_numpy(_device_to_host(x), None)
             return _torch_from_torch(_torch_from_cupy(x, None), None, target)
         return _torch_from_cupy(x, copy)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         kind, index = x.__dlpack_device__()
-        if kind in (_DL_CPU, _DL_CUDA_HOST):
+        if kind in (DL_CPU, DL_CUDA_HOST):
             # Through NumPy: torch.from_dlpack aborts on negative strides.
             return to_torch(np.from_dlpack(x), device=device, copy=copy)
-        if kind in (_DL_CUDA, _DL_CUDA_MANAGED):
+        if kind in (DL_CUDA, DL_CUDA_MANAGED):
             with _cuda_context(int(index)):
                 cp = _backends.require_cupy_device()
                 stream = cupy_stream(torch_stream_handle(int(index)), int(index))
@@ -501,16 +422,6 @@ def _same_cuda(index: int, target: Target) -> bool:
 
 
 # --------------------------------------------------------------------------- to_cupy
-
-
-def _is_array(x: object) -> bool:
-    return (
-        isinstance(x, np.ndarray)
-        or _backends.is_torch_tensor(x)
-        or _backends.is_cupy_array(x)
-        or hasattr(x, "__dlpack__")
-        or hasattr(x, "__cuda_array_interface__")
-    )
 
 
 def _cupy_from_foreign_cuda(x: Any, index: int) -> cupy.ndarray:
@@ -576,26 +487,24 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         ``x`` is not an array, or ``device``/``copy`` have the wrong type.
     """
     _check_copy(copy)
-    target = _parse_device(device)
+    target = parse_device(device)
     if target is not None and target[0] == "cpu":
         raise ValueError(
             "to_cupy expected a CUDA device (got 'cpu'); CuPy arrays live on a GPU: "
             "use interop.to_numpy for host data"
         )
-    if not _is_array(x):
-        raise _unsupported("to_cupy", x)
+    if not is_array(x):
+        raise not_an_array("to_cupy", x)
     cp = _backends.require_cupy_device()
     want = None if target is None else target[1]
 
     if _backends.is_torch_tensor(x):
-        _check_strided_tensor(x, "to_cupy")
+        check_strided_tensor(x, "to_cupy")
         t = x.detach()
         if t.device.type == "cuda":
             if target is not None and not _same_cuda(t.device.index, target):
                 if copy is False:
-                    raise _copy_required(
-                        f"moving a tensor from {t.device} to {_target_str(target)}"
-                    )
+                    raise _copy_required(f"moving a tensor from {t.device} to {target_str(target)}")
                 return _cupy_move(_cupy_from_torch_cuda(t, None), want)
             return _cupy_from_torch_cuda(t, copy)
         if copy is False:
@@ -611,16 +520,16 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         c = x
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         kind, index = x.__dlpack_device__()
-        if kind in (_DL_CPU, _DL_CUDA_HOST):
+        if kind in (DL_CPU, DL_CUDA_HOST):
             return to_cupy(np.from_dlpack(x), device=device, copy=copy)
-        if kind not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        if kind not in (DL_CUDA, DL_CUDA_MANAGED):
             raise ValueError(f"to_cupy expected CPU or CUDA data (got DLPack device {kind!r})")
         c = _cupy_from_foreign_cuda(x, int(index))
     else:
         c = cp.asarray(x)  # __cuda_array_interface__: zero-copy
     if target is not None and not _same_cuda(int(c.device.id), target):
         if copy is False:
-            raise _copy_required(f"moving a CuPy array to {_target_str(target)}")
+            raise _copy_required(f"moving a CuPy array to {target_str(target)}")
         return _cupy_move(c, want)
     if copy:
         with cp.cuda.Device(int(c.device.id)):

@@ -18,19 +18,30 @@ itself writes such arrays as opaque ``'<V2'`` records and loses the dtype.)
 from __future__ import annotations
 
 import os
+import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from numpy.lib import format as npformat
 
 from . import _backends, dtypes
-from .config import chunk_bytes_or_default
+from .arrays import (
+    Source,
+    array_source,
+    host_values,
+    is_emulated_device_array,
+    numpy_view_of_cpu_tensor,
+)
+from .config import chunk_bytes_or_default, config
 from .errors import TransferError
-from .transfer import Progress, array_source, c_order_chunks, copy_to_host_async
+from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
+from .pipeline.progress import Progress, check_progress
+from .pipeline.schedule import HostTask
+from .transfer import HostStep, device_to_host, empty_device, host_to_device
 
 __all__ = ["NpyHeader", "load_npy", "read_npy_header", "save_npy"]
 
@@ -132,49 +143,94 @@ def _as_bytes(a: np.ndarray) -> memoryview:
     return a.reshape(-1).view(np.uint8).data
 
 
-def _host_chunks(x: Any, chunk_bytes: int) -> Iterator[np.ndarray]:
-    """Yield C-contiguous host arrays covering ``x`` in C order.
+def _host_chunks(
+    x: Any, shape: tuple[int, ...], dtype: np.dtype, chunk: int
+) -> Iterator[np.ndarray]:
+    """Yield C-contiguous host arrays covering host data ``x`` in C order.
 
-    Host sources are sliced and converted one chunk at a time (a contiguous
-    chunk is yielded without a copy); device chunks are copied through
-    :func:`interop.copy_to_host_async` into two alternating host buffers, the
-    next chunk's copy running while the caller writes the previous one. Each
-    yielded array is valid until the next one is requested.
+    Each chunk is converted on its own (a tensor's conjugate/negative bit is
+    applied chunk by chunk); a contiguous chunk is yielded without a copy, any
+    other through one chunk buffer, valid until the next one is requested.
     """
-    from .exchange import to_numpy
-
-    x, shape, dtype, on_device = array_source(x, "save_npy")
-    if int(np.prod(shape, dtype=np.int64)) == 0:
+    if not nbytes_of(shape, dtype.itemsize):
         return
-    bounce = [np.empty(max(chunk_bytes, dtype.itemsize), np.uint8) for _ in range(2)]
+    buffer = np.empty(max(chunk, dtype.itemsize), np.uint8)
+    for idx in c_order_chunks(shape, dtype.itemsize, chunk):
+        part = host_values(x[idx])
+        if part.flags.c_contiguous:
+            yield part
+        else:
+            out = buffer[: part.nbytes].view(dtype).reshape(part.shape)
+            np.copyto(out, part)
+            yield out
 
-    def view(k: int, chunk_shape: tuple[int, ...]) -> np.ndarray:
-        n = int(np.prod(chunk_shape, dtype=np.int64)) * dtype.itemsize
-        return bounce[k][:n].view(dtype).reshape(chunk_shape)
 
-    if not on_device:
-        for idx in c_order_chunks(shape, dtype.itemsize, chunk_bytes):
-            part = to_numpy(x[idx])
-            if part.flags.c_contiguous:
-                yield part
-            else:
-                out = view(0, part.shape)
-                np.copyto(out, part)
-                yield out
+def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
+    """Write all of ``view`` at ``offset`` (``os.pwrite``), or at the file's
+    position when ``offset`` is None (a FIFO or a device)."""
+    while len(view):
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[n:]
+        if offset is not None:
+            offset += n
+
+
+def _into_file(fd: int, offset: int, positioned: bool, threads: int) -> HostStep:
+    """Write each slot at its chunk's offset in the file (``os.pwrite``, split
+    across host threads); in order with one thread where the file has no
+    positions."""
+
+    def step(plan: Plan) -> Callable[[int], list[HostTask]]:
+        def tasks(i: int) -> list[HostTask]:
+            base = offset + plan.starts[i]
+            if not positioned:
+                return [lambda buf: _write_all(fd, buf.data, None)]
+
+            def piece(lo: int, hi: int) -> HostTask:
+                return lambda buf: _write_all(fd, buf[lo:hi].data, base + lo)
+
+            return [piece(lo, hi) for lo, hi in split_bytes(plan.sizes[i], threads)]
+
+        return tasks
+
+    return step
+
+
+def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
+    """Write the data of ``src`` after the header already in ``f``.
+
+    Host data is written chunk by chunk; device data goes through the
+    device-to-host slot pipeline, whose host threads write each pinned slot
+    straight into the file at its offset (no host copy of the array).
+    """
+    nbytes = nbytes_of(src.shape, src.dtype.itemsize)
+    if not src.on_device:
+        bar = Progress(progress, nbytes, "save_npy")
+        try:
+            for part in _host_chunks(src.obj, src.shape, src.dtype, chunk):
+                f.write(_as_bytes(part))
+                bar.add(part.nbytes)
+            if not nbytes:
+                bar.add(0)
+        finally:
+            bar.close()
         return
-
-    pending = None
-    k = 0
-    for idx in c_order_chunks(shape, dtype.itemsize, chunk_bytes):
-        part = x[idx]
-        out = view(k, tuple(part.shape))
-        transfer = copy_to_host_async(part, out, chunk_bytes=chunk_bytes)
-        if pending is not None:
-            yield pending.result()
-        pending = transfer
-        k ^= 1
-    if pending is not None:
-        yield pending.result()
+    f.flush()
+    fd, offset = f.fileno(), f.tell()
+    positioned = stat.S_ISREG(os.fstat(fd).st_mode)
+    threads = config.host_threads if positioned else 1
+    device_to_host(
+        src.obj,
+        chunk,
+        _into_file(fd, offset, positioned, threads),
+        result=None,
+        progress=progress,
+        func="save_npy",
+        order="the file's data",
+        threads=threads,
+    ).result()
+    if positioned:
+        f.seek(offset + nbytes)
 
 
 # ----------------------------------------------------------------------- save
@@ -233,24 +289,20 @@ def save_npy(
     """
     path = Path(os.fspath(path))
     chunk = chunk_bytes_or_default(chunk_bytes)
-    x, shape, dtype, _ = array_source(x, "save_npy")
-    if dtype.hasobject:
-        raise TypeError(f"save_npy expected numeric data (got dtype {dtype!r})")
-    header = _header_bytes(shape, dtype)
+    check_progress(progress)
+    src = array_source(x, "save_npy")
+    if src.dtype.hasobject:
+        raise TypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
+    header = _header_bytes(src.shape, src.dtype)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    bar = Progress(progress, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, "save_npy")
     try:
         with open(tmp, "wb") as f:
             f.write(header)
-            for part in _host_chunks(x, chunk):
-                f.write(_as_bytes(part))
-                bar.add(part.nbytes)
+            _write_data(f, src, chunk, progress)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    finally:
-        bar.close()
     return path
 
 
@@ -263,15 +315,17 @@ def _destination(header: NpyHeader, out: Any, device: Any) -> tuple[Any, bool]:
     if out is None:
         if device is not None and str(device) == "cpu":
             return np.empty(header.shape, header.dtype), True
-        from .upload import empty_device
-
-        return empty_device(header.shape, header.dtype, device), False
+        return empty_device(header.shape, header.dtype.newbyteorder("="), device), False
     if isinstance(out, np.ndarray):
         host = True
         shape, dtype = out.shape, out.dtype
         if not out.flags.writeable:
             raise ValueError(f"expected a writable out {where} (got a read-only array)")
-    elif _backends.is_cupy_array(out) or _backends.is_torch_tensor(out):
+    elif (
+        _backends.is_cupy_array(out)
+        or _backends.is_torch_tensor(out)
+        or is_emulated_device_array(out)
+    ):
         _, shape, dtype, on_device = array_source(out, "load_npy")
         host = not on_device
     else:
@@ -279,27 +333,26 @@ def _destination(header: NpyHeader, out: Any, device: Any) -> tuple[Any, bool]:
             f"expected out {where} to be a NumPy array, a CuPy array or a torch tensor "
             f"(got {type(out).__module__}.{type(out).__qualname__})"
         )
-    if tuple(shape) != header.shape or np.dtype(dtype) != header.dtype:
+    want = header.dtype if host else header.dtype.newbyteorder("=")
+    if tuple(shape) != header.shape or np.dtype(dtype) != want:
         raise ValueError(
-            f"expected out {where} with shape {header.shape} and dtype {header.dtype} "
+            f"expected out {where} with shape {header.shape} and dtype {want} "
             f"(got shape {tuple(shape)} and dtype {np.dtype(dtype)})"
         )
     if host and not isinstance(out, np.ndarray):
-        from .exchange import to_numpy
-
-        out = to_numpy(out, copy=False)  # a CPU tensor: write through a NumPy view
+        out = numpy_view_of_cpu_tensor(out)  # a CPU tensor: write through a NumPy view
     return out, host
 
 
-def _pread_into(fd: int, view: memoryview, offset: int, header: NpyHeader, done: int) -> None:
+def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
     """Fill ``view`` from the file at ``offset``; a short file is an error."""
     got = 0
     while got < len(view):
         n = os.preadv(fd, [view[got:]], offset + got)
         if n == 0:
             raise EOFError(
-                f"{str(header.path)!r} ended early: expected {len(view)} bytes at offset "
-                f"{offset}, read {got}; bytes [0, {done}) of the data are complete"
+                f"{str(path)!r} ended early: expected {len(view)} bytes at offset "
+                f"{offset}, read {got}"
             )
         got += n
 
@@ -318,9 +371,14 @@ def _load_to_host(header: NpyHeader, target: np.ndarray, chunk: int, progress: A
             direct = part.flags.c_contiguous
             raw = part.reshape(-1).view(np.uint8) if direct else buf[:n]
             try:
-                _pread_into(fd, raw.data, header.offset + done, header, done)
+                _pread_into(fd, raw.data, header.offset + done, header.path)
             except EOFError as exc:
-                raise TransferError(str(exc), bytes_done=done, nbytes=header.nbytes) from exc
+                raise TransferError(
+                    f"load_npy failed ({exc}); bytes [0, {done}) of {header.nbytes} (in the "
+                    "file's data) are complete, the rest of the destination is unspecified",
+                    bytes_done=done,
+                    nbytes=header.nbytes,
+                ) from exc
             if not direct:
                 np.copyto(part, raw.view(header.dtype).reshape(part.shape))
             done += n
@@ -330,22 +388,47 @@ def _load_to_host(header: NpyHeader, target: np.ndarray, chunk: int, progress: A
         bar.close()
 
 
+def _from_file(fd: int, header: NpyHeader, threads: int) -> HostStep:
+    """Read each chunk of the file straight into its pinned slot (``os.preadv``,
+    split across host threads), converting non-native byte order there."""
+    native = header.dtype.newbyteorder("=")
+    swap = native != header.dtype
+
+    def step(plan: Plan) -> Callable[[int], list[HostTask]]:
+        def tasks(i: int) -> list[HostTask]:
+            base = header.offset + plan.starts[i]
+
+            def piece(lo: int, hi: int) -> HostTask:
+                def read(buf: np.ndarray) -> None:
+                    _pread_into(fd, buf[lo:hi].data, base + lo, header.path)
+                    if swap:
+                        buf[lo:hi].view(native).byteswap(inplace=True)
+
+                return read
+
+            ranges = split_bytes(plan.sizes[i], threads, header.dtype.itemsize)
+            return [piece(lo, hi) for lo, hi in ranges]
+
+        return tasks
+
+    return step
+
+
 def _load_to_device(header: NpyHeader, result: Any, chunk: int, progress: Any) -> None:
     """Read the file straight into the pinned staging slots (host threads,
     ``os.preadv``) while earlier slots are copied to the device."""
-    from .upload import _cupy_bits, h2d_pipeline
-
-    dst, _ = _cupy_bits(result, "load_npy")
-    target = _c_order_view(dst, header.fortran_order)
+    target = _c_order_view(result, header.fortran_order)
     fd = os.open(header.path, os.O_RDONLY)
-
-    def read(idx: tuple, start: int, slot: np.ndarray) -> int:
-        n = target[idx].size * header.dtype.itemsize
-        _pread_into(fd, slot[:n].data, header.offset + start, header, start)
-        return n
-
     try:
-        h2d_pipeline(result, target, header.dtype.itemsize, read, chunk, progress, "load_npy")
+        host_to_device(
+            target,
+            chunk,
+            _from_file(fd, header, config.host_threads),
+            result=result,
+            progress=progress,
+            func="load_npy",
+            order="the file's data",
+        ).result()
     finally:
         os.close(fd)
 
@@ -356,7 +439,7 @@ def _c_order_view(dest: Any, fortran: bool) -> Any:
         return dest
     if _backends.is_torch_tensor(dest):
         return dest.permute(*reversed(range(dest.dim())))
-    return dest.transpose()
+    return dest.T
 
 
 def load_npy(

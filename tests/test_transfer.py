@@ -1,5 +1,6 @@
-"""copy_to_host / copy_to_host_async: the host engine on real data here, the CUDA
-engine under the ``gpu`` marker."""
+"""copy_to_host / copy_to_host_async / copy_to_device: the host engine on real data
+here, the CUDA backend of the slot pipeline under the ``gpu`` marker (the same
+pipeline runs through the host backend in test_schedule.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import numpy as np
 import pytest
 
 import interop
-from interop.memory import StagingRing, _ring_cache, cached_rings, staging_ring
-from interop.transfer import c_order_chunks, drain_pieces
+from interop.pipeline.ring import _ring_cache, cached_rings
 
 from .helpers import ALL_NAMES, NUMPY_DTYPES, run_python, sample
 
@@ -21,46 +21,6 @@ from .helpers import ALL_NAMES, NUMPY_DTYPES, run_python, sample
 def bits(a):
     """Bytes of ``a`` in C order, for exact comparisons of any dtype."""
     return np.ascontiguousarray(a).tobytes()
-
-
-# ----------------------------------------------------------------- the planner
-
-
-@pytest.mark.parametrize(
-    ("shape", "chunk"),
-    [((5, 7), 56), ((5, 7), 24), ((5, 7), 10_000), ((2, 3, 4), 8), ((2, 3, 4), 1), ((9,), 20)],
-)
-def test_chunks_cover_c_order_within_the_limit(shape, chunk):
-    a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
-    chunks = list(c_order_chunks(shape, 8, chunk))
-    assert np.concatenate([a[i].reshape(-1) for i in chunks]).tolist() == list(range(a.size))
-    assert all(a[i].nbytes <= max(chunk, 8) for i in chunks)
-    assert all(np.shares_memory(a[i], a) for i in chunks)  # views, not copies
-
-
-def test_chunks_of_0d_and_zero_size():
-    assert list(c_order_chunks((), 4, 1)) == [(Ellipsis,)]
-    assert list(c_order_chunks((3, 0), 4, 1)) == []
-
-
-@pytest.mark.parametrize(
-    ("shape", "nbytes", "threads", "count"),
-    [
-        ((64, 1024), 64 << 20, 4, 4),  # split along the first axis
-        ((1, 1, 300, 7), 8 << 20, 3, 3),  # leading axes of 1 skipped
-        ((3, 10), 64 << 20, 8, 3),  # at most one piece per row
-        ((64, 1024), 1 << 20, 4, 1),  # small chunks are not split
-        ((), 8, 4, 1),
-        ((1, 1), 8, 4, 1),
-    ],
-)
-def test_drain_pieces_cover_each_element_once(shape, nbytes, threads, count):
-    hits = np.zeros(shape, np.int64)
-    pieces = drain_pieces(shape, nbytes, threads)
-    for piece in pieces:
-        hits[piece] += 1
-    assert len(pieces) == count
-    assert (hits == 1).all()
 
 
 # ----------------------------------------------------------------- host engine
@@ -206,7 +166,7 @@ def test_bad_progress_is_refused_before_writing():
 
 
 def test_non_arrays_and_bad_chunk_bytes():
-    with pytest.raises(TypeError, match=r"copy_to_host expected .* \(got builtins.list\)"):
+    with pytest.raises(TypeError, match=r"copy_to_host expected .* \(got builtins.list: \[1, 2"):
         interop.copy_to_host([1, 2])
     with pytest.raises(ValueError, match=r"chunk_bytes to be a positive int \(got 0\)"):
         interop.copy_to_host(np.ones(2), chunk_bytes=0)
@@ -348,68 +308,6 @@ def test_concurrent_transfers():
         np.testing.assert_array_equal(o, s)
 
 
-# ----------------------------------------------------------------- staging ring
-
-
-def test_staging_ring_without_a_device_says_so():
-    if interop._backends.cupy_device_count() > 0:
-        pytest.skip("a CUDA device is visible")
-    with pytest.raises(interop.NoDeviceError):
-        StagingRing(2, 64)
-
-
-class _HostRing:
-    """Stands in for pinned memory so the cache policy runs without a GPU."""
-
-    def __init__(self, count, nbytes):
-        self.count, self.nbytes, self.closed = count, nbytes, False
-
-    def free(self):
-        self.closed = True
-
-
-def test_ring_cache_lends_each_ring_once_and_stays_bounded(monkeypatch):
-    monkeypatch.setattr(interop.memory, "StagingRing", _HostRing)
-    interop.memory.free_cached_rings()
-    with staging_ring(2, 64) as a, staging_ring(2, 64) as b:
-        assert a is not b  # concurrent transfers never share a ring
-    with staging_ring(2, 64) as c:
-        assert c in (a, b)
-    with pytest.raises(RuntimeError), staging_ring(2, 64) as failed:
-        raise RuntimeError
-    assert failed.closed
-    rings = []
-    for size in range(100, 110):  # sizes seen once each
-        with staging_ring(1, size) as ring:
-            rings.append(ring)
-    assert cached_rings() == interop.memory._RINGS_KEPT_TOTAL
-    assert [r.closed for r in rings[-4:]] == [False] * 4  # the most recent are kept
-    assert all(r.closed for r in rings[:-4])
-    interop.memory.free_cached_rings()
-    assert cached_rings() == 0
-    assert all(r.closed for r in rings)
-
-
-@pytest.mark.gpu
-def test_gpu_staging_ring_is_exact_cached_and_freed_on_error(cp):
-    with StagingRing(3, 1000) as ring:
-        assert len(ring.ptrs) == 3
-        assert [a.nbytes for a in ring.arrays] == [1000] * 3
-        ring.arrays[2][:] = 7  # host-writable
-        assert not ring.closed
-    assert ring.closed
-    with staging_ring(2, 4096) as lent:
-        pass
-    assert lent in _ring_cache[(2, 4096)]
-    with staging_ring(2, 4096) as again:
-        assert again is lent  # reused, and not lent twice meanwhile
-        assert lent not in _ring_cache[(2, 4096)]
-    with pytest.raises(RuntimeError, match="boom"), staging_ring(2, 4096) as failed:
-        raise RuntimeError("boom")
-    assert failed.closed
-    assert failed not in _ring_cache.get((2, 4096), [])
-
-
 # ----------------------------------------------------------------- CUDA engine
 
 
@@ -539,12 +437,12 @@ def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
         if "t" in holder:
             holder["t"].cancel()
 
-    transfer = interop.copy_to_host_async(a, chunk_bytes=1 << 16, progress=progress)
+    out = np.zeros(a.shape, np.float32)
+    transfer = interop.copy_to_host_async(a, out, chunk_bytes=1 << 16, progress=progress)
     holder["t"] = transfer
     with pytest.raises(interop.TransferError) as info:
         transfer.result(timeout=60)
     n = info.value.bytes_done // 4
-    out = transfer._out
     np.testing.assert_array_equal(out[:n], cp.asnumpy(a[:n]))
     # the failed transfer's ring was freed, not cached
     assert all(not r.closed for v in _ring_cache.values() for r in v)

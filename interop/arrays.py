@@ -1,0 +1,279 @@
+"""What an array is to interop: its kind, device, dtype and memory.
+
+The exchange functions and the transfer pipeline both start here, so the
+questions "is this an array?", "where does it live?", "which NumPy dtype holds
+its values?", "what values does this CPU tensor chunk hold?" and "do these two
+arrays overlap?" have one answer each. Nothing here moves data between devices.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import numpy as np
+
+from . import _backends, dtypes
+
+if TYPE_CHECKING:
+    import torch
+
+__all__: list[str] = []
+
+# DLPack device types (dlpack.h, DLDeviceType).
+DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
+
+EXPECTED = (
+    "a NumPy array, a PyTorch tensor, a CuPy array, or an object with "
+    "__dlpack__ or __cuda_array_interface__"
+)
+
+Target = tuple[Literal["cpu", "cuda"], "int | None"]
+
+
+# --------------------------------------------------------------------------- naming
+
+
+def describe(x: object) -> str:
+    """``module.Type: repr`` of ``x``, the repr cut to 60 characters."""
+    text = repr(x)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(x).__module__}.{type(x).__qualname__}: {text}"
+
+
+def not_an_array(func: str, x: object) -> TypeError:
+    """The error for an argument that is not an array."""
+    return TypeError(f"{func} expected {EXPECTED} (got {describe(x)})")
+
+
+def is_array(x: object) -> bool:
+    """True for anything interop can take as an array (never imports a library)."""
+    return (
+        isinstance(x, np.ndarray)
+        or _backends.is_torch_tensor(x)
+        or _backends.is_cupy_array(x)
+        or is_emulated_device_array(x)
+        or hasattr(x, "__dlpack__")
+        or hasattr(x, "__cuda_array_interface__")
+    )
+
+
+def is_emulated_device_array(x: object) -> bool:
+    """True for an array of an emulated device (``interop.pipeline.host``)."""
+    return getattr(type(x), "__interop_backend__", None) is not None
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def parse_device(device: object) -> Target | None:
+    """Normalise ``device`` to ``("cpu", None)`` or ``("cuda", index or None)``.
+
+    Raises
+    ------
+    TypeError
+        Not a device-like object.
+    ValueError
+        A device string or index that names no CPU or CUDA device.
+    """
+    if device is None:
+        return None
+    if isinstance(device, bool):
+        raise TypeError(f"expected a device (got {device!r})")
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"expected a CUDA device index >= 0 (got {device!r})")
+        return ("cuda", device)
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind == "cpu" and not index:
+            return ("cpu", None)
+        if kind == "cuda":
+            if not index:
+                return ("cuda", None)
+            if index.isdigit():
+                return ("cuda", int(index))
+        raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
+    module = type(device).__module__
+    dev: Any = device
+    if module.startswith("torch") and hasattr(dev, "type"):
+        if dev.type == "cpu":
+            return ("cpu", None)
+        if dev.type == "cuda":
+            return ("cuda", dev.index)
+        raise ValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
+    if module.startswith("cupy") and hasattr(dev, "id"):
+        return ("cuda", int(dev.id))
+    raise TypeError(
+        "expected a device: 'cpu', 'cuda', 'cuda:N', an int, a torch.device or a "
+        f"cupy.cuda.Device (got {describe(device)})"
+    )
+
+
+def target_str(target: Target) -> str:
+    """``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
+    kind, index = target
+    return kind if index is None else f"{kind}:{index}"
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def check_strided_tensor(t: torch.Tensor, func: str) -> None:
+    """Refuse tensors interop cannot describe as strided CPU/CUDA memory.
+
+    Raises
+    ------
+    TypeError
+        A sparse or otherwise non-strided layout.
+    ValueError
+        A device other than CPU or CUDA.
+    """
+    th = _backends.torch()
+    if t.is_cpu and t.layout is th.strided:
+        return  # the common case
+    if t.layout != th.strided:
+        raise TypeError(
+            f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
+            "call t.to_dense() first"
+        )
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); "
+            "move it with t.cpu() first"
+        )
+
+
+def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits.
+
+    bfloat16/float8 tensors give the ``ml_dtypes`` dtype of the same name.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        NumPy and ``ml_dtypes`` cannot hold the dtype.
+    """
+    ml = dtypes.ml_view_of_torch(t.dtype)
+    if ml is not None:
+        np_dtype, int_view = ml
+        return t.view(int_view).numpy().view(np_dtype)
+    dtypes.numpy_dtype_of_torch(t.dtype)  # raises UnsupportedDtypeError
+    return t.numpy()
+
+
+def host_values(x: Any) -> np.ndarray:
+    """The values of a host chunk as NumPy: a NumPy array as it is, a CPU tensor
+    as a view, or as a copy with its conjugate/negative bit applied."""
+    if isinstance(x, np.ndarray):
+        return x
+    if x.is_conj() or x.is_neg():
+        x = x.resolve_conj().resolve_neg()
+    return numpy_view_of_cpu_tensor(x)
+
+
+def raw_host_memory(x: Any) -> np.ndarray:
+    """The memory a host array reads, as NumPy, zero-copy (for overlap checks).
+
+    A tensor's conjugate/negative bit is flipped off by a view first, so the
+    result covers the memory the lazy tensor reads.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if x.is_conj():
+        x = x.conj()  # a view without the bit, same memory
+    if x.is_neg():
+        x = _backends.torch()._neg_view(x)
+    return numpy_view_of_cpu_tensor(x)
+
+
+def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
+    """True if two host arrays may write into each other's elements."""
+    if not a.size or not b.size or not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]
+    except np.exceptions.TooHardError:
+        return True
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed with a same-sized integer dtype for ml_dtypes types."""
+    view = dtypes.int_view_of_numpy(a.dtype)
+    return a if view == a.dtype else a.view(view)
+
+
+# --------------------------------------------------------------------------- foreign
+
+
+def import_foreign(x: Any, func: str) -> Any:
+    """A NumPy or CuPy array sharing the memory of a foreign producer (an object
+    with ``__dlpack__`` or ``__cuda_array_interface__``); CUDA data is imported
+    on CuPy's current stream of the data's device.
+
+    Raises
+    ------
+    ValueError
+        DLPack data on a device other than CPU or CUDA.
+    TypeError
+        ``x`` is no array at all.
+    """
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        kind, index = x.__dlpack_device__()
+        if kind in (DL_CPU, DL_CUDA_HOST):
+            return np.from_dlpack(x)
+        if kind in (DL_CUDA, DL_CUDA_MANAGED):
+            cp = _backends.require_cupy_device()
+            with cp.cuda.Device(int(index)):
+                return cp.from_dlpack(x)
+        raise ValueError(f"{func} expected CPU or CUDA data (got DLPack device {kind!r})")
+    if hasattr(x, "__cuda_array_interface__"):
+        return _backends.require_cupy_device().asarray(x)  # zero-copy
+    raise not_an_array(func, x)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class Source(NamedTuple):
+    """An array as the transfer functions see it."""
+
+    obj: Any  # what chunk views are taken of: ndarray, detached tensor, CuPy or emulated array
+    shape: tuple[int, ...]
+    dtype: np.dtype  # the NumPy (or ml_dtypes) dtype of its values
+    on_device: bool
+
+
+def array_source(x: Any, func: str) -> Source:
+    """Describe ``x`` without moving data; foreign ``__dlpack__`` /
+    ``__cuda_array_interface__`` objects are imported zero-copy.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array (the message names ``func``), or is a
+        non-strided tensor.
+    ValueError
+        A tensor on a device other than CPU or CUDA.
+    UnsupportedDtypeError
+        No NumPy dtype holds its values.
+    """
+    if isinstance(x, np.ndarray):
+        return Source(x, x.shape, x.dtype, False)
+    if _backends.is_torch_tensor(x):
+        check_strided_tensor(x, func)
+        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
+        return Source(x.detach(), tuple(x.shape), dtype, x.device.type == "cuda")
+    if _backends.is_cupy_array(x):
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True)
+    if is_emulated_device_array(x):
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True)
+    if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
+        return array_source(import_foreign(x, func), func)
+    raise not_an_array(func, x)
+
+
+def torch_imported() -> bool:
+    """True once some code imported torch (no tensor can exist before)."""
+    return "torch" in sys.modules

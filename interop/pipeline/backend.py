@@ -1,0 +1,119 @@
+"""The small device interface the slot schedule talks to.
+
+Two implementations: :mod:`interop.pipeline.cuda` (CuPy runtime calls on a
+real GPU) and :mod:`interop.pipeline.host` (a stream of the CPU: a worker
+thread that executes queued copies in order and enforces CUDA's rules). The
+schedule (:mod:`interop.pipeline.schedule`) is written once against this
+interface, for both directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+__all__ = ["Backend", "DeviceChunk", "DeviceData", "Event", "Staging", "Stream"]
+
+
+class Stream(Protocol):
+    """An in-order queue of device work."""
+
+    def wait(self, event: Any) -> None:
+        """Work queued on this stream from now on starts after ``event``."""
+
+    def synchronize(self) -> None:
+        """Block the calling thread until every queued operation has completed."""
+
+    def close(self) -> None:
+        """Release an owned stream (after :meth:`synchronize`); no-op for a reference."""
+
+
+class Event(Protocol):
+    """A point in a stream's work; waited on by streams or by the host."""
+
+    def record(self, stream: Any) -> None:
+        """Mark the current end of ``stream``'s queue."""
+
+    def synchronize(self) -> None:
+        """Block the calling thread (without spinning) until the recorded point is reached."""
+
+
+class Staging(Protocol):
+    """Device rows for packing non-contiguous chunks, one per slot."""
+
+    stream: Any  # the stream the rows were allocated on (from a stream-ordered pool)
+
+    def view(self, k: int, like: Any) -> Any:
+        """Row ``k`` as a C-contiguous device array of ``like``'s shape and dtype."""
+
+    def free(self) -> None:
+        """Give the rows back (after the copy stream was synchronised)."""
+
+
+class DeviceChunk(NamedTuple):
+    """One chunk of device data as the schedule copies it."""
+
+    view: Any  # a device array of the chunk, in a dtype the backend copies (bit view)
+    produced_on: Any = None  # a Stream  # made just now on this stream: copy after it
+
+
+class DeviceData(NamedTuple):
+    """Device data seen by a transfer (described in the caller's thread)."""
+
+    stream: Any  # a Stream: the owning library's current stream at the call (not owned)
+    shape: tuple[int, ...]
+    dtype: np.dtype  # NumPy (or ml_dtypes) dtype of its values
+    chunk: Callable[[tuple], DeviceChunk]  # the chunk for an index tuple of the plan
+
+
+class Backend(Protocol):
+    """What the slot schedule needs from a device."""
+
+    ring_key: Any  # staging rings are cached per key (CUDA: portable pinned memory)
+
+    def activate(self) -> AbstractContextManager[Any]:
+        """Make this device current for the calling thread."""
+
+    def stream(self) -> Stream:
+        """A new non-blocking stream, owned by the caller."""
+
+    def event(self) -> Event:
+        """A new event whose host synchronisation blocks instead of spinning."""
+
+    def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
+        """A page-locked host buffer: its address and a ``uint8`` view."""
+
+    def host_free(self, ptr: int) -> None:
+        """Free a buffer of :meth:`host_alloc`."""
+
+    def host_access(self, ring: Any, k: int) -> AbstractContextManager[Any]:
+        """Bracket a host thread's access to slot ``k`` of ``ring``."""
+
+    def staging(self, count: int, row_bytes: int) -> Staging:
+        """``count`` device rows of at least ``row_bytes``, each starting on a
+        256-byte boundary, from a pool ordered on the calling thread's current
+        stream (``Staging.stream``): another stream must wait for an event
+        recorded there before it uses them."""
+
+    def is_contiguous(self, view: Any) -> bool:
+        """True if the device array is C-contiguous (one DMA copies it)."""
+
+    def copy_to_host(self, ring: Any, k: int, src: Any, nbytes: int, s: Any) -> None:
+        """Queue a DMA of the contiguous device array ``src`` into slot ``k``."""
+
+    def copy_to_device(self, dst: Any, ring: Any, k: int, nbytes: int, s: Any) -> None:
+        """Queue a DMA of slot ``k`` into the contiguous device array ``dst``."""
+
+    def copy_on_device(self, dst: Any, src: Any, s: Any) -> None:
+        """Queue an element-wise copy between device arrays of one shape and dtype."""
+
+    def source(self, x: Any) -> DeviceData:
+        """Device array ``x`` as a transfer's source, described in the caller's
+        thread: its stream is the producing library's current stream now."""
+
+    def target(self, out: Any, func: str) -> DeviceData:
+        """Device array ``out`` as a transfer's destination (its stream: the
+        consuming library's current stream now); refuses what cannot be written."""

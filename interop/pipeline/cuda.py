@@ -1,0 +1,219 @@
+"""The slot schedule's CUDA backend: CuPy runtime calls on a real GPU.
+
+Streams are non-blocking CuPy streams, events are created with blocking
+synchronisation (``cudaEventBlockingSync``: a host thread waiting on one
+sleeps instead of spinning a core the host copies need), staging slots are
+portable pinned memory from ``cudaHostAlloc`` (exact size, usable from every
+device), DMAs are ``cudaMemcpyAsync``, and pack/unpack are CuPy element-wise
+copies on the copy stream. Device staging rows come from CuPy's own memory
+pool (never from an allocator the user installed) on the allocating thread's
+current stream; the schedule makes the copy stream wait on an event recorded
+there, so memory the pool hands back while earlier work on that stream still
+runs is never written too early.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from .. import _backends, dtypes
+from ..streams import cupy_stream
+from .backend import DeviceChunk, DeviceData
+from .plan import STAGING_ALIGN, round_up
+
+__all__ = ["CudaBackend", "cuda_backend"]
+
+_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+_HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device's context
+
+
+class CudaStream:
+    """A CuPy stream, owned (closed by the run that created it) or borrowed."""
+
+    def __init__(self, stream: Any, owned: bool) -> None:
+        self.cupy = stream
+        self.owned = owned
+
+    @property
+    def ptr(self) -> int:
+        return int(self.cupy.ptr)
+
+    def wait(self, event: CudaEvent) -> None:
+        self.cupy.wait_event(event.cupy)
+
+    def synchronize(self) -> None:
+        self.cupy.synchronize()
+
+    def close(self) -> None:
+        if self.owned:
+            self.cupy = None  # cudaStreamDestroy when the last reference goes
+
+
+class CudaEvent:
+    """A CuPy event with blocking synchronisation and no timing."""
+
+    def __init__(self, cp: Any) -> None:
+        self.cupy = cp.cuda.Event(block=True, disable_timing=True)
+
+    def record(self, stream: CudaStream) -> None:
+        self.cupy.record(stream.cupy)
+
+    def synchronize(self) -> None:
+        self.cupy.synchronize()
+
+
+class CudaStaging:
+    """Rows of one CuPy ``uint8`` block, ``stride`` bytes apart (a multiple of 256)."""
+
+    def __init__(self, block: Any, stride: int, stream: CudaStream) -> None:
+        self.block = block
+        self.stride = stride
+        self.stream = stream
+
+    def view(self, k: int, like: Any) -> Any:
+        start = k * self.stride
+        return self.block[start : start + like.nbytes].view(like.dtype).reshape(like.shape)
+
+    def free(self) -> None:
+        self.block = None  # back to CuPy's pool, after the copy stream was synchronised
+
+
+class CudaBackend:
+    """The schedule's device interface on CUDA device ``index``."""
+
+    def __init__(self, index: int) -> None:
+        self._cp = _backends.require_cupy_device()
+        self.index = int(index)
+        self.ring_key = "cuda"  # portable pinned memory serves every device
+
+    def activate(self) -> Any:
+        return self._cp.cuda.Device(self.index)
+
+    def stream(self) -> CudaStream:
+        with self.activate():
+            return CudaStream(self._cp.cuda.Stream(non_blocking=True), owned=True)
+
+    def event(self) -> CudaEvent:
+        with self.activate():
+            return CudaEvent(self._cp)
+
+    def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
+        ptr = int(self._cp.cuda.runtime.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE))
+        buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+        return ptr, np.ctypeslib.as_array(buf)
+
+    def host_free(self, ptr: int) -> None:
+        self._cp.cuda.runtime.freeHost(ptr)
+
+    def host_access(self, ring: Any, k: int) -> Any:
+        return contextlib.nullcontext()
+
+    def staging(self, count: int, row_bytes: int) -> CudaStaging:
+        cp = self._cp
+        stride = round_up(row_bytes, STAGING_ALIGN)
+        with self.activate():
+            memory = cp.get_default_memory_pool().malloc(count * stride)
+            block = cp.ndarray((count * stride,), cp.uint8, memptr=memory)
+            allocated_on = CudaStream(cp.cuda.get_current_stream(), owned=False)
+        return CudaStaging(block, stride, allocated_on)
+
+    def is_contiguous(self, view: Any) -> bool:
+        return bool(view.flags.c_contiguous)
+
+    def copy_to_host(self, ring: Any, k: int, src: Any, nbytes: int, s: CudaStream) -> None:
+        self._cp.cuda.runtime.memcpyAsync(ring.ptrs[k], src.data.ptr, nbytes, _D2H, s.ptr)
+
+    def copy_to_device(self, dst: Any, ring: Any, k: int, nbytes: int, s: CudaStream) -> None:
+        self._cp.cuda.runtime.memcpyAsync(dst.data.ptr, ring.ptrs[k], nbytes, _H2D, s.ptr)
+
+    def copy_on_device(self, dst: Any, src: Any, s: CudaStream) -> None:
+        with self._cp.cuda.Device(int(dst.device.id)), s.cupy:
+            if int(src.device.id) != int(dst.device.id):
+                src = src.copy()  # a peer copy onto dst's device, on s
+            dst[...] = src
+
+    # -- data, described in the caller's thread (current streams are per thread)
+    def source(self, x: Any) -> DeviceData:
+        """A CuPy array or a (detached) CUDA tensor as a transfer's source; its
+        producer stream is the owning library's current stream now."""
+        cp = self._cp
+        if _backends.is_cupy_array(x):
+            with self.activate():
+                producer = CudaStream(cp.cuda.get_current_stream(), owned=False)
+            view = _bit_view(x)
+            return DeviceData(producer, tuple(x.shape), np.dtype(x.dtype), _chunks_of(view))
+        th = _backends.torch()
+        torch_stream = th.cuda.current_stream(self.index)
+        with self.activate():
+            producer = CudaStream(
+                cupy_stream(int(torch_stream.cuda_stream), self.index), owned=False
+            )
+        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
+        if x.is_conj() or x.is_neg():
+
+            def resolved(idx: tuple) -> DeviceChunk:
+                # a chunk-sized copy with the bit applied, made on the producer stream
+                with th.cuda.device(self.index), th.cuda.stream(torch_stream):
+                    part = x[idx].resolve_conj().resolve_neg()
+                    return DeviceChunk(self._from_torch(part, producer), produced_on=producer)
+
+            return DeviceData(producer, tuple(x.shape), dtype, resolved)
+        return DeviceData(
+            producer, tuple(x.shape), dtype, _chunks_of(self._from_torch(x, producer))
+        )
+
+    def target(self, out: Any, func: str) -> DeviceData:
+        """A CuPy array or CUDA tensor as a transfer's destination; its consumer
+        stream is the owning library's current stream now.
+
+        Raises
+        ------
+        ValueError
+            A tensor with the conjugate/negative bit (writes would be transformed).
+        """
+        if _backends.is_torch_tensor(out):
+            if out.is_conj() or out.is_neg():
+                raise ValueError(
+                    f"{func} expected an out without the conjugate/negative bit "
+                    "(writes through such a view would be transformed); resolve it first"
+                )
+            out = out.detach()
+        return self.source(out)
+
+    def _from_torch(self, t: Any, producer: CudaStream) -> Any:
+        th = _backends.torch()
+        ml = dtypes.ml_view_of_torch(t.dtype)
+        bits = t if ml is None else t.view(ml[1])
+        with self.activate(), th.cuda.device(self.index), producer.cupy:
+            return self._cp.from_dlpack(bits)
+
+
+def _bit_view(x: Any) -> Any:
+    """A CuPy array with bfloat16/float8 viewed as same-sized integers."""
+    bits = dtypes.int_view_of_numpy(np.dtype(x.dtype))
+    return x if bits == np.dtype(x.dtype) else x.view(bits)
+
+
+def _chunks_of(view: Any) -> Any:
+    return lambda idx: DeviceChunk(view[idx])
+
+
+_backends_by_index: dict[int, CudaBackend] = {}
+
+
+def cuda_backend(index: int) -> CudaBackend:
+    """The backend of CUDA device ``index`` (one per device, made on first use).
+
+    Raises
+    ------
+    NoDeviceError, BackendUnavailableError
+        No usable CUDA device or CuPy.
+    """
+    backend = _backends_by_index.get(index)
+    if backend is None:
+        backend = _backends_by_index.setdefault(index, CudaBackend(index))
+    return backend

@@ -1,0 +1,245 @@
+"""``Transfer``: a chunked copy running on its own thread, as a small future.
+
+The transfer's thread runs an engine (the slot schedule, or the host copy
+engine) that reports each chunk as it completes; :class:`Transfer` turns the
+completed chunks into an in-order prefix (``bytes_done``), drives the progress
+bar, and re-raises the engine's error in the caller as a
+:class:`~interop.errors.TransferError` that says which byte range is complete.
+
+At interpreter exit every transfer still running is cancelled and joined
+(``atexit``), so no transfer thread outlives the interpreter's finalisation.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import TransferError
+from .progress import Progress
+
+__all__ = ["Cancelled", "Transfer"]
+
+
+class Cancelled(Exception):
+    """Raised inside an engine when :meth:`Transfer.cancel` was called."""
+
+
+_running: weakref.WeakSet[Transfer] = weakref.WeakSet()
+_running_lock = threading.Lock()
+
+
+class Transfer:
+    """A running chunked copy, returned by :func:`interop.copy_to_host_async`
+    and :func:`interop.copy_to_device_async`.
+
+    Attributes
+    ----------
+    nbytes : int
+        Total bytes to copy.
+    """
+
+    def __init__(
+        self,
+        result: Any,
+        sizes: list[int],
+        progress: Progress,
+        *,
+        func: str,
+        order: str = "the source's C order",
+    ) -> None:
+        self.nbytes = sum(sizes)
+        self._result: Any = result
+        self._sizes = sizes
+        self._progress = progress
+        self._func = func
+        self._order = order
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._cancelled = threading.Event()
+        self._complete = [False] * len(sizes)
+        self._next = 0
+        self._bytes_done = 0
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- used by the engines, from the transfer's own thread only
+    def chunk_done(self, i: int) -> None:
+        """Mark chunk ``i`` complete; advance the in-order prefix and progress."""
+        with self._lock:
+            self._complete[i] = True
+            advanced = 0
+            while self._next < len(self._sizes) and self._complete[self._next]:
+                advanced += self._sizes[self._next]
+                self._next += 1
+            self._bytes_done += advanced
+        if advanced:  # outside the lock: a slow callback must not block bytes_done readers
+            self._progress.add(advanced)
+
+    def check_cancel(self) -> None:
+        """Raise :class:`Cancelled` if :meth:`cancel` was called."""
+        if self._cancelled.is_set():
+            raise Cancelled
+
+    def start(self, run: Callable[[Transfer], None]) -> Transfer:
+        """Run ``run(self)`` on the transfer's thread; return ``self``."""
+
+        def target() -> None:
+            try:
+                if not self.nbytes:
+                    self._progress.add(0)  # a callback still sees (0, 0): it ends at the total
+                else:
+                    run(self)
+            except BaseException as exc:  # re-raised in the caller by result()
+                self._error = _detached(exc)
+            finally:
+                try:
+                    self._progress.close()
+                finally:
+                    with _running_lock:
+                        _running.discard(self)
+                    self._finished.set()
+
+        with _running_lock:
+            _running.add(self)
+        self._thread = threading.Thread(target=target, name=f"interop-{self._func}", daemon=True)
+        try:
+            self._thread.start()
+        except BaseException:
+            with _running_lock:
+                _running.discard(self)
+            raise
+        return self
+
+    # -- public
+    @property
+    def bytes_done(self) -> int:
+        """Bytes of the completed prefix (in the source's C order)."""
+        with self._lock:
+            return self._bytes_done
+
+    def done(self) -> bool:
+        """True once the transfer has finished, failed or been cancelled."""
+        return self._finished.is_set()
+
+    def cancel(self) -> bool:
+        """Ask the transfer to stop after the chunks in flight.
+
+        Returns
+        -------
+        bool
+            False if it had already finished.
+        """
+        self._cancelled.set()
+        return not self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the transfer and return its destination (``out``).
+
+        Raises
+        ------
+        TimeoutError
+            Not finished within ``timeout`` seconds (the transfer goes on).
+        TransferError
+            A chunk failed or the transfer was cancelled; the message says
+            which byte range is complete. Every staging buffer, stream and
+            thread has been released. The error holds no reference to the
+            source or the destination.
+        KeyboardInterrupt
+            Interrupted while waiting: the transfer is cancelled and its
+            resources released before this is re-raised.
+        """
+        try:
+            if not self._finished.wait(timeout):
+                raise TimeoutError(
+                    f"{self._func} not finished after {timeout} s "
+                    f"({self.bytes_done} of {self.nbytes} bytes done)"
+                )
+        except KeyboardInterrupt:
+            self.cancel()
+            self._finished.wait()
+            self._join()
+            raise
+        self._join()
+        if self._error is not None:
+            self._result = None  # a held error must not keep the destination alive
+            raise self._failure(self._error)
+        return self._result
+
+    def _join(self) -> None:
+        # Finished: the thread is past its last statement; joining it means
+        # it (and everything its frames referenced) is gone when result() ends.
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, TransferError | KeyboardInterrupt):
+            return exc
+        done = self.bytes_done
+        if isinstance(exc, Cancelled):
+            what = "was cancelled"
+        else:
+            what = f"failed ({type(exc).__name__}: {exc})"
+        err = TransferError(
+            f"{self._func} {what}; bytes [0, {done}) of {self.nbytes} (in {self._order}) "
+            "are complete, the rest of the destination is unspecified",
+            bytes_done=done,
+            nbytes=self.nbytes,
+        )
+        err.__cause__ = None if isinstance(exc, Cancelled) else exc
+        return err
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """``exc`` without live worker frames, its traceback kept as text.
+
+    A traceback keeps every frame of the worker alive, and with them the
+    engine's closures: streams, events, device staging memory, the source.
+    The caller may hold the error for long (a notebook's ``sys.last_exc``),
+    so the frames are cleared and dropped; the worker's traceback is added as
+    a note (Python >= 3.11) so it is still shown.
+    """
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None and text:
+        add_note("in the transfer's worker thread:\n" + text)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        traceback.clear_frames(link.__traceback__)
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
+
+
+def cancel_running() -> None:
+    """Cancel every running transfer and wait for their threads.
+
+    Registered with ``atexit``: the interpreter never finalises while a
+    transfer thread still frees tensors or calls into CUDA.
+    """
+    with _running_lock:
+        running = list(_running)
+    for transfer in running:
+        transfer.cancel()
+    for transfer in running:
+        transfer._finished.wait()
+        transfer._join()
+
+
+def _after_fork_in_child() -> None:
+    # The transfer threads of the parent do not exist in the child.
+    global _running_lock
+    _running_lock = threading.Lock()
+    _running.clear()
+
+
+atexit.register(cancel_running)
+os.register_at_fork(after_in_child=_after_fork_in_child)

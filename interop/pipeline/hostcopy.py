@@ -1,0 +1,67 @@
+"""The host engine: chunked host-to-host copies on a thread pool.
+
+A host source (a NumPy array, a memory map, a CPU tensor) needs no staging:
+each chunk is copied straight into ``out`` by one of ``threads`` threads, with
+a tensor's conjugate/negative bit applied chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..arrays import bits, host_values
+from .future import Transfer
+
+__all__ = ["HOST_CHUNK_MAX", "host_chunk_bytes", "host_copy"]
+
+HOST_CHUNK_MAX = 256 << 20
+
+
+def host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
+    """Default chunk size of the host engine.
+
+    A host-to-host copy needs no staging buffer, so the chunk size only sets
+    the progress/cancel granularity and the parallelism. Measured on a 2-core
+    machine: copying 256 MiB in 32 MiB pieces was 1.5x slower than one
+    ``numpy.copyto`` (the C library's large-copy strategy works per call),
+    while one piece per thread beat it. So: one chunk per thread, at least
+    ``chunk_bytes`` and at most 256 MiB.
+    """
+    per_thread = -(-nbytes // max(1, threads))
+    return max(chunk, min(per_thread, HOST_CHUNK_MAX))
+
+
+def host_copy(
+    src: Any, out: np.ndarray, chunks: list[tuple], threads: int
+) -> Callable[[Transfer], None]:
+    """The engine copying host ``src`` into ``out``, chunk by chunk."""
+
+    def copy(i: int) -> None:
+        idx = chunks[i]
+        np.copyto(bits(out[idx]), bits(host_values(src[idx])))
+
+    def run(transfer: Transfer) -> None:
+        window = max(1, threads) * 2
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="interop-host") as pool:
+            pending: dict[int, Future[None]] = {}
+            try:
+                for i in range(len(chunks)):
+                    transfer.check_cancel()
+                    pending[i] = pool.submit(copy, i)
+                    if len(pending) >= window:
+                        first = min(pending)
+                        pending.pop(first).result()
+                        transfer.chunk_done(first)
+                for i in sorted(pending):
+                    transfer.check_cancel()
+                    pending.pop(i).result()
+                    transfer.chunk_done(i)
+            finally:
+                for f in pending.values():
+                    f.cancel()
+
+    return run

@@ -1,0 +1,59 @@
+"""Progress of a transfer in bytes: a tqdm bar or a user callback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Progress", "check_progress"]
+
+
+def check_progress(progress: Any) -> None:
+    """Refuse a ``progress`` argument that is neither a bool nor a callable.
+
+    Raises
+    ------
+    TypeError
+        Anything else (checked before a transfer starts).
+    """
+    if progress is None or isinstance(progress, bool) or callable(progress):
+        return
+    raise TypeError(
+        "expected progress to be True, False or a callable progress(bytes_done, bytes_total) "
+        f"(got {progress!r})"
+    )
+
+
+class Progress:
+    """Progress in bytes: a tqdm bar (``progress=True``) or a callable
+    ``progress(bytes_done, bytes_total)``; nothing for ``False``/``None``.
+
+    :meth:`add` is called from one thread at a time (the transfer's own), with
+    the bytes of chunks that are complete, in order.
+    """
+
+    def __init__(self, progress: Any, total: int, desc: str) -> None:
+        self._callback: Callable[[int, int], Any] | None = None
+        self._bar = None
+        self.done = 0
+        self.total = total
+        if callable(progress):
+            self._callback = progress
+        elif progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc)
+
+    def add(self, n: int) -> None:
+        """Count ``n`` more bytes as done."""
+        self.done += n
+        if self._callback is not None:
+            self._callback(self.done, self.total)
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        """Close the bar, if any. Idempotent."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,240 @@
+"""The ring-of-slots schedule, written once for both directions.
+
+A transfer copies ``len(plan.chunks)`` chunks in C order through a ring of
+``plan.nslots`` host staging slots; chunk ``i`` uses slot ``k = i % nslots``.
+Each chunk has a device step (queued on the copy stream by the transfer's
+thread) and a host step (run by a pool of host threads, split into pieces).
+
+Device to host, per chunk::
+
+    issuer:  wait the host pieces of chunk i - nslots (slot k free; that chunk is complete)
+             -> [pack chunk i into staging row k] -> DMA into slot k -> record event[k]
+             -> submit the host pieces of chunk i
+    host:    event[k].synchronize() -> copy slot k out (into ``out``, or a file)
+
+Host to device, per chunk::
+
+    host:    [event[k].synchronize(): the DMA of chunk i - nslots left slot k]
+             -> fill slot k (from the source, or a file)
+    issuer:  wait the fill of chunk i (chunk i - nslots is complete)
+             -> DMA slot k [into staging row k -> unpack] -> record event[k]
+             -> submit the fill of chunk i + nslots, after event[k]
+
+Chunks are reported complete in order (progress counts completed chunks, never
+queued ones). An event is waited on only after it was recorded: the pieces that
+wait on ``event[k]`` are submitted after it was recorded, and ``event[k]`` is
+re-recorded only after those pieces finished.
+
+Release order, on every path: cancel the pieces not started, join the host
+threads, synchronise the copy stream, free the device staging, give the ring
+back (freed after an error), close the stream. A failure while releasing never
+replaces the error that is propagating (it becomes a note on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from .backend import Backend, DeviceData, Event, Staging, Stream
+from .future import Transfer
+from .plan import Plan
+from .ring import StagingRing, borrow_ring, note, return_ring
+
+__all__ = ["HostTask", "SlotJob", "run_slots"]
+
+HostTask = Callable[[np.ndarray], None]  # a piece of a chunk's host step, given the slot's bytes
+
+
+@dataclass
+class SlotJob:
+    """Everything one run of the schedule needs.
+
+    Attributes
+    ----------
+    direction : "d2h" or "h2d"
+    backend : Backend
+    stream : Stream
+        The copy stream, created and ordered (after the data's own stream) in
+        the caller's thread. Owned by the run: closed when it ends.
+    plan : Plan
+    data : DeviceData
+        The device side: the source (d2h) or the destination (h2d).
+    host_tasks : callable
+        ``host_tasks(i)`` returns the pieces of chunk ``i``'s host step; each
+        is called with the first ``plan.sizes[i]`` bytes of the chunk's slot.
+    threads : int
+        Host threads for the pieces.
+    """
+
+    direction: Literal["d2h", "h2d"]
+    backend: Backend
+    stream: Stream
+    plan: Plan
+    data: DeviceData
+    host_tasks: Callable[[int], Sequence[HostTask]]
+    threads: int
+
+
+class _Errors:
+    """The first error of a run; later ones become notes on it."""
+
+    def __init__(self) -> None:
+        self.first: BaseException | None = None
+
+    def add(self, exc: BaseException, during: str = "") -> None:
+        if self.first is None:
+            self.first = exc
+        elif exc is not self.first:
+            note(self.first, f"{during or 'then'}: {type(exc).__name__}: {exc}")
+
+    def attempt(self, during: str, step: Callable[[], Any]) -> None:
+        try:
+            step()
+        except BaseException as exc:
+            self.add(exc, during)
+
+
+class _Run:
+    def __init__(self, transfer: Transfer, job: SlotJob) -> None:
+        self.transfer = transfer
+        self.job = job
+        self.plan = job.plan
+        self.backend = job.backend
+        self.stream = job.stream
+        n = job.plan.nslots
+        self.events: list[Event] = [job.backend.event() for _ in range(n)]
+        self.pending: list[list[Future[None]]] = [[] for _ in range(n)]
+        self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
+        self.pool = ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="interop-host")
+        self.ring: StagingRing | None = None
+        self.staging: Staging | None = None
+
+    # -- steps
+    def submit(self, i: int, k: int, after: Event | None) -> None:
+        """Submit the host pieces of chunk ``i`` (slot ``k``), each waiting ``after``."""
+        ring = self.ring
+        assert ring is not None
+        n = self.plan.sizes[i]
+
+        def piece(task: HostTask) -> None:
+            if after is not None:
+                after.synchronize()
+            with ring.host(k, n) as buf:
+                task(buf)
+
+        self.pending[k] = [self.pool.submit(piece, task) for task in self.job.host_tasks(i)]
+
+    def wait_host(self, k: int) -> None:
+        """Wait for the host pieces in slot ``k``; re-raise the first failure."""
+        futures, self.pending[k] = self.pending[k], []
+        for f in futures:
+            f.result()
+
+    def device_step(self, i: int, k: int) -> None:
+        ring = self.ring
+        assert ring is not None
+        backend, stream = self.backend, self.stream
+        chunk = self.job.data.chunk(self.plan.chunks[i])
+        self.held[k] = chunk.view
+        if chunk.produced_on is not None:
+            ready = backend.event()
+            ready.record(chunk.produced_on)
+            stream.wait(ready)
+        n = self.plan.sizes[i]
+        if backend.is_contiguous(chunk.view):
+            if self.job.direction == "d2h":
+                backend.copy_to_host(ring, k, chunk.view, n, stream)
+            else:
+                backend.copy_to_device(chunk.view, ring, k, n, stream)
+        else:
+            if self.staging is None:
+                self.staging = backend.staging(self.plan.nslots, self.plan.slot_bytes)
+                allocated = backend.event()  # the pool may hand out memory still in use there
+                allocated.record(self.staging.stream)
+                stream.wait(allocated)
+            row = self.staging.view(k, chunk.view)
+            if self.job.direction == "d2h":
+                backend.copy_on_device(row, chunk.view, stream)  # pack
+                backend.copy_to_host(ring, k, row, n, stream)
+            else:
+                backend.copy_to_device(row, ring, k, n, stream)
+                backend.copy_on_device(chunk.view, row, stream)  # unpack
+        self.events[k].record(stream)
+
+    # -- the two directions
+    def device_to_host(self) -> None:
+        nslots, count = self.plan.nslots, len(self.plan.chunks)
+        for i in range(count):
+            k = i % nslots
+            if i >= nslots:
+                self.wait_host(k)  # slot k is free: chunk i - nslots is complete
+                self.held[k] = None
+                self.transfer.chunk_done(i - nslots)
+            self.transfer.check_cancel()
+            self.device_step(i, k)
+            self.submit(i, k, after=self.events[k])
+        for i in range(max(0, count - nslots), count):
+            self.wait_host(i % nslots)
+            self.transfer.chunk_done(i)
+
+    def host_to_device(self) -> None:
+        nslots, count = self.plan.nslots, len(self.plan.chunks)
+        for i in range(min(nslots, count)):
+            self.submit(i, i, after=None)
+        for i in range(count):
+            k = i % nslots
+            self.transfer.check_cancel()
+            self.wait_host(k)  # filled; for i >= nslots its fill waited for event[k]
+            if i >= nslots:
+                self.transfer.chunk_done(i - nslots)
+            self.device_step(i, k)
+            if i + nslots < count:
+                self.submit(i + nslots, k, after=self.events[k])
+        for i in range(max(0, count - nslots), count):
+            self.events[i % nslots].synchronize()
+            self.transfer.chunk_done(i)
+
+    # -- release
+    def release(self, errors: _Errors) -> None:
+        for futures in self.pending:
+            for f in futures:
+                f.cancel()
+        errors.attempt("stopping the host threads", lambda: self.pool.shutdown(wait=True))
+        errors.attempt("synchronising the copy stream", self.stream.synchronize)
+        self.held = []
+        if self.staging is not None:
+            errors.attempt("freeing the device staging", self.staging.free)
+            self.staging = None
+        if self.ring is not None:
+            ring, self.ring = self.ring, None
+            errors.attempt("returning the staging ring", lambda: return_ring(ring, errors.first))
+        errors.attempt("closing the copy stream", self.stream.close)
+
+
+def run_slots(transfer: Transfer, job: SlotJob) -> None:
+    """Run ``job`` on the calling (transfer) thread; raise its first error
+    after every resource was released."""
+    errors = _Errors()
+    with job.backend.activate():
+        run: _Run | None = None
+        try:
+            run = _Run(transfer, job)
+            run.ring = borrow_ring(job.backend, job.plan.nslots, job.plan.slot_bytes)
+            if job.direction == "d2h":
+                run.device_to_host()
+            else:
+                run.host_to_device()
+        except BaseException as exc:
+            errors.add(exc)
+        finally:
+            if run is not None:
+                run.release(errors)
+            else:
+                errors.attempt("closing the copy stream", job.stream.close)
+    if errors.first is not None:
+        raise errors.first
