@@ -22,12 +22,12 @@ from .arrays import (
     array_source,
     bits,
     host_values,
+    is_emulated_device_array,
     overlaps,
     parse_device,
     raw_host_memory,
 )
 from .config import chunk_bytes_or_default, config
-from .pipeline import backend_of
 from .pipeline.backend import Backend, DeviceData
 from .pipeline.future import Transfer
 from .pipeline.hostcopy import host_chunk_bytes, host_copy
@@ -47,6 +47,28 @@ HostStep = Callable[[Plan], Callable[[int], Sequence[HostTask]]]
 
 
 # ----------------------------------------------------------------- the two pipelines
+
+
+def backend_of(x: Any) -> Backend:
+    """The backend that moves device array ``x`` (a CuPy array, a CUDA tensor,
+    or an emulated device's array).
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not device data.
+    NoDeviceError, BackendUnavailableError
+        CUDA data without a usable device or CuPy.
+    """
+    if is_emulated_device_array(x):
+        return x.backend
+    from .pipeline.cuda import cuda_backend
+
+    if _backends.is_cupy_array(x):
+        return cuda_backend(int(x.device.id))
+    if _backends.is_torch_tensor(x) and x.device.type == "cuda":
+        return cuda_backend(int(x.device.index))
+    raise TypeError(f"expected device data (got {type(x).__module__}.{type(x).__qualname__})")
 
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:

@@ -155,11 +155,12 @@ def test_a_successful_transfer_returns_its_ring_to_the_cache(device):
 def test_staging_rows_of_odd_chunk_sizes_stay_aligned(device):
     """A chunk size that is no multiple of the element size: packing row k of
     the device staging must still be aligned for complex128 (16 bytes)."""
-    a = sample((500, 40), np.complex128)
-    got = interop.copy_to_host(device.asarray(a).T, chunk_bytes=CHUNK + 8)
+    a = sample((10_000, 3), np.complex128)
+    chunk = 70_008  # chunks of 70_000 bytes: unrounded slots would be 70_008 bytes apart
+    got = interop.copy_to_host(device.asarray(a).T, chunk_bytes=chunk)
     np.testing.assert_array_equal(got, a.T)
-    out = device.empty((40, 500), np.complex128)
-    interop.copy_to_device(a, out.T, chunk_bytes=CHUNK + 8)
+    out = device.empty((3, 10_000), np.complex128)
+    interop.copy_to_device(a, out.T, chunk_bytes=chunk)
     np.testing.assert_array_equal(device.to_numpy(out).T, a)
 
 

@@ -12,33 +12,3 @@
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-from .. import _backends
-from ..arrays import is_emulated_device_array
-from .backend import Backend
-
-__all__ = ["backend_of"]
-
-
-def backend_of(x: Any) -> Backend:
-    """The backend that moves device array ``x`` (a CuPy array, a CUDA tensor,
-    or an emulated device's array).
-
-    Raises
-    ------
-    TypeError
-        ``x`` is not device data.
-    NoDeviceError, BackendUnavailableError
-        CUDA data without a usable device or CuPy.
-    """
-    if is_emulated_device_array(x):
-        return x.backend
-    from .cuda import cuda_backend
-
-    if _backends.is_cupy_array(x):
-        return cuda_backend(int(x.device.id))
-    if _backends.is_torch_tensor(x) and x.device.type == "cuda":
-        return cuda_backend(int(x.device.index))
-    raise TypeError(f"expected device data (got {type(x).__module__}.{type(x).__qualname__})")
