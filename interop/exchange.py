@@ -49,7 +49,7 @@ from .errors import (
     NoDeviceError,
     ReadOnlyWarning,
 )
-from .streams import cupy_stream, torch_stream_handle
+from .streams import PER_THREAD_DEFAULT, cupy_stream, torch_stream_handle
 from .transfer import copy_to_device, copy_to_host
 
 if TYPE_CHECKING:
@@ -438,8 +438,33 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
     with _cuda_context(index):
         # Inside the device context: torch's __dlpack__ refuses tensors of
         # another device, and both libraries' current streams are this device's.
-        c = _backends.cupy().from_dlpack(t)
+        cp = _backends.cupy()
+        consumer = cp.cuda.get_current_stream()
+        if int(consumer.ptr) == PER_THREAD_DEFAULT:
+            # PyTorch's __dlpack__ refuses the per-thread default stream
+            # (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1): order it ourselves.
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record(cupy_stream(torch_stream_handle(index), index))
+            consumer.wait_event(ready)
+            c = cp.from_dlpack(_Ordered(t))
+        else:
+            c = cp.from_dlpack(t)
         return c.copy() if copy and not copied else c
+
+
+class _Ordered:
+    """A tensor whose consumer stream was already ordered after PyTorch's:
+    exported without another synchronisation (``stream=-1``)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._t = t
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        kwargs["stream"] = -1
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()
 
 
 def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.ndarray:

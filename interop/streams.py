@@ -9,12 +9,67 @@ protocol: a method returning ``(version, handle)``), or a raw handle (an int;
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from . import _backends
 
 __all__ = ["stream"]
+
+PER_THREAD_DEFAULT = (
+    2  # cudaStreamPerThread: CuPy's default stream with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+)
+
+
+class _StreamUses:
+    """Which streams ``interop.stream`` made current, and since when.
+
+    The shared memory pool (``interop.use_torch_allocator``) asks this before
+    it frees a block: a block allocated on stream A may have been used on any
+    stream made current through ``interop.stream`` while it was alive.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clock = itertools.count(1)
+        self.last_entered: dict[tuple[int, int], int] = {}  # (device, handle) -> tick
+        self.active: dict[tuple[int, int], int] = {}  # (device, handle) -> blocks open
+
+    def now(self) -> int:
+        """A tick: streams entered after it have a larger one."""
+        with self._lock:
+            return next(self._clock)
+
+    def enter(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            self.last_entered[key] = next(self._clock)
+            self.active[key] = self.active.get(key, 0) + 1
+
+    def leave(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            self.active[key] -= 1
+            if not self.active[key]:
+                del self.active[key]
+
+    def since(self, tick: int, device: int) -> set[int]:
+        """Handles of ``device``'s streams entered after ``tick``, or still open."""
+        with self._lock:
+            entered = {h for (d, h), t in self.last_entered.items() if d == device and t > tick}
+            return entered | {h for d, h in self.active if d == device}
+
+
+stream_uses = _StreamUses()
+
+
+def _after_fork_in_child() -> None:
+    global stream_uses
+    stream_uses = _StreamUses()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _StreamHandle:
@@ -146,9 +201,12 @@ def stream(s: Any) -> Iterator[Any]:
         cupy_side = s
     else:
         cupy_side = cupy_stream(handle, device)
+    key = (int(device), int(handle))
     with contextlib.ExitStack() as stack:
         stack.enter_context(cp.cuda.Device(device))
         stack.enter_context(th.cuda.device(device))
         stack.enter_context(th.cuda.stream(torch_side))
         stack.enter_context(cupy_side)
+        stream_uses.enter(key)
+        stack.callback(stream_uses.leave, key)
         yield s

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import interop
+from interop import allocator, streams
+from interop.pipeline.host import HostBackend
 
 from .helpers import run_python
 
@@ -86,3 +90,200 @@ def test_allocation_on_a_different_stream_is_refused(cp, torch):
         with interop.stream(side):
             ok = cp.arange(10, dtype=cp.float32)
             assert float(ok.sum()) == 45.0
+
+
+# ------------------------------------------------- the two forms, on CuPy's real settings
+
+
+def _fake_malloc(size):  # never called: nothing allocates in these tests
+    raise AssertionError("no allocation expected")
+
+
+@pytest.fixture
+def cupy_settings():
+    """CuPy's allocator settings restored after a test (no device needed)."""
+    import cupy
+
+    before = cupy.cuda.get_allocator()
+    state = (allocator._pending, allocator._plain, allocator._base)
+    yield cupy
+    cupy.cuda.set_allocator(before)
+    allocator._pending, allocator._plain, allocator._base = state
+
+
+def _seen_by_another_thread(cp):
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(cp.cuda.get_allocator()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def test_plain_call_installs_for_every_thread(cupy_settings):
+    cp = cupy_settings
+    allocator.AllocatorScope(cp, _fake_malloc)  # dropped at once: the plain form
+    assert cp.cuda.get_allocator() is _fake_malloc
+    assert _seen_by_another_thread(cp) is _fake_malloc
+
+
+def test_block_form_is_this_threads_only(cupy_settings):
+    cp = cupy_settings
+    base = cp.cuda.get_allocator()
+    with allocator.AllocatorScope(cp, _fake_malloc):
+        assert cp.cuda.get_allocator() is _fake_malloc
+        assert _seen_by_another_thread(cp) == base  # not process-wide
+        with allocator.AllocatorScope(cp, _fake_malloc):  # nested
+            assert cp.cuda.get_allocator() is _fake_malloc
+        assert cp.cuda.get_allocator() is _fake_malloc
+    assert cp.cuda.get_allocator() == base
+    assert _seen_by_another_thread(cp) == base
+
+
+def test_overlapping_blocks_in_threads_restore_nothing_of_each_other(cupy_settings):
+    cp = cupy_settings
+    base = cp.cuda.get_allocator()
+    barrier = threading.Barrier(4)
+    inside, errors = [], []
+
+    def work():
+        try:
+            barrier.wait(5)
+            with allocator.AllocatorScope(cp, _fake_malloc):
+                barrier.wait(5)  # all four blocks open at once
+                inside.append(cp.cuda.get_allocator() is _fake_malloc)
+                barrier.wait(5)
+            inside.append(cp.cuda.get_allocator() == base)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert inside == [True] * 8
+    assert cp.cuda.get_allocator() == base  # the process-wide setting came back
+
+
+def test_a_plain_call_during_a_block_stays_process_wide(cupy_settings):
+    cp = cupy_settings
+    block = allocator.AllocatorScope(cp, _fake_malloc)
+    allocator.AllocatorScope(cp, _fake_malloc)  # another thread's plain call, meanwhile
+    with block:
+        pass
+    assert cp.cuda.get_allocator() is _fake_malloc
+    assert _seen_by_another_thread(cp) is _fake_malloc
+
+
+# ----------------------------------------------------------------- deferred frees, on host streams
+
+
+def test_a_block_used_on_another_stream_is_freed_after_that_stream_reaches_the_free():
+    device = HostBackend()
+    by_id = {}
+    deleted = []
+
+    def record(dev, handle):
+        event = device.event()
+        event.record(by_id[handle])
+        return event
+
+    frees = allocator.DeferredFrees(record, deleted.append)
+    a, b = device.stream(), device.stream()
+    by_id.update({a.id: a, b.id: b})
+    frees.allocated(0x1000, 0, a.id)  # allocated on stream a
+    frees.allocated(0x2000, 0, a.id)
+    streams.stream_uses.enter((0, b.id))  # `with interop.stream(b):` ...
+    gate = threading.Event()
+    b.enqueue("op", lambda: gate.wait(5))  # ... work on b still reads the block
+    streams.stream_uses.leave((0, b.id))
+    frees.free(0x1000)
+    assert deleted == []  # not back in the pool while b may still read it
+    assert frees.deferred == 1
+    gate.set()
+    b.synchronize()
+    frees.collect()
+    assert deleted == [0x1000]
+    frees.allocated(0x3000, 0, a.id)  # allocated after b was last entered
+    frees.free(0x3000)
+    assert deleted == [0x1000, 0x3000]  # no other stream since: freed at once
+    a.close()
+    b.close()
+    device.close()
+
+
+@pytest.mark.gpu
+def test_gpu_block_form_is_per_thread_with_torch_memory(cp, torch):
+    """Overlapping blocks in two threads: each thread's CuPy memory comes from
+    PyTorch's pool inside its block; the main thread's never does."""
+    barrier = threading.Barrier(2)
+    counted, errors = [], []
+
+    def work():
+        try:
+            with interop.use_torch_allocator():
+                barrier.wait(10)
+                before = torch.cuda.memory_allocated()
+                a = cp.empty(64 << 20, dtype=cp.uint8)
+                counted.append(torch.cuda.memory_allocated() - before >= 64 << 20)
+                barrier.wait(10)
+                del a
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert counted == [True, True]
+    before = torch.cuda.memory_allocated()
+    b = cp.empty(64 << 20, dtype=cp.uint8)  # outside any block: CuPy's own pool
+    assert torch.cuda.memory_allocated() == before
+    del b
+
+
+@pytest.mark.gpu
+def test_gpu_a_block_used_on_another_stream_is_not_reused_early(cp, torch):
+    side = torch.cuda.Stream()
+    with interop.use_torch_allocator():
+        a = cp.zeros(1 << 20, dtype=cp.uint8)  # allocated on the default stream
+        ptr = a.data.ptr
+        with interop.stream(side):
+            torch.cuda._sleep(500_000_000)  # side is busy for a while ...
+            a += 1  # ... then reads and writes a
+        del a  # freed on the default stream while side still needs it
+        b = cp.full(1 << 20, 7, dtype=cp.uint8)  # same size, default stream
+        assert b.data.ptr != ptr  # not handed out again before side reached the free
+        side.synchronize()
+        assert int(b.sum()) == 7 << 20
+        del b
+
+
+@pytest.mark.gpu
+def test_gpu_per_thread_default_stream_is_mapped_or_refused_clearly():
+    proc = run_python(
+        """
+        import torch, cupy as cp, interop
+        t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            t.add_(1)
+            c = interop.to_cupy(t)  # CuPy's current stream is the per-thread default
+            print("sum", int(c.sum()) == sum(range(1, (1 << 20) + 1)))
+        try:
+            with interop.use_torch_allocator():
+                cp.empty(16, dtype=cp.float32)
+        except interop.StreamMismatchError as exc:
+            print("refused", "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM" in str(exc))
+        s = torch.cuda.Stream()
+        with interop.use_torch_allocator(), interop.stream(s):
+            print("inside", float(cp.ones(16, dtype=cp.float32).sum()))
+        """,
+        env={"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["sum", "True", "refused", "True", "inside", "16.0"]

@@ -418,6 +418,63 @@ def test_gpu_transposed_source_extra_memory_within_the_ring(cp):
 
 
 @pytest.mark.gpu
+def test_gpu_staging_rows_of_odd_chunk_sizes_stay_aligned(cp):
+    """Unrounded slots would put staging row 1 at 70_008 bytes: a misaligned
+    complex128 pack (cudaErrorMisalignedAddress, a sticky error)."""
+    a = cp.arange(30_000, dtype=cp.complex128).reshape(10_000, 3)
+    np.testing.assert_array_equal(interop.copy_to_host(a.T, chunk_bytes=70_008), cp.asnumpy(a.T))
+    out = cp.zeros((3, 10_000), cp.complex128)
+    interop.copy_to_device(cp.asnumpy(a), out.T, chunk_bytes=70_008)
+    np.testing.assert_array_equal(cp.asnumpy(out.T), cp.asnumpy(a))
+
+
+@pytest.mark.gpu
+def test_gpu_staging_waits_for_work_pending_on_its_allocating_stream(cp, torch):
+    """The worker allocates device staging on its current stream (the legacy
+    default stream) from CuPy's pool: a block freed there while a kernel still
+    fills it must not be packed into before that kernel is done."""
+    x = cp.arange(1 << 20, dtype=cp.float32).reshape(1024, 1024)
+    expect = cp.asnumpy(x.T)
+    with interop.config.set(num_buffers=4):
+        for _ in range(3):
+            tmp = cp.empty(4 << 20, dtype=cp.uint8)  # the size of the staging block
+            torch.cuda._sleep(200_000_000)  # on the legacy default stream ...
+            tmp.fill(255)  # ... then this write, on the same stream
+            del tmp  # back to CuPy's pool for the default stream, still being written
+            with cp.cuda.Stream(non_blocking=True):  # the producer is another stream
+                out = interop.copy_to_host(x.T, chunk_bytes=1 << 20)
+            np.testing.assert_array_equal(out, expect)
+
+
+@pytest.mark.gpu
+def test_gpu_device_to_device_waits_for_the_source_stream(cp, torch):
+    side = torch.cuda.Stream()
+    src = torch.zeros(1 << 22, device="cuda")
+    out = cp.zeros(1 << 22, dtype=cp.float32)
+    with torch.cuda.stream(side):  # PyTorch's current stream: the producer
+        torch.cuda._sleep(200_000_000)
+        src.fill_(3.0)
+        assert interop.copy_to_device(src, out) is out  # queued on CuPy's current stream
+    assert float(out.sum()) == 3.0 * (1 << 22)
+
+
+@pytest.mark.gpu
+def test_gpu_waiting_threads_sleep_instead_of_spinning(torch):
+    """Blocking-sync events: host threads waiting on a long kernel cost little
+    CPU time (spinning threads would cost their wall time each)."""
+    import time
+
+    x = torch.ones(1 << 24, device="cuda")
+    torch.cuda._sleep(1_000_000_000)  # about half a second or more on the current stream
+    with interop.config.set(host_threads=4):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = interop.copy_to_host(x, chunk_bytes=1 << 20)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert out.sum() == 1 << 24
+    assert cpu < 0.5 * wall
+
+
+@pytest.mark.gpu
 def test_gpu_stream_order_without_explicit_sync(torch):
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 22, device="cuda")

@@ -40,6 +40,9 @@ class Event(Protocol):
     def synchronize(self) -> None:
         """Block the calling thread (without spinning) until the recorded point is reached."""
 
+    def query(self) -> bool:
+        """True once the recorded point was reached (never blocks)."""
+
 
 class Staging(Protocol):
     """Device rows for packing non-contiguous chunks, one per slot."""

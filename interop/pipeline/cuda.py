@@ -65,6 +65,9 @@ class CudaEvent:
     def synchronize(self) -> None:
         self.cupy.synchronize()
 
+    def query(self) -> bool:
+        return bool(self.cupy.done)
+
 
 class CudaStaging:
     """Rows of one CuPy ``uint8`` block, ``stride`` bytes apart (a multiple of 256)."""

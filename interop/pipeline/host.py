@@ -445,6 +445,14 @@ class HostEvent:
         with self.backend._lock:
             self.point = (stream, stream.clock[stream.id], dict(stream.clock))
 
+    def query(self) -> bool:
+        """True once the recorded point was reached (never blocks)."""
+        point = self.point
+        if point is None:
+            raise self.backend.violation("host queries an event that was never recorded")
+        stream, seq, _ = point
+        return stream._done >= seq
+
     def synchronize(self) -> None:
         point = self.point
         if point is None:
