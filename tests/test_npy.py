@@ -90,18 +90,19 @@ def test_zero_d_and_zero_size(tmp_path, shape):
 
 
 def test_progress_callable_is_monotonic_and_complete(tmp_path):
-    a = sample((100, 10), np.float32)
+    a = sample((50000, 10), np.float32)  # 2 MB: 31 chunks of 64 KiB (the smallest chunk)
     seen: list[tuple[int, int]] = []
     interop.save_npy(
-        a, tmp_path / "p.npy", chunk_bytes=512, progress=lambda d, t: seen.append((d, t))
+        a, tmp_path / "p.npy", chunk_bytes=1 << 16, progress=lambda d, t: seen.append((d, t))
     )
     assert len(seen) > 5
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert seen[-1] == (a.nbytes, a.nbytes)
     seen.clear()
     interop.load_npy(
-        tmp_path / "p.npy", device="cpu", chunk_bytes=700, progress=lambda d, t: seen.append((d, t))
+        tmp_path / "p.npy", device="cpu", chunk_bytes=1, progress=lambda d, t: seen.append((d, t))
     )
+    assert len(seen) > 5  # chunk_bytes=1 is raised to 64 KiB
     assert seen[-1] == (a.nbytes, a.nbytes)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
@@ -358,17 +359,17 @@ def test_foreign_dlpack_producer(tmp_path):
 
 def test_file_shrinking_during_the_read_is_an_error_not_success(tmp_path):
     path = tmp_path / "shrinks.npy"
-    a = np.arange(1000, dtype=np.float64)
+    a = np.arange(3 << 13, dtype=np.float64)  # 3 chunks of 64 KiB
     np.save(path, a)
-    out = np.zeros(1000)
+    out = np.zeros(a.size)
 
     def shrink(done, total):
-        if done == 800:  # after the first chunk: another process truncates the file
+        if done == 1 << 16:  # after the first chunk: another process truncates the file
             with open(path, "r+b") as f:
-                f.truncate(128 + 1200)
+                f.truncate(128 + (1 << 16) + 1200)
 
     with pytest.raises(interop.TransferError, match=r"shrinks\.npy' ended early") as info:
-        interop.load_npy(path, out, chunk_bytes=800, progress=shrink)
-    assert info.value.bytes_done == 800
-    assert "bytes [0, 800) of the data are complete" in str(info.value)
-    np.testing.assert_array_equal(out[:100], a[:100])
+        interop.load_npy(path, out, chunk_bytes=1 << 16, progress=shrink)
+    assert info.value.bytes_done == 1 << 16
+    assert "bytes [0, 65536) of the data are complete" in str(info.value)
+    np.testing.assert_array_equal(out[: 1 << 13], a[: 1 << 13])
