@@ -133,14 +133,16 @@ def test_interrupted_save_leaves_no_file_and_keeps_the_old_one(tmp_path):
         if done > total // 2:
             raise _Stop("interrupted")
 
+    big = sample((20000, 10), np.float64)  # 1.6 MB: stopped after 13 of 25 chunks
+
     with pytest.raises(_Stop):
-        interop.save_npy(sample((200, 10), np.float64), target, chunk_bytes=1024, progress=stop)
+        interop.save_npy(big, target, chunk_bytes=1 << 16, progress=stop)
     _same(np.load(target), old)  # the previous file is untouched
     assert sorted(os.listdir(tmp_path)) == ["keep.npy"]  # no partial file left behind
 
     fresh = tmp_path / "fresh.npy"
     with pytest.raises(_Stop):
-        interop.save_npy(sample((200, 10), np.float64), fresh, chunk_bytes=1024, progress=stop)
+        interop.save_npy(big, fresh, chunk_bytes=1 << 16, progress=stop)
     assert not fresh.exists()
 
 
