@@ -2,46 +2,110 @@
 
 Each setting is mirrored by an environment variable read at import:
 ``INTEROP_CHUNK_BYTES``, ``INTEROP_NUM_BUFFERS``, ``INTEROP_HOST_THREADS``.
+
+Every value is checked where it is set (an attribute, ``config.set``, an
+environment variable at import, a call's ``chunk_bytes=``): any integral value
+(``int``, ``numpy.int64``, ... but not ``bool``) between a floor and a ceiling,
+so a bad value is refused at once, with the setting's name, instead of
+surfacing later as a huge allocation or a transfer of millions of chunks.
+
+=================  =====  ========  =============================================
+setting            floor  ceiling   why the ceiling
+=================  =====  ========  =============================================
+``chunk_bytes``    1      1 GiB     one pinned staging slot; larger slots add
+                                    memory, not speed
+``num_buffers``    1      64        slots in the ring; a few keep the link busy
+``host_threads``   1      256       threads copying between slots and host
+                                    arrays; more than the cores only contend
+=================  =====  ========  =============================================
+
+A ``chunk_bytes`` below :data:`MIN_CHUNK_BYTES` (64 KiB) is accepted but every
+transfer raises it to 64 KiB: smaller chunks only multiply the per-chunk cost
+(a 16 MiB copy in 4-byte chunks takes minutes).
+
+After ``os.fork()`` the child gets a fresh lock, and keeps only the ``with
+config.set`` blocks of the thread that forked (the other threads do not exist
+in the child, so their blocks would never end).
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 
-__all__ = ["Config", "config"]
+__all__ = ["MIN_CHUNK_BYTES", "Config", "config"]
 
 # Provisional defaults (see docs/transfer.md): 4 slots of 32 MiB keep a PCIe
 # Gen5 link busy (~0.7 ms of DMA per chunk, far above the per-chunk overhead)
 # with 128 MiB of pinned memory.
 _DEFAULTS = {"chunk_bytes": 32 << 20, "num_buffers": 4, "host_threads": 4}
-_MINIMUM = {"chunk_bytes": 1, "num_buffers": 1, "host_threads": 1}
+_BOUNDS = {"chunk_bytes": (1, 1 << 30), "num_buffers": (1, 64), "host_threads": (1, 256)}
 _ENV = {name: f"INTEROP_{name.upper()}" for name in _DEFAULTS}
 
+MIN_CHUNK_BYTES = 64 << 10
+"""The smallest chunk a transfer uses: a smaller ``chunk_bytes`` is raised to it."""
 
-def _validate(name: str, value: object) -> int:
+
+def _bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _validate(name: str, value: object, source: str | None = None) -> int:
+    """``value`` as an int within the setting's bounds; ``source`` names it in
+    errors (the setting, or the environment variable it came from)."""
     if name not in _DEFAULTS:
-        raise AttributeError(f"expected one of {sorted(_DEFAULTS)} (got {name!r})")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected {name} to be an int (got {value!r})")
-    if value < _MINIMUM[name]:
-        raise ValueError(f"expected {name} >= {_MINIMUM[name]} (got {value!r})")
-    return value
+        raise AttributeError(
+            f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
+        )
+    source = source or name
+    if isinstance(value, bool):
+        raise TypeError(f"expected {source} to be an integer (got {value!r}, a bool)")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"expected {source} to be an integer (got {value!r}); pass an int such as "
+            f"{_DEFAULTS[name]}"
+        ) from None
+    low, high = _BOUNDS[name]
+    if not low <= number <= high:
+        unit = f" ({_bytes(high)})" if name == "chunk_bytes" else ""
+        raise ValueError(f"expected {source} between {low} and {high}{unit} (got {value!r})")
+    return number
 
 
 def _from_env(name: str) -> int:
-    raw = os.environ.get(_ENV[name])
+    variable = _ENV[name]
+    raw = os.environ.get(variable)
     if raw is None or raw.strip() == "":
         return _DEFAULTS[name]
     try:
         value = int(raw.strip(), 0)
     except ValueError:
         raise ValueError(
-            f"expected {_ENV[name]} to be an integer (got {raw!r}); unset it or fix it"
+            f"expected {variable} to be an integer (got {raw!r}); unset it or fix it"
         ) from None
-    return _validate(name, value)
+    try:
+        return _validate(name, value, variable)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; unset it or fix it") from None
+
+
+class _Overlay:
+    """The values of one active ``set`` block, and the thread that entered it."""
+
+    __slots__ = ("thread", "values")
+
+    def __init__(self, values: dict[str, int]) -> None:
+        self.values = values
+        self.thread = threading.get_ident()
 
 
 class Config:
@@ -50,11 +114,12 @@ class Config:
     Attributes
     ----------
     chunk_bytes : int
-        Size of one staging buffer (one chunk), in bytes.
+        Size of one staging buffer (one chunk), in bytes: 1 to 1 GiB;
+        transfers use at least :data:`MIN_CHUNK_BYTES` (64 KiB).
     num_buffers : int
-        Number of staging buffers in the ring.
+        Number of staging buffers in the ring: 1 to 64.
     host_threads : int
-        Threads that copy between staging buffers and host arrays.
+        Threads that copy between staging buffers and host arrays: 1 to 256.
 
     Examples
     --------
@@ -69,10 +134,10 @@ class Config:
     # wherever it is in the stack, so blocks entered and left by different
     # threads in any interleaving restore the base exactly, instead of one
     # thread "restoring" another thread's temporary value forever.
-    __slots__ = ("_base", "_lock", "_overlays", "_values")
+    __slots__ = ("__weakref__", "_base", "_lock", "_overlays", "_values")
     _lock: threading.Lock
     _base: dict[str, int]
-    _overlays: list[dict[str, int]]
+    _overlays: list[_Overlay]
     _values: dict[str, int]
 
     def __init__(self) -> None:
@@ -80,18 +145,31 @@ class Config:
         object.__setattr__(self, "_base", {name: _from_env(name) for name in _DEFAULTS})
         object.__setattr__(self, "_overlays", [])
         object.__setattr__(self, "_values", dict(self._base))
+        _instances.add(self)
 
     def _recompute(self) -> None:  # with self._lock held
         values = dict(self._base)
         for overlay in self._overlays:
-            values.update(overlay)
+            values.update(overlay.values)
         object.__setattr__(self, "_values", values)
+
+    def _after_fork_in_child(self) -> None:
+        # The lock may have been held by a thread that does not exist in the
+        # child, and so may the blocks of other threads: a fresh lock, and only
+        # the blocks of the thread that forked (it continues in the child and
+        # leaves them), over the base.
+        me = threading.get_ident()
+        object.__setattr__(self, "_lock", threading.Lock())
+        object.__setattr__(self, "_overlays", [o for o in self._overlays if o.thread == me])
+        self._recompute()
 
     def __getattr__(self, name: str) -> int:
         try:
             return self._values[name]
         except KeyError:
-            raise AttributeError(f"interop.config has no setting {name!r}") from None
+            raise AttributeError(
+                f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
+            ) from None
 
     def __setattr__(self, name: str, value: object) -> None:
         checked = _validate(name, value)
@@ -99,8 +177,8 @@ class Config:
             # Inside a block that set this name, the assignment lasts until
             # that block exits (as if the block had set it), like a restore.
             for overlay in reversed(self._overlays):
-                if name in overlay:
-                    overlay[name] = checked
+                if name in overlay.values:
+                    overlay.values[name] = checked
                     break
             else:
                 self._base[name] = checked
@@ -123,11 +201,15 @@ class Config:
 
         Raises
         ------
-        AttributeError, TypeError, ValueError
-            Unknown setting, or a value that is not a positive int.
+        AttributeError
+            Unknown setting.
+        TypeError
+            A value that is not an integer (``bool`` included).
+        ValueError
+            A value outside the setting's bounds (see :class:`Config`); the
+            message names the setting and both bounds.
         """
-        checked = {name: _validate(name, value) for name, value in settings.items()}
-        overlay = dict(checked)
+        overlay = _Overlay({name: _validate(name, value) for name, value in settings.items()})
         with self._lock:
             self._overlays.append(overlay)
             self._recompute()
@@ -135,9 +217,13 @@ class Config:
             yield self
         finally:
             with self._lock:
-                # identity, not equality: two blocks may set the same values
-                index = next(i for i, o in enumerate(self._overlays) if o is overlay)
-                del self._overlays[index]
+                # identity, not equality: two blocks may set the same values.
+                # Absent only in a forked child whose block another thread
+                # entered (dropped at the fork).
+                for i, o in enumerate(self._overlays):
+                    if o is overlay:
+                        del self._overlays[i]
+                        break
                 self._recompute()
 
     def __repr__(self) -> str:
@@ -145,18 +231,29 @@ class Config:
         return f"interop.config({items})"
 
 
+_instances: weakref.WeakSet[Config] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for instance in list(_instances):
+        instance._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 config = Config()
 
 
-def chunk_bytes_or_default(chunk_bytes: int | None) -> int:
-    """A call's ``chunk_bytes`` argument, or ``config.chunk_bytes`` for None.
+def chunk_bytes_or_default(chunk_bytes: object | None) -> int:
+    """The chunk size a transfer uses: ``chunk_bytes``, or ``config.chunk_bytes``
+    for None, raised to :data:`MIN_CHUNK_BYTES` (64 KiB) when below it.
 
     Raises
     ------
+    TypeError
+        ``chunk_bytes`` is not an integer (``bool`` included).
     ValueError
-        Not a positive int.
+        ``chunk_bytes`` is outside 1 .. 1 GiB.
     """
-    value = config.chunk_bytes if chunk_bytes is None else chunk_bytes
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"expected chunk_bytes to be a positive int (got {value!r})")
-    return value
+    value = config.chunk_bytes if chunk_bytes is None else _validate("chunk_bytes", chunk_bytes)
+    return max(value, MIN_CHUNK_BYTES)

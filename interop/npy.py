@@ -17,13 +17,16 @@ itself writes such arrays as opaque ``'<V2'`` records and loses the dtype.)
 
 from __future__ import annotations
 
+import io
+import math
 import os
 import stat
-import threading
+import struct
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from numpy.lib import format as npformat
@@ -35,13 +38,18 @@ from .arrays import (
     host_values,
     is_emulated_device_array,
     numpy_view_of_cpu_tensor,
+    parse_device,
 )
 from .config import chunk_bytes_or_default, config
-from .errors import TransferError
+from .destination import prepare_destination
+from .errors import BackendUnavailableError, NoDeviceError, TransferError
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.progress import Progress, check_progress
 from .pipeline.schedule import HostTask
 from .transfer import HostStep, device_to_host, empty_device, host_to_device
+
+if TYPE_CHECKING:
+    from .arrays import Target
 
 __all__ = ["NpyHeader", "load_npy", "read_npy_header", "save_npy"]
 
@@ -81,8 +89,6 @@ def _descr(dtype: np.dtype) -> Any:
 
 
 def _header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    import io
-
     header = {"descr": _descr(dtype), "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
     try:
@@ -93,15 +99,38 @@ def _header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     return buf.getvalue()
 
 
+def _read_array_header_3_0(f: BinaryIO) -> tuple[Any, bool, np.dtype]:
+    """Read a format 3.0 header: format 2.0 with the header text in UTF-8.
+
+    ``numpy.lib.format`` reads 3.0 only inside ``numpy.load``; here the text is
+    handed to its public 2.0 reader with non-ASCII characters written as
+    escapes (they occur only inside the header's string literals, so the
+    header means the same), leaving ``f`` at the start of the data.
+    """
+    size_bytes = f.read(4)
+    if len(size_bytes) < 4:
+        raise ValueError("EOF while reading the header length")
+    (size,) = struct.unpack("<I", size_bytes)
+    text = f.read(size)
+    if len(text) < size:
+        raise ValueError(f"EOF while reading a header of {size} bytes")
+    escaped = text.decode("utf-8").encode("ascii", "backslashreplace")
+    return npformat.read_array_header_2_0(io.BytesIO(struct.pack("<I", len(escaped)) + escaped))
+
+
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
     """Read and check the header of a ``.npy`` file without reading its data.
+
+    Formats 1.0, 2.0 and 3.0 (a UTF-8 header) are read, as by ``numpy.load``.
 
     Raises
     ------
     ValueError
-        The file is not a ``.npy`` file, its header is corrupt, it holds
-        Python objects (never unpickled), or its size does not match the
-        header (truncated or with trailing bytes). The message names the file.
+        The file is not a ``.npy`` file, its header is corrupt or gives an
+        impossible shape (a negative dimension, or more bytes than this
+        machine can address), it holds Python objects (never unpickled), or
+        its size does not match the header (truncated or with trailing
+        bytes). The message names the file.
     FileNotFoundError
         No such file.
     """
@@ -113,26 +142,44 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
                 shape, fortran, dtype = npformat.read_array_header_1_0(f)
             elif version == (2, 0):
                 shape, fortran, dtype = npformat.read_array_header_2_0(f)
+            elif version == (3, 0):
+                shape, fortran, dtype = _read_array_header_3_0(f)
             else:
-                raise ValueError(f"unsupported .npy format version {version}")
-        except (ValueError, SyntaxError, OSError) as exc:
+                raise ValueError(
+                    f"unsupported .npy format version {version[0]}.{version[1]} "
+                    "(expected 1.0, 2.0 or 3.0)"
+                )
+        except (ValueError, SyntaxError, OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"{str(path)!r} is not a readable .npy file: {exc}") from exc
         offset = f.tell()
     dtype = np.dtype(dtype)
+    shape = tuple(shape)
     if dtype.hasobject:
         raise ValueError(
             f"{str(path)!r} holds Python objects (dtype {dtype!r}); interop never unpickles: "
             "use numpy.load(path, allow_pickle=True) if you trust the file"
         )
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if any(n < 0 for n in shape):
+        raise ValueError(
+            f"{str(path)!r} is not a readable .npy file: its header gives shape {shape}, "
+            "with a negative dimension"
+        )
+    # NumPy's own limit: the size with zero dimensions counted as 1 must fit
+    # (so a zero-size shape with huge dimensions is refused as well).
+    if math.prod(max(n, 1) for n in shape) * dtype.itemsize > sys.maxsize:
+        raise ValueError(
+            f"{str(path)!r} is not a readable .npy file: its header gives shape {shape} of "
+            f"{dtype}, more than the {sys.maxsize} bytes an array can have on this machine"
+        )
+    nbytes = math.prod(shape) * dtype.itemsize
     size = path.stat().st_size
     if size != offset + nbytes:
         state = "truncated" if size < offset + nbytes else "longer than its header says"
         raise ValueError(
             f"{str(path)!r} is {state}: expected {offset + nbytes} bytes "
-            f"({offset} header + {nbytes} data for shape {tuple(shape)} {dtype}), got {size}"
+            f"({offset} header + {nbytes} data for shape {shape} {dtype}), got {size}"
         )
-    return NpyHeader(path, tuple(shape), dtype, bool(fortran), offset, nbytes)
+    return NpyHeader(path, shape, dtype, bool(fortran), offset, nbytes)
 
 
 # ----------------------------------------------------------------------- helpers
@@ -216,8 +263,9 @@ def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
             bar.close()
         return
     f.flush()
-    fd, offset = f.fileno(), f.tell()
+    fd = f.fileno()
     positioned = stat.S_ISREG(os.fstat(fd).st_mode)
+    offset = f.tell() if positioned else 0
     threads = config.host_threads if positioned else 1
     device_to_host(
         src.obj,
@@ -252,11 +300,33 @@ def save_npy(
         A NumPy array (memmaps included), a PyTorch tensor (CPU or CUDA) or a
         CuPy array, any strides.
     path : str or os.PathLike
-        Destination. The data is written to a temporary name in the same
-        directory and renamed to ``path`` only when complete, so an
-        interrupted save never leaves a truncated file under ``path``.
+        Destination. ``.npy`` is appended when the name has no suffix, as
+        ``numpy.save`` does (``"weights"`` is written as ``"weights.npy"``;
+        ``"x.bin"`` is kept), except for an existing FIFO or character device.
+        What happens at the path:
+
+        - a new or regular file: the data is written to a short hidden
+          temporary file in the same directory, renamed to ``path`` only when
+          complete, so an interrupted or failed save never leaves a partial
+          file under ``path`` (an existing file stays as it was). A replaced
+          file keeps its mode bits, and its owner and group where this process
+          may set them;
+        - a symlink: followed; the file it points to is replaced (the
+          temporary is made beside that file) and the link stays;
+        - a FIFO or character device: written into, in order, as
+          ``numpy.save`` writes it (no temporary, no rename; what was written
+          before an error stays written);
+        - a directory (or a path ending in a separator): ``IsADirectoryError``;
+          a socket or block device: ``OSError``.
+
+        A file this process may not write is refused with ``PermissionError``,
+        as ``numpy.save`` refuses it (root may write a 0444 file, as with
+        ``numpy.save``; it keeps mode 0444). So is a file in a directory
+        where the temporary cannot be created (``numpy.save`` would overwrite
+        such a file in place; a save that cannot be atomic is refused).
     chunk_bytes : int, optional
-        Chunk size; default ``interop.config.chunk_bytes``.
+        Chunk size; default ``interop.config.chunk_bytes`` (at least 64 KiB
+        is used).
     progress : bool or callable
         ``True`` shows a tqdm bar in bytes; a callable is called as
         ``progress(bytes_done, bytes_total)``.
@@ -264,7 +334,7 @@ def save_npy(
     Returns
     -------
     pathlib.Path
-        ``path``.
+        The path written: ``path``, with ``.npy`` appended where it was added.
 
     Notes
     -----
@@ -274,48 +344,75 @@ def save_npy(
     queued on the producer's current stream; the call returns when the file
     is complete. Extra host memory: two chunk buffers plus the staging ring.
     bfloat16/float8 data is written under its ``ml_dtypes`` name (see the
-    module docstring for reading it with ``numpy.load``).
+    module docstring for reading it with ``numpy.load``). The file is not
+    synced to disk (``numpy.save`` does not either).
 
     Raises
     ------
     TypeError
-        ``x`` is not an array.
+        ``x`` is not an array, or ``path`` is not a path.
     UnsupportedDtypeError
         ``x``'s dtype has no NumPy equivalent (``torch.complex32``).
+    IsADirectoryError, FileNotFoundError, NotADirectoryError, PermissionError
+        The destination is refused (see ``path``), before any data moves.
     TransferError
         A device chunk failed; no file is left under ``path``.
     OSError
-        The file cannot be written; no file is left under ``path``.
+        The file cannot be written; no file is left under ``path`` (for a
+        FIFO or device, what was written stays written).
     """
-    path = Path(os.fspath(path))
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
     src = array_source(x, "save_npy")
     if src.dtype.hasobject:
         raise TypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
     header = _header_bytes(src.shape, src.dtype)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            _write_data(f, src, chunk, progress)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    dest = prepare_destination(path, "save_npy")  # every check before any data moves
+    with dest.open() as f:  # commit when complete, discard on any error
+        f.write(header)
+        _write_data(f, src, chunk, progress)
+    return dest.path
 
 
 # ----------------------------------------------------------------------- load
 
 
-def _destination(header: NpyHeader, out: Any, device: Any) -> tuple[Any, bool]:
+_DEVICES = (
+    "None or 'cpu' (a NumPy array), or 'cuda', 'cuda:N', an int, a torch.device or a "
+    "cupy.cuda.Device (a CuPy array on that device)"
+)
+
+
+def _load_target(device: Any) -> Target | None:
+    """``device`` as ``("cpu", None)`` / ``("cuda", index or None)``, or None."""
+    try:
+        return parse_device(device)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"load_npy expected device to be {_DEVICES} (got {device!r})") from None
+
+
+def _out_place(out: Any, host: bool) -> Target:
+    if host:
+        return ("cpu", None)
+    if _backends.is_cupy_array(out):
+        return ("cuda", int(out.device.id))
+    return ("cuda", out.device.index)
+
+
+def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[Any, bool]:
     """Validate or allocate the destination; return (destination, is_host)."""
     where = f"for {str(header.path)!r}"
     if out is None:
-        if device is not None and str(device) == "cpu":
+        if target is None or target[0] == "cpu":
             return np.empty(header.shape, header.dtype), True
-        return empty_device(header.shape, header.dtype.newbyteorder("="), device), False
+        try:
+            native = header.dtype.newbyteorder("=")
+            return empty_device(header.shape, native, target[1]), False
+        except (BackendUnavailableError, NoDeviceError) as exc:
+            raise type(exc)(
+                f"{exc}. load_npy(path) without device=, or with device='cpu', reads "
+                f"{str(header.path)!r} into a NumPy array"
+            ) from exc
     if isinstance(out, np.ndarray):
         host = True
         shape, dtype = out.shape, out.dtype
@@ -333,6 +430,15 @@ def _destination(header: NpyHeader, out: Any, device: Any) -> tuple[Any, bool]:
             f"expected out {where} to be a NumPy array, a CuPy array or a torch tensor "
             f"(got {type(out).__module__}.{type(out).__qualname__})"
         )
+    if target is not None:
+        place = _out_place(out, host)
+        if target[0] != place[0] or target[1] not in (None, place[1]):
+            shown = "cpu" if place[0] == "cpu" else f"cuda:{place[1]}"
+            raise ValueError(
+                f"expected device to match out {where} (got device={target[0]}"
+                f"{'' if target[1] is None else f':{target[1]}'} and out on {shown}); "
+                "out decides where the data goes: pass out or device, not both"
+            )
     want = header.dtype if host else header.dtype.newbyteorder("=")
     if tuple(shape) != header.shape or np.dtype(dtype) != want:
         raise ValueError(
@@ -451,56 +557,71 @@ def load_npy(
     chunk_bytes: int | None = None,
     progress: Any = False,
 ) -> Any:
-    """Read a ``.npy`` file chunk by chunk into device (or host) memory.
+    """Read a ``.npy`` file chunk by chunk into host (or device) memory.
 
     Parameters
     ----------
     path : str or os.PathLike
-        A ``.npy`` file (format 1.0 or 2.0, C or Fortran order).
-    out : cupy.ndarray, torch.Tensor or numpy.ndarray, optional
+        A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order).
+    out : numpy.ndarray, cupy.ndarray or torch.Tensor, optional
         Preallocated destination with the file's shape and dtype, any strides.
         Checked, with the header and the file size, before anything is read.
     device : optional
-        Without ``out``: the CUDA device of the new CuPy array (default: the
-        current device), or ``"cpu"`` for a NumPy array.
+        Where a new array goes when ``out`` is not given. None (the default)
+        or ``"cpu"``: a NumPy array in host memory, like ``numpy.load`` (a
+        file's natural home is host memory; no GPU is needed). ``"cuda"``,
+        ``"cuda:N"``, an int, a ``torch.device`` or a ``cupy.cuda.Device``: a
+        CuPy array on that CUDA device (``"cuda"``: the current device).
+        With ``out``, ``device`` may be given only if it names where ``out``
+        is.
     chunk_bytes : int, optional
-        Chunk size; default ``interop.config.chunk_bytes``.
+        Chunk size; default ``interop.config.chunk_bytes`` (at least 64 KiB
+        is used).
     progress : bool or callable
         ``True`` shows a tqdm bar in bytes; a callable is called as
         ``progress(bytes_done, bytes_total)``.
 
     Returns
     -------
-    cupy.ndarray, torch.Tensor or numpy.ndarray
-        ``out`` itself when given, else a new CuPy array (NumPy for
-        ``device="cpu"``).
+    numpy.ndarray, cupy.ndarray or torch.Tensor
+        ``out`` itself when given, else a new NumPy array, or a new CuPy array
+        for a CUDA ``device``.
 
     Notes
     -----
-    The file is never read whole. For device memory, host threads read each
-    chunk (``os.preadv``) straight into a free pinned staging slot while
-    earlier slots are copied to the device — the pipeline of
-    :func:`interop.copy_to_device`, ordered after the destination library's
-    current stream; the call returns when the data is on the device. For host
-    memory, contiguous chunks are read straight into ``out``, others through
-    one chunk buffer. Extra host memory is the staging ring (device) or one
-    chunk buffer (host).
+    The file is never read whole. For host memory, contiguous chunks are read
+    straight into the destination, others through one chunk buffer. For
+    device memory, host threads read each chunk (``os.preadv``) straight into
+    a free pinned staging slot while earlier slots are copied to the device —
+    the pipeline of :func:`interop.copy_to_device`, ordered after the
+    destination library's current stream; the call returns when the data is
+    on the device. Extra host memory is one chunk buffer (host) or the
+    staging ring (device).
 
     Raises
     ------
     ValueError
-        Corrupt, truncated or object-dtype file (the message names the file),
-        or an ``out`` of the wrong shape/dtype or read-only; nothing is written.
+        Corrupt, truncated or object-dtype file, or a header with an
+        impossible shape (the message names the file); an ``out`` of the wrong
+        shape/dtype or read-only, or a ``device`` that is not where ``out``
+        is; a ``device`` string that is not ``"cpu"``, ``"cuda"`` or
+        ``"cuda:N"`` (the message lists what to pass). Nothing is written.
     TypeError
-        ``out`` is not an array.
+        ``out`` is not an array, or ``device`` is not a device.
+    BackendUnavailableError, NoDeviceError
+        A CUDA ``device`` without CuPy or without a visible GPU; the message
+        says that ``device="cpu"`` (or no ``device``) reads into NumPy.
+    FileNotFoundError
+        No such file.
     TransferError
         Reading or copying failed part-way; the message says which byte range
         of ``out`` (in file order) is complete. The call never reports a
         partly written ``out`` as success.
     """
-    header = read_npy_header(path)
+    target = _load_target(device)
     chunk = chunk_bytes_or_default(chunk_bytes)
-    dest, host = _destination(header, out, device)
+    header = read_npy_header(path)
+    dest, host = _destination(header, out, target)
     result = dest if out is None else out
     if host:
         _load_to_host(header, _c_order_view(dest, header.fortran_order), chunk, progress)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 
+import numpy as np
 import pytest
 
 import interop
+from interop.config import MIN_CHUNK_BYTES, chunk_bytes_or_default
 
 from .helpers import run_python
 
@@ -80,11 +84,23 @@ def test_global_assignment():
 @pytest.mark.parametrize(
     ("settings", "exc", "pattern"),
     [
-        ({"chunk_bytes": 0}, ValueError, r"chunk_bytes >= 1 \(got 0\)"),
-        ({"num_buffers": -2}, ValueError, r"num_buffers >= 1 \(got -2\)"),
-        ({"host_threads": 1.5}, TypeError, r"host_threads to be an int \(got 1.5\)"),
-        ({"chunk_bytes": True}, TypeError, "got True"),
-        ({"chunkbytes": 5}, AttributeError, "chunkbytes"),
+        (
+            {"chunk_bytes": 0},
+            ValueError,
+            r"chunk_bytes between 1 and 1073741824 \(1 GiB\) \(got 0\)",
+        ),
+        ({"chunk_bytes": (1 << 30) + 1}, ValueError, r"between 1 and 1073741824 .*got 1073741825"),
+        ({"chunk_bytes": 1 << 40}, ValueError, r"chunk_bytes between .*got 1099511627776"),
+        ({"chunk_bytes": 2**63}, ValueError, r"chunk_bytes between .*got 9223372036854775808"),
+        ({"num_buffers": -2}, ValueError, r"num_buffers between 1 and 64 \(got -2\)"),
+        ({"num_buffers": 65}, ValueError, r"num_buffers between 1 and 64 \(got 65\)"),
+        ({"host_threads": 257}, ValueError, r"host_threads between 1 and 256 \(got 257\)"),
+        ({"host_threads": 1.5}, TypeError, r"host_threads to be an integer \(got 1.5\)"),
+        ({"host_threads": 4.0}, TypeError, r"host_threads to be an integer \(got 4.0\)"),
+        ({"num_buffers": "4"}, TypeError, r"num_buffers to be an integer \(got '4'\)"),
+        ({"chunk_bytes": True}, TypeError, r"got True, a bool"),
+        ({"chunk_bytes": np.True_}, TypeError, r"chunk_bytes to be an integer \(got np.True_\)"),
+        ({"chunkbytes": 5}, AttributeError, r"one of \['chunk_bytes', .*\(got 'chunkbytes'\)"),
     ],
 )
 def test_invalid_values_change_nothing(settings, exc, pattern):
@@ -96,6 +112,56 @@ def test_invalid_values_change_nothing(settings, exc, pattern):
     with pytest.raises(exc, match=pattern):
         setattr(interop.config, name, value)
     assert interop.config.as_dict() == before
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("chunk_bytes", np.int64(1 << 20)),
+        ("chunk_bytes", 1 << 30),
+        ("num_buffers", np.uint8(64)),
+        ("host_threads", np.int32(256)),
+        ("host_threads", 1),
+    ],
+)
+def test_any_integral_value_within_bounds_is_accepted_as_int(name, value):
+    with interop.config.set(**{name: value}):
+        assert getattr(interop.config, name) == int(value)
+        assert type(getattr(interop.config, name)) is int
+    before = getattr(interop.config, name)
+    try:
+        setattr(interop.config, name, value)
+        assert type(getattr(interop.config, name)) is int
+        assert getattr(interop.config, name) == int(value)
+    finally:
+        setattr(interop.config, name, before)
+
+
+def test_small_chunks_are_raised_to_the_floor():
+    assert MIN_CHUNK_BYTES == 64 << 10
+    assert chunk_bytes_or_default(4) == MIN_CHUNK_BYTES
+    assert chunk_bytes_or_default(np.int64(MIN_CHUNK_BYTES - 1)) == MIN_CHUNK_BYTES
+    assert chunk_bytes_or_default(1 << 20) == 1 << 20
+    with interop.config.set(chunk_bytes=64):
+        assert interop.config.chunk_bytes == 64  # the setting is kept as given ...
+        assert chunk_bytes_or_default(None) == MIN_CHUNK_BYTES  # ... transfers use the floor
+    with pytest.raises(ValueError, match="chunk_bytes between 1 and"):
+        chunk_bytes_or_default(0)
+    with pytest.raises(TypeError, match="chunk_bytes to be an integer"):
+        chunk_bytes_or_default(4096.0)
+
+
+def test_a_transfer_with_tiny_chunks_moves_64_kib_per_chunk():
+    a = np.arange(4 << 14, dtype=np.float32)  # 256 KiB
+    seen = []
+    out = interop.copy_to_host(a, chunk_bytes=4, progress=lambda d, t: seen.append(d))
+    np.testing.assert_array_equal(out, a)
+    assert seen == [MIN_CHUNK_BYTES * k for k in range(1, 5)]
+    with pytest.raises(
+        ValueError, match=r"chunk_bytes between 1 and 1073741824 .*got 1099511627776"
+    ):
+        interop.copy_to_host(a, chunk_bytes=1 << 40)
+    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=np.int64(1 << 16)), a)
 
 
 def test_environment_variables():
@@ -115,3 +181,92 @@ def test_bad_environment_variable_says_which():
     proc = run_python("import interop", env={"INTEROP_NUM_BUFFERS": "lots"})
     assert proc.returncode != 0
     assert "expected INTEROP_NUM_BUFFERS to be an integer (got 'lots')" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "pattern"),
+    [
+        ("INTEROP_CHUNK_BYTES", "99999999999999999999999", r"INTEROP_CHUNK_BYTES between 1 and "),
+        ("INTEROP_CHUNK_BYTES", "0", r"INTEROP_CHUNK_BYTES between 1 and 1073741824 \(1 GiB\)"),
+        ("INTEROP_NUM_BUFFERS", "1000", r"INTEROP_NUM_BUFFERS between 1 and 64 \(got 1000\)"),
+        ("INTEROP_HOST_THREADS", "-1", r"INTEROP_HOST_THREADS between 1 and 256 \(got -1\)"),
+    ],
+)
+def test_an_absurd_environment_variable_is_refused_at_import(variable, raw, pattern):
+    proc = run_python("import interop", env={variable: raw})
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: expected")
+    assert re.search(pattern, last), last
+    assert last.endswith("unset it or fix it")
+
+
+_FORK = """
+    import json, os, signal, threading
+    import interop
+    config = interop.config
+    base = config.as_dict()
+    inside, held, release = threading.Event(), threading.Event(), threading.Event()
+
+    def in_a_block():  # another thread inside a with config.set block
+        with config.set(chunk_bytes=12345, num_buffers=7):
+            inside.set()
+            release.wait(60)
+
+    def holding_the_lock():  # another thread holding config's lock
+        with config._lock:
+            held.set()
+            release.wait(60)
+
+    threads = [threading.Thread(target=in_a_block), threading.Thread(target=holding_the_lock)]
+    read, write = os.pipe()
+    with config.set(host_threads=3):  # the forking thread's own block
+        threads[0].start()
+        inside.wait(10)
+        threads[1].start()
+        held.wait(10)
+        seen = {"parent before": config.as_dict()}
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang in the child ends it instead of leaking it
+            seen["child, own block"] = config.as_dict()
+            with config.set(chunk_bytes=4096):
+                seen["child, new block"] = config.as_dict()
+            config.num_buffers = 5
+            seen["child, assigned"] = config.as_dict()
+        else:
+            os.close(write)
+            release.set()
+    if pid == 0:
+        seen["child, after its blocks"] = config.as_dict()
+        os.write(write, json.dumps(seen).encode())
+        os._exit(0)
+    for t in threads:
+        t.join(10)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        child = json.loads(f.read() or "{}")
+    print(json.dumps({"base": base, "status": status, "child": child,
+                      "parent after": config.as_dict()}))
+"""
+
+
+def test_fork_while_another_thread_holds_the_lock_or_is_in_a_block():
+    proc = run_python(_FORK, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    base = report["base"]
+    assert report["status"] == 0  # the child neither hung (SIGALRM) nor failed
+    child = report["child"]
+    assert child["parent before"] == {
+        **base,
+        "chunk_bytes": 12345,
+        "num_buffers": 7,
+        "host_threads": 3,
+    }
+    # the other thread's block is gone in the child; the forking thread's own stays
+    assert child["child, own block"] == {**base, "host_threads": 3}
+    assert child["child, new block"] == {**base, "host_threads": 3, "chunk_bytes": 4096}
+    assert child["child, assigned"] == {**base, "host_threads": 3, "num_buffers": 5}
+    assert child["child, after its blocks"] == {**base, "num_buffers": 5}
+    assert report["parent after"] == base  # the parent is unaffected

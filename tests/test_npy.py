@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import stat
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -23,11 +27,11 @@ def _same(a, b):
 
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_round_trip_every_dtype(tmp_path, dtype):
-    a = sample((7, 5), dtype)
-    path = interop.save_npy(a, tmp_path / "a.npy", chunk_bytes=16)
+    a = sample((300, 257), dtype)  # several 64 KiB chunks for itemsize >= 1
+    path = interop.save_npy(a, tmp_path / "a.npy", chunk_bytes=1 << 16)
     assert path == tmp_path / "a.npy"
     _same(np.load(path), a)  # a standard file: numpy reads it (ml_dtypes is imported)
-    _same(interop.load_npy(path, device="cpu", chunk_bytes=24), a)
+    _same(interop.load_npy(path, device="cpu", chunk_bytes=1 << 16), a)
 
 
 def test_bfloat16_header_names_the_dtype(tmp_path):
@@ -50,18 +54,18 @@ def test_bfloat16_header_names_the_dtype(tmp_path):
     ],
     ids=["contiguous", "transposed", "reversed-step", "column", "mixed"],
 )
-@pytest.mark.parametrize("chunk", [1, 8, 40, 1 << 20])
+@pytest.mark.parametrize("chunk", [1, 100_003, 1 << 20])  # 1 is raised to 64 KiB
 def test_strided_sources_and_chunk_sizes(tmp_path, view, chunk):
-    base = sample((6, 11), np.float64, seed=3)
+    base = sample((600, 1100), np.float64, seed=3)  # 5 MiB: several chunks of each size
     src = view(base)
     interop.save_npy(src, tmp_path / "s.npy", chunk_bytes=chunk)
     _same(np.load(tmp_path / "s.npy"), np.ascontiguousarray(src))
 
 
 def test_memmap_source(tmp_path):
-    mm = np.lib.format.open_memmap(tmp_path / "src.npy", "w+", np.float32, (64, 33))
-    mm[...] = sample((64, 33), np.float32)
-    interop.save_npy(mm.T, tmp_path / "out.npy", chunk_bytes=1000)
+    mm = np.lib.format.open_memmap(tmp_path / "src.npy", "w+", np.float32, (640, 330))
+    mm[...] = sample((640, 330), np.float32)
+    interop.save_npy(mm.T, tmp_path / "out.npy", chunk_bytes=1 << 16)
     _same(np.load(tmp_path / "out.npy"), np.ascontiguousarray(mm.T))
 
 
@@ -90,18 +94,19 @@ def test_zero_d_and_zero_size(tmp_path, shape):
 
 
 def test_progress_callable_is_monotonic_and_complete(tmp_path):
-    a = sample((100, 10), np.float32)
+    a = sample((50000, 10), np.float32)  # 2 MB: 31 chunks of 64 KiB (the smallest chunk)
     seen: list[tuple[int, int]] = []
     interop.save_npy(
-        a, tmp_path / "p.npy", chunk_bytes=512, progress=lambda d, t: seen.append((d, t))
+        a, tmp_path / "p.npy", chunk_bytes=1 << 16, progress=lambda d, t: seen.append((d, t))
     )
     assert len(seen) > 5
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert seen[-1] == (a.nbytes, a.nbytes)
     seen.clear()
     interop.load_npy(
-        tmp_path / "p.npy", device="cpu", chunk_bytes=700, progress=lambda d, t: seen.append((d, t))
+        tmp_path / "p.npy", device="cpu", chunk_bytes=1, progress=lambda d, t: seen.append((d, t))
     )
+    assert len(seen) > 5  # chunk_bytes=1 is raised to 64 KiB
     assert seen[-1] == (a.nbytes, a.nbytes)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
@@ -128,35 +133,38 @@ def test_interrupted_save_leaves_no_file_and_keeps_the_old_one(tmp_path):
         if done > total // 2:
             raise _Stop("interrupted")
 
+    big = sample((20000, 10), np.float64)  # 1.6 MB: stopped after 13 of 25 chunks
+
     with pytest.raises(_Stop):
-        interop.save_npy(sample((200, 10), np.float64), target, chunk_bytes=1024, progress=stop)
+        interop.save_npy(big, target, chunk_bytes=1 << 16, progress=stop)
     _same(np.load(target), old)  # the previous file is untouched
     assert sorted(os.listdir(tmp_path)) == ["keep.npy"]  # no partial file left behind
 
     fresh = tmp_path / "fresh.npy"
     with pytest.raises(_Stop):
-        interop.save_npy(sample((200, 10), np.float64), fresh, chunk_bytes=1024, progress=stop)
+        interop.save_npy(big, fresh, chunk_bytes=1 << 16, progress=stop)
     assert not fresh.exists()
 
 
 def test_load_into_strided_numpy_and_torch_out(tmp_path, torch):
-    a = sample((9, 4), np.float32)
+    a = sample((9000, 40), np.float32)  # 1.4 MB: 22 chunks of 64 KiB
     np.save(tmp_path / "a.npy", a)
-    base = np.zeros((4, 18), np.float32)
+    base = np.zeros((40, 18000), np.float32)
     out = base.T[::2]
     assert out.shape == a.shape
-    assert interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=20) is out
+    assert interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=1 << 16) is out
     np.testing.assert_array_equal(out, a)
-    t = torch.zeros(9, 4)
-    assert interop.load_npy(tmp_path / "a.npy", t, chunk_bytes=12) is t
+    assert not base.T[1::2].any()  # the gaps are untouched
+    t = torch.zeros(9000, 40)
+    assert interop.load_npy(tmp_path / "a.npy", t, chunk_bytes=1 << 16) is t
     np.testing.assert_array_equal(t.numpy(), a)
 
 
 def test_load_fortran_order_file(tmp_path):
-    a = np.asfortranarray(sample((5, 7, 3), np.int64))
+    a = np.asfortranarray(sample((50, 70, 30), np.int64))  # 840 KB
     np.save(tmp_path / "f.npy", a)
     assert read_npy_header(tmp_path / "f.npy").fortran_order
-    _same(interop.load_npy(tmp_path / "f.npy", device="cpu", chunk_bytes=48), a)
+    _same(interop.load_npy(tmp_path / "f.npy", chunk_bytes=1 << 16), a)
 
 
 def _untouched(out):
@@ -238,8 +246,11 @@ def test_without_a_gpu_device_paths_raise_no_device(tmp_path):
     if interop._backends.cupy_device_count() > 0:
         pytest.skip("a CUDA device is visible")
     np.save(tmp_path / "a.npy", np.ones(3))
-    with pytest.raises(interop.NoDeviceError, match="expected a CUDA device"):
-        interop.load_npy(tmp_path / "a.npy")
+    for device in ("cuda", "cuda:0", 0):
+        with pytest.raises(interop.NoDeviceError, match="expected a CUDA device") as info:
+            interop.load_npy(tmp_path / "a.npy", device=device)
+        assert "without device=, or with device='cpu', reads" in str(info.value)
+        assert "a.npy' into a NumPy array" in str(info.value)
     with pytest.raises(interop.NoDeviceError):
         interop.copy_to_device(np.ones(3))
 
@@ -280,47 +291,50 @@ def test_save_peak_rss_stays_within_twice_the_ring(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 def test_gpu_save_and_load_cupy(tmp_path, cp, layout):
-    a = cp.arange(3 * 1000, dtype=cp.float32).reshape(3, 1000)
+    a = cp.arange(3 * 100_000, dtype=cp.float32).reshape(3, 100_000)  # 19 chunks of 64 KiB
     src = a if layout == "contiguous" else a.T
-    interop.save_npy(src, tmp_path / "g.npy", chunk_bytes=4096)
+    interop.save_npy(src, tmp_path / "g.npy", chunk_bytes=1 << 16)
     np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), cp.asnumpy(src))
-    back = interop.load_npy(tmp_path / "g.npy", chunk_bytes=3000)
+    back = interop.load_npy(tmp_path / "g.npy", device="cuda", chunk_bytes=100_000)
     assert isinstance(back, cp.ndarray)
     assert bool((back == src).all())
+    host = interop.load_npy(tmp_path / "g.npy")  # without device: host memory, like numpy.load
+    assert isinstance(host, np.ndarray)
+    np.testing.assert_array_equal(host, cp.asnumpy(src))
 
 
 @pytest.mark.gpu
 def test_gpu_save_and_load_torch_bf16(tmp_path, torch):
-    t = torch.linspace(-4, 4, 4099, device="cuda").to(torch.bfloat16)
-    interop.save_npy(t, tmp_path / "b.npy", chunk_bytes=1000)
+    t = torch.linspace(-4, 4, 409_999, device="cuda").to(torch.bfloat16)  # 13 chunks
+    interop.save_npy(t, tmp_path / "b.npy", chunk_bytes=1 << 16)
     loaded = np.load(tmp_path / "b.npy")
     assert loaded.dtype == np.dtype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(loaded.astype(np.float32), t.float().cpu().numpy())
     out = torch.empty_like(t)
-    assert interop.load_npy(tmp_path / "b.npy", out, chunk_bytes=512) is out
+    assert interop.load_npy(tmp_path / "b.npy", out, chunk_bytes=1 << 16) is out
     assert torch.equal(out, t)
 
 
 @pytest.mark.gpu
 def test_gpu_load_into_strided_out(tmp_path, cp):
-    a = sample((64, 48), np.float64)
+    a = sample((640, 480), np.float64)  # 2.4 MB: 38 chunks of 64 KiB
     np.save(tmp_path / "a.npy", a)
-    base = cp.zeros((48, 128))
+    base = cp.zeros((480, 1280))
     out = base.T[::2]
-    interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=1000)
+    interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=1 << 16)
     np.testing.assert_array_equal(cp.asnumpy(out), a)
     assert float(base.T[1::2].sum()) == 0.0  # the gaps are untouched
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("chunk", [8, 4096, 1 << 22])
+@pytest.mark.parametrize("chunk", [8, 100_000, 1 << 22])  # 8 is raised to 64 KiB
 def test_gpu_copy_to_device_strided_and_memmap(tmp_path, cp, chunk):
-    a = sample((300, 70), np.float32)
+    a = sample((3000, 70), np.float32)  # 840 KB; the strided view 288 KB
     out = interop.copy_to_device(a[::-1, ::3], chunk_bytes=chunk)
     np.testing.assert_array_equal(cp.asnumpy(out), a[::-1, ::3])
     mm = np.lib.format.open_memmap(tmp_path / "m.npy", "w+", np.float32, a.shape)
     mm[...] = a
-    out2 = cp.zeros((70, 300), np.float32).T
+    out2 = cp.zeros((70, 3000), np.float32).T
     assert interop.copy_to_device(mm, out2, chunk_bytes=chunk) is out2
     np.testing.assert_array_equal(cp.asnumpy(out2), a)
 
@@ -358,17 +372,233 @@ def test_foreign_dlpack_producer(tmp_path):
 
 def test_file_shrinking_during_the_read_is_an_error_not_success(tmp_path):
     path = tmp_path / "shrinks.npy"
-    a = np.arange(1000, dtype=np.float64)
+    a = np.arange(3 << 13, dtype=np.float64)  # 3 chunks of 64 KiB
     np.save(path, a)
-    out = np.zeros(1000)
+    out = np.zeros(a.size)
 
     def shrink(done, total):
-        if done == 800:  # after the first chunk: another process truncates the file
+        if done == 1 << 16:  # after the first chunk: another process truncates the file
             with open(path, "r+b") as f:
-                f.truncate(128 + 1200)
+                f.truncate(128 + (1 << 16) + 1200)
 
     with pytest.raises(interop.TransferError, match=r"shrinks\.npy' ended early") as info:
-        interop.load_npy(path, out, chunk_bytes=800, progress=shrink)
-    assert info.value.bytes_done == 800
-    assert "bytes [0, 800) of 8000 (in the file's data) are complete" in str(info.value)
-    np.testing.assert_array_equal(out[:100], a[:100])
+        interop.load_npy(path, out, chunk_bytes=1 << 16, progress=shrink)
+    assert info.value.bytes_done == 1 << 16
+    assert "bytes [0, 65536) of 196608 (in the file's data) are complete" in str(info.value)
+    np.testing.assert_array_equal(out[: 1 << 13], a[: 1 << 13])
+
+
+# ------------------------------------------------------- where save_npy writes
+
+
+def test_save_adds_the_npy_suffix_like_numpy_save(tmp_path):
+    a = sample((4, 3), np.int16)
+    assert interop.save_npy(a, tmp_path / "weights") == tmp_path / "weights.npy"
+    assert interop.save_npy(a, str(tmp_path / "w.bin")) == tmp_path / "w.bin"
+    _same(np.load(tmp_path / "weights.npy"), a)
+    _same(np.load(tmp_path / "w.bin"), a)
+    assert sorted(os.listdir(tmp_path)) == ["w.bin", "weights.npy"]
+
+
+def test_save_through_a_symlink_replaces_its_target(tmp_path):
+    (tmp_path / "store").mkdir()
+    real = tmp_path / "store" / "real.npy"
+    np.save(real, np.zeros(3))
+    os.symlink(real, tmp_path / "latest.npy")
+    a = sample((100, 1000), np.float32)
+    assert interop.save_npy(a, tmp_path / "latest.npy") == tmp_path / "latest.npy"
+    assert os.readlink(tmp_path / "latest.npy") == str(real)  # still the same link
+    _same(np.load(real), a)
+    assert os.listdir(tmp_path / "store") == ["real.npy"]
+
+
+def test_save_into_a_fifo_streams_the_file(tmp_path):
+    fifo = tmp_path / "stream.npy"
+    os.mkfifo(fifo)
+    a = sample((300, 1000), np.float64)  # 2.4 MB, many times a pipe's buffer
+    received = {}
+
+    def read():
+        with open(fifo, "rb") as f:
+            received["array"] = np.load(io.BytesIO(f.read()))  # np.load needs to seek
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert interop.save_npy(a, fifo, chunk_bytes=1 << 16) == fifo
+        reader.join(30)
+    finally:
+        if reader.is_alive():  # unblock the reader so no thread is left waiting
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(10)
+    _same(received["array"], a)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.listdir(tmp_path) == ["stream.npy"]
+
+
+def test_save_keeps_an_existing_files_mode(tmp_path):
+    target = tmp_path / "shared.npy"
+    np.save(target, np.zeros(2))
+    os.chmod(target, 0o640)
+    a = sample((50, 50), np.complex64)
+    interop.save_npy(a, target)
+    _same(np.load(target), a)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+def test_save_to_a_read_only_file_does_what_numpy_save_does(tmp_path):
+    """Refused with PermissionError where numpy.save is refused (any user but
+    root; the refusal itself is tested without privileges in
+    test_destination.py); root overwrites it, keeping mode 0444."""
+    old = np.arange(4.0)
+    probe, target = tmp_path / "probe.npy", tmp_path / "ro.npy"
+    for path in (probe, target):
+        np.save(path, old)
+        os.chmod(path, 0o444)
+    try:
+        np.save(probe, np.ones(2))
+    except PermissionError:
+        seen: list[int] = []
+        with pytest.raises(PermissionError, match="expected a writable file"):
+            interop.save_npy(np.ones(5), target, progress=lambda d, t: seen.append(d))
+        assert seen == []  # refused before any data moved
+        _same(np.load(target), old)
+    else:
+        interop.save_npy(np.ones(5), target)
+        _same(np.load(target), np.ones(5))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444
+
+
+def test_save_to_a_directory_fails_before_any_data_moves(tmp_path):
+    (tmp_path / "out.npy").mkdir()
+    seen: list[int] = []
+    with pytest.raises(IsADirectoryError, match=r"out\.npy.*a directory"):
+        interop.save_npy(
+            sample((1000, 100), np.float64),
+            tmp_path / "out.npy",
+            progress=lambda d, t: seen.append(d),
+        )
+    assert seen == []
+    assert os.listdir(tmp_path / "out.npy") == []
+    assert os.listdir(tmp_path) == ["out.npy"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        interop.save_npy(np.ones(3), tmp_path / "missing" / "a.npy")
+
+
+def test_save_accepts_the_longest_name_numpy_save_accepts(tmp_path):
+    name = "n" * 251 + ".npy"
+    a = sample((10,), np.uint8)
+    assert interop.save_npy(a, tmp_path / name) == tmp_path / name
+    _same(np.load(tmp_path / name), a)
+
+
+# ------------------------------------------------------------ load_npy's device
+
+
+def test_load_without_device_gives_numpy_like_numpy_load(tmp_path, torch):
+    a = sample((20, 30), np.float32)
+    np.save(tmp_path / "a.npy", a)
+    for kwargs in ({}, {"device": "cpu"}, {"device": torch.device("cpu")}):
+        got = interop.load_npy(tmp_path / "a.npy", **kwargs)
+        assert type(got) is np.ndarray
+        _same(got, a)
+
+
+@pytest.mark.parametrize(
+    ("device", "exc"),
+    [
+        ("bogus", ValueError),
+        ("CPU", ValueError),
+        ("cuda:x", ValueError),
+        (-1, ValueError),
+        (True, TypeError),
+        (1.0, TypeError),
+    ],
+)
+def test_a_bad_device_says_what_to_pass(tmp_path, device, exc):
+    np.save(tmp_path / "a.npy", np.ones(3))
+    with pytest.raises(exc) as info:
+        interop.load_npy(tmp_path / "a.npy", device=device)
+    message = str(info.value)
+    assert message.startswith("load_npy expected device to be None or 'cpu' (a NumPy array)")
+    assert "'cuda', 'cuda:N', an int, a torch.device or a cupy.cuda.Device" in message
+    assert message.endswith(f"(got {device!r})")
+
+
+def test_a_bad_device_is_refused_before_the_file_is_opened(tmp_path):
+    with pytest.raises(ValueError, match="load_npy expected device"):
+        interop.load_npy(tmp_path / "missing.npy", device="gpu")
+
+
+def test_device_and_out_must_agree(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones(3))
+    out = np.zeros(3)
+    with pytest.raises(ValueError, match=r"got device=cuda and out on cpu.*not both"):
+        interop.load_npy(tmp_path / "a.npy", out, device="cuda")
+    assert not out.any()
+    assert interop.load_npy(tmp_path / "a.npy", out, device="cpu") is out
+    np.testing.assert_array_equal(out, np.ones(3))
+
+
+# --------------------------------------------------------------- .npy headers
+
+
+def test_format_3_0_files_are_read(tmp_path):
+    """numpy writes format 3.0 when the header needs UTF-8 (non-Latin-1 field names)."""
+    a = np.zeros(4, dtype=[("température", "<f4"), ("温度", "<i2")])
+    a["température"] = [1.5, -2, 3, 4]
+    a["温度"] = [7, 8, 9, -10]
+    with pytest.warns(UserWarning, match="format 3.0"):
+        np.save(tmp_path / "u.npy", a)
+    with open(tmp_path / "u.npy", "rb") as f:
+        assert np.lib.format.read_magic(f) == (3, 0)
+    header = read_npy_header(tmp_path / "u.npy")
+    assert header.dtype == a.dtype
+    assert header.dtype.names == ("température", "温度")
+    _same(interop.load_npy(tmp_path / "u.npy"), a)
+    plain = sample((70, 300), np.float64)  # a 3.0 file of a plain dtype, many chunks
+    with open(tmp_path / "p.npy", "wb") as f:
+        np.lib.format.write_array(f, plain, version=(3, 0))
+    assert read_npy_header(tmp_path / "p.npy").offset == 128
+    _same(interop.load_npy(tmp_path / "p.npy", chunk_bytes=1 << 16), plain)
+
+
+def _header_only(path, shape, version=(1, 0)):
+    header = {"descr": "<f8", "fortran_order": False, "shape": shape}
+    with open(path, "wb") as f:
+        if version == (1, 0):
+            np.lib.format.write_array_header_1_0(f, header)
+        else:
+            np.lib.format.write_array_header_2_0(f, header)
+
+
+@pytest.mark.parametrize(
+    ("shape", "pattern"),
+    [
+        ((2**32, 2**32), r"shape \(4294967296, 4294967296\) of float64, more than the \d+ bytes"),
+        ((0, 2**62, 2**62), r"more than the \d+ bytes an array can have"),
+        ((2**64,), r"more than the \d+ bytes"),
+        ((-3,), r"shape \(-3,\), with a negative dimension"),
+        ((4, -1), r"negative dimension"),
+    ],
+)
+def test_impossible_header_shapes_name_the_file(tmp_path, shape, pattern):
+    path = tmp_path / "huge.npy"
+    _header_only(path, shape)
+    out = np.full(2, 5.0)
+    with pytest.raises(ValueError, match=r"huge\.npy' is not a readable \.npy file: .*" + pattern):
+        read_npy_header(path)
+    with pytest.raises(ValueError, match=r"huge\.npy'"):
+        interop.load_npy(path, out)
+    np.testing.assert_array_equal(out, [5.0, 5.0])
+
+
+def test_an_unknown_format_version_is_named(tmp_path):
+    path = tmp_path / "v9.npy"
+    np.save(path, np.ones(2))
+    data = bytearray(path.read_bytes())
+    data[6] = 9  # the major version byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"v9\.npy'.*unsupported \.npy format version 9\.0"):
+        read_npy_header(path)

@@ -168,7 +168,7 @@ def test_bad_progress_is_refused_before_writing():
 def test_non_arrays_and_bad_chunk_bytes():
     with pytest.raises(TypeError, match=r"copy_to_host expected .* \(got builtins.list: \[1, 2"):
         interop.copy_to_host([1, 2])
-    with pytest.raises(ValueError, match=r"chunk_bytes to be a positive int \(got 0\)"):
+    with pytest.raises(ValueError, match=r"expected chunk_bytes between 1 and \d+ .*\(got 0\)"):
         interop.copy_to_host(np.ones(2), chunk_bytes=0)
 
 
@@ -191,9 +191,9 @@ def test_cuda_data_without_a_device_raises_no_device():
 
 
 def test_progress_callable_is_monotonic_and_complete():
-    a = sample((300, 10), np.float64)
+    a = sample((12000, 10), np.float64)  # 15 chunks of 64 KiB (the smallest chunk)
     seen = []
-    interop.copy_to_host(a, chunk_bytes=800, progress=lambda d, t: seen.append((d, t)))
+    interop.copy_to_host(a, chunk_bytes=1 << 16, progress=lambda d, t: seen.append((d, t)))
     assert len(seen) > 10
     done = [d for d, _ in seen]
     assert done == sorted(done)
@@ -244,9 +244,9 @@ def test_worker_error_is_raised_in_the_caller():
         raise ZeroDivisionError("from the callback")
 
     with pytest.raises(interop.TransferError, match="ZeroDivisionError: from the callback") as info:
-        interop.copy_to_host(np.ones(100), chunk_bytes=80, progress=progress)
+        interop.copy_to_host(np.ones(3 << 13), chunk_bytes=1 << 16, progress=progress)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
-    assert info.value.bytes_done == 80  # the first chunk was complete when it failed
+    assert info.value.bytes_done == 1 << 16  # the first chunk was complete when it failed
 
 
 def test_a_failed_transfer_keeps_nothing_alive():
@@ -533,12 +533,12 @@ def test_ctrl_c_while_waiting_cancels_releases_and_reraises():
         import os, signal, threading, time
         import numpy as np, interop
         base = threading.active_count()
-        a = np.arange(1 << 16, dtype=np.float64)
+        a = np.arange(1 << 21, dtype=np.float64)  # 256 chunks of 64 KiB
         out = np.zeros_like(a)
         slow = lambda done, total: time.sleep(0.01)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:
-            interop.copy_to_host(a, out, chunk_bytes=4096, progress=slow)
+            interop.copy_to_host(a, out, chunk_bytes=1 << 16, progress=slow)
         except KeyboardInterrupt:
             print("interrupted")
         time.sleep(0.3)  # the timer thread ends
