@@ -90,6 +90,7 @@ class Transfer:
         """Run ``run(self)`` on the transfer's thread; return ``self``."""
 
         def target() -> None:
+            nonlocal run
             try:
                 if not self.nbytes:
                     self._progress.add(0)  # a callback still sees (0, 0): it ends at the total
@@ -98,6 +99,10 @@ class Transfer:
             except BaseException as exc:  # re-raised in the caller by result()
                 self._error = _detached(exc)
             finally:
+                # The engine's closures (the source, device memory) go now, while
+                # the thread is still counted as running: never after it
+                # reported finished, when the interpreter may be finalising.
+                run = _finished_engine
                 try:
                     self._progress.close()
                 finally:
@@ -196,6 +201,10 @@ class Transfer:
         return err
 
 
+def _finished_engine(transfer: Transfer) -> None:
+    raise RuntimeError("this transfer has already run")
+
+
 def _detached(exc: BaseException) -> BaseException:
     """``exc`` without live worker frames, its traceback kept as text.
 
@@ -232,6 +241,9 @@ def cancel_running() -> None:
     for transfer in running:
         transfer._finished.wait()
         transfer._join()
+    for thread in threading.enumerate():  # finished, but still unwinding
+        if thread.name.startswith("interop-") and thread is not threading.current_thread():
+            thread.join()
 
 
 def _after_fork_in_child() -> None:

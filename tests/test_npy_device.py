@@ -1,0 +1,133 @@
+"""save_npy / load_npy of device data through the slot pipeline, on the host
+backend: pinned slots written straight into the file (positioned writes, or in
+order into a FIFO) and read straight from it."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import interop
+from interop.pipeline.host import HostBackend
+from interop.pipeline.ring import free_cached_rings
+
+from .helpers import NUMPY_DTYPES, sample
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def device():
+    b = HostBackend(delay=0.0002)
+    yield b
+    assert b.violations == []
+    assert b._streams == [b.default_stream]
+    free_cached_rings()
+    assert b.host_buffers == {}
+    b.close()
+
+
+def _same(a, b):
+    assert a.dtype == b.dtype
+    assert a.shape == b.shape
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_device_arrays_round_trip_every_dtype(device, tmp_path, dtype):
+    a = sample((300, 90), dtype)
+    d = device.asarray(a)
+    path = interop.save_npy(d.T, tmp_path / "x.npy", chunk_bytes=CHUNK)
+    _same(np.load(path), a.T)
+    out = device.empty(a.T.shape, dtype)
+    assert interop.load_npy(path, out, chunk_bytes=CHUNK) is out
+    _same(device.to_numpy(out), a.T)
+
+
+def test_save_with_many_host_threads_writes_each_chunk_at_its_offset(device, tmp_path):
+    a = sample((1024, 1024), np.float32)  # 4 MiB: chunks of 1 MiB split across threads
+    with interop.config.set(host_threads=4, num_buffers=3):
+        path = interop.save_npy(device.asarray(a), tmp_path / "big.npy", chunk_bytes=1 << 20)
+        _same(np.load(path, mmap_mode="r"), a)
+        out = device.empty((1024, 1024), np.float32)
+        interop.load_npy(path, out, chunk_bytes=1 << 20)
+    _same(device.to_numpy(out), a)
+
+
+def test_save_into_a_fifo_writes_the_chunks_in_order(device, tmp_path):
+    a = sample((512, 64), np.float64)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+
+    def read():
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    interop.save_npy(device.asarray(a).T, fifo, chunk_bytes=CHUNK)
+    reader.join(30)
+    path = tmp_path / "copy.npy"
+    path.write_bytes(got[0])
+    _same(np.load(path), a.T)
+    assert fifo.is_fifo()  # written into, not replaced
+
+
+def test_load_fortran_and_big_endian_files_onto_the_device(device, tmp_path):
+    a = sample((300, 200), np.float64)
+    np.save(tmp_path / "f.npy", np.asfortranarray(a))
+    np.save(tmp_path / "be.npy", a.astype(">f8"))
+    for name in ("f.npy", "be.npy"):
+        out = device.empty(a.shape, np.float64)
+        interop.load_npy(tmp_path / name, out, chunk_bytes=CHUNK)
+        np.testing.assert_array_equal(device.to_numpy(out), a)
+    with pytest.raises(ValueError, match="dtype float64"):
+        interop.load_npy(tmp_path / "be.npy", device.empty(a.shape, ">f8"))
+
+
+def test_bfloat16_device_arrays_keep_their_dtype_in_the_file(device, tmp_path):
+    a = sample((100, 50), ml_dtypes.bfloat16)
+    path = interop.save_npy(device.asarray(a), tmp_path / "bf.npy", chunk_bytes=CHUNK)
+    _same(np.load(path), a)
+
+
+def test_progress_and_a_failed_save_leave_no_file(device, tmp_path):
+    a = sample((512, 256), np.float64)
+    seen = []
+    path = interop.save_npy(
+        device.asarray(a), tmp_path / "p.npy", chunk_bytes=CHUNK,
+        progress=lambda done, total: seen.append((done, total)),
+    )  # fmt: skip
+    assert seen[-1] == (a.nbytes, a.nbytes)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+    def boom(done, total):
+        raise ZeroDivisionError
+
+    with pytest.raises(interop.TransferError, match="save_npy failed"):
+        interop.save_npy(device.asarray(a), tmp_path / "q.npy", chunk_bytes=CHUNK, progress=boom)
+    assert sorted(os.listdir(tmp_path)) == ["p.npy"]  # no final file, no temporary left
+    _same(np.load(path), a)
+
+
+def test_a_file_shrinking_under_a_device_load_is_an_error(device, tmp_path):
+    path = tmp_path / "s.npy"
+    a = np.arange(3 << 14, dtype=np.float64)
+    np.save(path, a)
+
+    def shrink(done, total):
+        with open(path, "r+b") as f:
+            f.truncate(128 + 1000)
+
+    out = device.empty(a.shape, np.float64)
+    with (
+        interop.config.set(num_buffers=1),
+        pytest.raises(interop.TransferError, match=r"s\.npy' ended early") as info,
+    ):
+        interop.load_npy(path, out, chunk_bytes=CHUNK, progress=shrink)
+    assert info.value.bytes_done == CHUNK
