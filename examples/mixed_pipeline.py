@@ -151,7 +151,6 @@ def main(argv: list[str] | None = None) -> Result:
 
     why_not = "--cpu given" if args.cpu else cuda_status()
     on_gpu = why_not is None
-    together: contextlib.AbstractContextManager[Any]
     if on_gpu:
         import cupy as xp
 
@@ -162,14 +161,8 @@ def main(argv: list[str] | None = None) -> Result:
         pool_before = pool.total_bytes()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        together = contextlib.ExitStack()
-        together.enter_context(interop.stream(s))  # one stream for both libraries
-        together.enter_context(interop.use_torch_allocator())  # one pool for both
-        rng: Any = xp.random.default_rng(0)
     else:
         xp, device = np, torch.device("cpu")
-        together = contextlib.nullcontext()
-        rng = np.random.default_rng(0)
         print(
             f"No GPU run ({why_not}): NumPy stands in for CuPy, the model runs on the CPU; "
             "interop.stream and interop.use_torch_allocator need a CUDA device and are left out."
@@ -180,9 +173,12 @@ def main(argv: list[str] | None = None) -> Result:
     probs_all, raws = [], []
     zero_copy, one_stream = True, None
     start = time.perf_counter()
-    with together, torch.inference_mode():
+    with contextlib.ExitStack() as together, torch.inference_mode():
         if on_gpu:
+            together.enter_context(interop.stream(s))  # one stream for both libraries
+            together.enter_context(interop.use_torch_allocator())  # one pool for both
             one_stream = xp.cuda.get_current_stream().ptr == torch.cuda.current_stream().cuda_stream
+        rng = xp.random.default_rng(0)  # on the GPU, its state comes from PyTorch's pool too
         for _ in range(args.batches):
             shape = (args.batch, args.size, args.size, 3)
             raw = synthetic_images(xp, rng, shape)  # stands in for decoded images
