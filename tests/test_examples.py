@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 
 import interop
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 MiB = 1 << 20
 
 
@@ -170,3 +172,58 @@ def test_mixed_pipeline(capsys):
         assert result.one_stream is None
     out = capsys.readouterr().out
     assert "same counts as PyTorch alone: True" in out
+
+
+# The README's and the getting-started page's code blocks run as scripts: the
+# first block of each on any machine, the second (GPU lines) on a GPU.
+
+
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def _run_script(source: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = cwd / "snippet.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_readme_quick_start_runs_as_a_script(tmp_path):
+    cpu, _gpu = _python_blocks(ROOT / "README.md")[:2]
+    proc = _run_script(cpu, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "42.0"
+    assert lines[1] == "[1.-2.j]"
+    assert lines[2].startswith("CopyRequiredError: ")
+    assert lines[3] == "[3.0, 2.0, 1.0, 0.0] bfloat16"
+    assert lines[4] == "True"
+    assert (tmp_path / "x.npy").stat().st_size == 1000 * 1000 * 4 + 128
+
+
+@pytest.mark.gpu
+def test_readme_gpu_lines_run(tmp_path):
+    cpu, gpu = _python_blocks(ROOT / "README.md")[:2]
+    proc = _run_script(cpu + gpu, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[0.0, 2.0, 4.0]"
+
+
+def test_getting_started_first_calls_run(tmp_path):
+    cpu, _gpu = _python_blocks(ROOT / "docs" / "getting-started.md")[:2]
+    proc = _run_script(cpu, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["[1.-2.j]", "[-2.]"]
+    assert lines[2] == "tensor([3., 2., 1., 0.], dtype=torch.float64)"
+    assert (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.gpu
+def test_getting_started_gpu_lines_run(tmp_path):
+    cpu, gpu = _python_blocks(ROOT / "docs" / "getting-started.md")[:2]
+    proc = _run_script(cpu + gpu, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "18.0"
