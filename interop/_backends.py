@@ -19,9 +19,16 @@ from .errors import BackendUnavailableError, NoDeviceError
 
 __all__: list[str] = []
 
+# The name to install interop under. The PyPI name "interop" is an unrelated
+# package (Illumina's InterOp) that also imports as ``interop``.
+DISTRIBUTION = "torch-cupy-interop"
+
 _EXTRAS = {
-    "torch": "pip install 'interop[torch]' (or follow pytorch.org for a CUDA build)",
-    "cupy": "pip install 'interop[cuda12]' or 'interop[cuda13]' (matching your CUDA driver)",
+    "torch": f"pip install '{DISTRIBUTION}[torch]' (or follow pytorch.org for a CUDA build)",
+    "cupy": (
+        f"pip install '{DISTRIBUTION}[cuda12]' or '{DISTRIBUTION}[cuda13]' "
+        "(matching your CUDA driver)"
+    ),
 }
 
 

@@ -86,7 +86,7 @@ def collect_info() -> dict[str, Any]:
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "interop": _version("interop") or "source tree",
+        "interop": _version(_backends.DISTRIBUTION) or "source tree",
         "numpy": np.__version__,
         "ml_dtypes": _version("ml_dtypes"),
         "torch": _torch_info(),
@@ -107,7 +107,7 @@ def format_info(info: dict[str, Any]) -> str:
         build = f"CUDA {th['cuda_build']}" if th["cuda_build"] else "CPU-only build"
         lines.append(f"torch      {th['version']} ({build}; CUDA usable: {th['cuda_available']})")
     else:
-        lines.append("torch      not installed: pip install 'interop[torch]'")
+        lines.append(f"torch      not installed: pip install '{_backends.DISTRIBUTION}[torch]'")
     cp = info["cupy"]
     if cp["available"]:
         bf16 = "yes" if cp["bfloat16"] else "no, needs CuPy >= 14"
@@ -122,6 +122,9 @@ def format_info(info: dict[str, Any]) -> str:
         else:
             lines.append("devices    no CUDA device")
     else:
-        lines.append("cupy       not installed: pip install 'interop[cuda12]' or 'interop[cuda13]'")
+        lines.append(
+            f"cupy       not installed: pip install '{_backends.DISTRIBUTION}[cuda12]' "
+            f"or '{_backends.DISTRIBUTION}[cuda13]'"
+        )
         lines.append("devices    no CUDA device visible to CuPy")
     return "\n".join(lines)

@@ -39,7 +39,7 @@ def test_without_torch():
     )
     assert proc.returncode == 0, proc.stderr
     assert "needs torch" in proc.stdout
-    assert "interop[torch]" in proc.stdout
+    assert "torch-cupy-interop[torch]" in proc.stdout
 
 
 # ----------------------------------------------------------------- GPU

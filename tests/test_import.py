@@ -24,8 +24,8 @@ def test_import_interop_imports_neither_torch_nor_cupy():
 @pytest.mark.parametrize(
     ("blocked", "call", "extra"),
     [
-        ("cupy", "interop.to_cupy(np.arange(3))", "interop[cuda12]"),
-        ("torch", "interop.to_torch(np.arange(3))", "interop[torch]"),
+        ("cupy", "interop.to_cupy(np.arange(3))", "torch-cupy-interop[cuda12]"),
+        ("torch", "interop.to_torch(np.arange(3))", "torch-cupy-interop[torch]"),
     ],
 )
 def test_missing_backend_names_the_extra(blocked, call, extra):
@@ -86,3 +86,16 @@ def test_public_names():
     for name in ["to_numpy", "to_torch", "to_cupy", "copy_to_host", "copy_to_host_async"]:
         assert name in interop.__all__
         assert callable(getattr(interop, name))
+
+
+def test_install_hints_name_this_distribution():
+    # The PyPI name "interop" is an unrelated package; every hint names ours.
+    import importlib.metadata
+
+    from interop import _backends
+
+    dist = importlib.metadata.distribution(_backends.DISTRIBUTION)
+    assert dist.metadata["Name"] == "torch-cupy-interop"
+    assert dist.version == interop.__version__
+    assert (dist.read_text("top_level.txt") or "").split() == ["interop"]
+    assert all(f"'{_backends.DISTRIBUTION}[" in hint for hint in _backends._EXTRAS.values())

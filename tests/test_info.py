@@ -54,6 +54,6 @@ def test_info_without_torch_and_cupy():
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert "torch      not installed: pip install 'interop[torch]'" in proc.stdout
+    assert "torch      not installed: pip install 'torch-cupy-interop[torch]'" in proc.stdout
     assert "cupy       not installed" in proc.stdout
     assert "no CUDA device" in proc.stdout
