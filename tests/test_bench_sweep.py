@@ -208,3 +208,19 @@ def test_gpu_sweep_runs(tmp_path):
         assert row["anchors"][f"{limit} GB/s"] > 0
     assert rows["d2h_prealloc"]["anchors"]["cupy.asnumpy(x) GB/s"] > 0
     assert rows["h2d_pageable"]["anchors"]["cupy.asarray(host) GB/s"] > 0
+
+
+def test_a_failing_cache_release_keeps_the_points(monkeypatch, capsys):
+    def failing_release(self):
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setattr(bench.context.BenchContext, "release", failing_release)
+    seen: list[dict] = []
+    grid = {"chunk_bytes": [1 * MiB], "host_threads": [1], "num_buffers": [2]}
+    data = sweep_mod.sweep(TINY, grid, [_recording_row(seen)])
+    assert len(data["rows"][0]["points"]) == 1
+    assert data["notes"]["release_errors"] == [
+        "after recording: RuntimeError: cudaErrorIllegalAddress"
+    ]
+    assert "cudaErrorIllegalAddress" in capsys.readouterr().err
+    assert "note: releasing caches failed after recording" in sweep_mod.format_sweep(data)

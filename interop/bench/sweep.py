@@ -306,8 +306,13 @@ def sweep_row(
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         record |= {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-    finally:
+    try:
         ctx.release()
+    except Exception as exc:  # e.g. a sticky CUDA error: the points measured are kept
+        traceback.print_exc(file=sys.stderr)
+        ctx.notes.setdefault("release_errors", []).append(
+            f"after {row.name}: {type(exc).__name__}: {exc}"
+        )
     measured = [p for p in points if "gbps" in p]
     if measured:
         reference = statistics.median(p["reference_gbps"] for p in measured)
@@ -454,6 +459,10 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
         lines.append("")
     for (status, reason), names in not_run.items():
         lines.append(f"{status} ({', '.join(names)}): {reason}")
+    notes = results.get("notes", {})
+    lines += [f"note: releasing caches failed {error}" for error in notes.get("release_errors", [])]
+    if notes.get("close_error"):
+        lines.append(f"note: closing the GPU arrays failed: {notes['close_error']}")
     return "\n".join(lines)
 
 
