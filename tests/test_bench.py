@@ -7,7 +7,6 @@ benchmark (docs/benchmarks.md), never a test outcome.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -16,6 +15,8 @@ import pytest
 
 import interop
 from interop import bench
+from interop.bench.measure import status_bytes
+from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
 
 GPU_ROWS = {
     "d2h_limit",
@@ -28,34 +29,20 @@ GPU_ROWS = {
     "save_npy",
 }
 HOST_ROWS = {"to_numpy_us", "to_torch_us", "host_copy", "save_npy_rss"}
-SMOKE_SCALE = "0.25"  # --quick at a quarter of its sizes: seconds on two cores
+TINY = bench.BenchSizes.choose(True, 0.02)
 
 
-def _run_bench(tmp_path, *args: str, scale: str = SMOKE_SCALE) -> subprocess.CompletedProcess:
-    env = {**os.environ, "INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(tmp_path)}
-    return subprocess.run(
-        [sys.executable, "-m", "interop", "bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-
-
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+@pytest.fixture
+def quick_run():
     """One quick, scaled-down run with --json: (process, parsed JSON)."""
-    tmp = tmp_path_factory.mktemp("bench")
-    path = tmp / "results" / "bench.json"
-    proc = _run_bench(tmp, "--quick", "--json", str(path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads(path.read_text())
+    proc, data, _ = quick_bench()
+    return proc, data
 
 
 def test_json_records_the_run(quick_run):
     _, data = quick_run
-    assert data["schema"] == bench.SCHEMA
+    assert data["schema"] == bench.SCHEMA == 2
+    assert data["kind"] == "bench"
     assert isinstance(data["device"], str)
     assert data["device"]
     assert data["quick"] is True
@@ -67,7 +54,7 @@ def test_json_records_the_run(quick_run):
     assert data["versions"]["numpy"] == np.__version__
     assert "torch" in data["versions"]
     assert "cupy" in data["versions"]
-    assert data["sizes"]["scale"] == float(SMOKE_SCALE)
+    assert data["sizes"]["scale"] == float(SMOKE_SCALE)  # from INTEROP_BENCH_SCALE
     assert data["sizes"]["repeats"] >= 3
 
 
@@ -75,6 +62,7 @@ def test_every_row_is_listed_with_its_target(quick_run):
     _, data = quick_run
     names = [row["name"] for row in data["rows"]]
     assert sorted(names) == sorted(GPU_ROWS | HOST_ROWS)
+    assert names == [spec.name for spec in bench.ROWS]
     for row in data["rows"]:
         assert row["what"]
         assert row["target"]
@@ -85,27 +73,52 @@ def test_every_row_is_listed_with_its_target(quick_run):
             assert row["met"] is None
 
 
-def test_host_rows_report_positive_figures_and_ratios(quick_run):
+def test_host_rows_report_figures_and_directed_ratios(quick_run):
     proc, data = quick_run
     rows = {row["name"]: row for row in data["rows"]}
     for name in HOST_ROWS:
         row = rows[name]
         assert row["status"] == "ok", row
-        assert isinstance(row["met"], bool)
         assert row["ratios"]
-        assert all(v is not None and v >= 0 for v in row["ratios"].values())
+        for ratio in row["ratios"]:
+            assert ratio["quantity"] in {"time", "throughput", "memory"}
+            assert ratio["value"] is not None
+            assert ratio["value"] >= 0
+            assert ratio["target"]
         assert row["anchors"]
         assert all(v > 0 for v in row["anchors"].values())
         assert name in proc.stdout
+    (r,) = rows["to_numpy_us"]["ratios"]
+    assert (r["of"], r["quantity"], r["to"], r["target"]) == (
+        "to_numpy",
+        "time",
+        "numpy.from_dlpack",
+        "<= 2x",
+    )
+    (r,) = rows["host_copy"]["ratios"]
+    assert (r["quantity"], r["to"], r["target"]) == ("throughput", "numpy.copyto", ">= 1x")
     assert rows["to_numpy_us"]["us"] > 0
     assert rows["to_torch_us"]["us"] > 0
-    assert rows["to_torch_us"]["ratios"]["vs torch.from_dlpack"] > 0
     assert rows["host_copy"]["gbps"] > 0
     assert rows["host_copy"]["samples"]["copy_to_host"]["result_checked"] is True
     assert len(rows["host_copy"]["samples"]["numpy.copyto"]["seconds"]) == 9
     rss = rows["save_npy_rss"]["memory"]
     assert rss["bound_bytes"] == 2 * data["config"]["num_buffers"] * data["config"]["chunk_bytes"]
     assert rss["extra_host_rss_bytes"] >= 0  # 0 is possible: the tensor is written in place
+    (r,) = rows["save_npy_rss"]["ratios"]
+    assert r["quantity"] == "memory"
+    assert r["value"] == rss["extra_host_rss_bytes"] / rss["bound_bytes"]
+
+
+def test_quick_run_judges_no_target(quick_run):
+    proc, data = quick_run
+    for row in data["rows"]:
+        assert row["met"] is None, row
+        assert all(r["met"] is None for r in row.get("ratios", []))
+    assert "smoke run" in proc.stdout
+    assert "judges no target" in proc.stdout
+    assert "MISSED" not in proc.stdout
+    assert " met\n" not in proc.stdout
 
 
 def test_gpu_rows_say_why_they_did_not_run(quick_run):
@@ -120,12 +133,34 @@ def test_gpu_rows_say_why_they_did_not_run(quick_run):
             assert "gbps" not in row
             assert "ratios" not in row
             assert row["name"] in proc.stdout
+    # one line for the group, its reason once
+    reason = next(r["reason"] for r in data["rows"] if r["name"] == "d2h_limit")
+    flat = " ".join(proc.stdout.split())  # the report wraps long lines
+    assert flat.count(reason) == 1
+    assert "skipped (8 rows: d2h_limit, d2h_prealloc" in flat
+
+
+def test_a_full_run_judges_its_targets():
+    data = full_host_run()
+    assert data["quick"] is False
+    for row in data["rows"]:
+        assert row["status"] == "ok", row
+        assert isinstance(row["met"], bool)
+        assert row["met"] == all(r["met"] for r in row["ratios"])
+        for r in row["ratios"]:
+            op, limit = r["target"].split()
+            bound = float(limit.rstrip("x"))
+            assert r["met"] == (r["value"] <= bound if op == "<=" else r["value"] >= bound), r
+    table = bench.format_table(data).splitlines()
+    for row in data["rows"]:
+        (line,) = [line for line in table if line.startswith(row["name"] + " ")]
+        assert line.split()[-1] == ("met" if row["met"] else "MISSED")
 
 
 def test_missing_function_is_not_available_not_faked(monkeypatch):
     monkeypatch.delattr(interop, "save_npy")
     rows = tuple(spec for spec in bench.ROWS if spec.name in {"save_npy_rss", "save_npy"})
-    data = bench.collect_results(bench.BenchSizes.choose(True, 0.02), rows)
+    data = bench.collect_results(TINY, rows)
     for row in data["rows"]:
         assert row["status"] == "not available"
         assert "interop.save_npy" in row["reason"]
@@ -134,7 +169,7 @@ def test_missing_function_is_not_available_not_faked(monkeypatch):
 
 
 def test_bad_scale_is_refused(tmp_path):
-    proc = _run_bench(tmp_path, "--quick", scale="-1")
+    proc = run_cli(tmp_path, "bench", "--quick", scale="-1")
     assert proc.returncode == 2
     assert "INTEROP_BENCH_SCALE" in proc.stderr
 
@@ -153,7 +188,7 @@ def test_sizes_scale_and_stay_usable():
 
 
 def test_peak_rss_sees_an_allocation():
-    if bench._status_bytes("VmRSS") is None:
+    if status_bytes("VmRSS") is None:
         pytest.skip("needs Linux /proc")
     with bench.PeakRss() as rss:
         a = np.ones(64 << 20, np.uint8)  # 64 MiB, touched
@@ -162,17 +197,18 @@ def test_peak_rss_sees_an_allocation():
     assert 48 << 20 <= rss.extra_bytes <= 128 << 20, rss.extra_bytes
 
 
-def test_wrong_data_makes_an_error_row(monkeypatch, capsys):
+def test_wrong_data_makes_an_error_row(capsys):
     def broken(ctx):
         raise bench.WrongResultError("copy_to_host returned data that differs from the source")
 
     spec = bench.RowSpec("broken", "a row that fails", "-", (), False, broken)
-    data = bench.collect_results(bench.BenchSizes.choose(True, 0.02), (spec,))
+    data = bench.collect_results(TINY, (spec,))
     (row,) = data["rows"]
     assert row["status"] == "error"
     assert "differs" in row["reason"]
     assert "WrongResultError" in capsys.readouterr().err
     assert "MISSED" not in bench.format_table(data)
+    assert "error (1 row: broken): WrongResultError" in bench.format_table(data)
 
 
 def test_a_failing_cache_release_keeps_the_other_rows(monkeypatch, capsys):
@@ -181,28 +217,27 @@ def test_a_failing_cache_release_keeps_the_other_rows(monkeypatch, capsys):
     def failing_release(self):
         raise RuntimeError("cudaErrorIllegalAddress")
 
-    monkeypatch.setattr(bench.BenchContext, "release", failing_release)
-    first = bench.RowSpec("first", "a row", "-", (), False, lambda ctx: {"met": None})
-    second = bench.RowSpec("second", "a row", "-", (), False, lambda ctx: {"met": None})
-    data = bench.collect_results(bench.BenchSizes.choose(True, 0.02), (first, second))
+    monkeypatch.setattr(bench.context.BenchContext, "release", failing_release)
+    first = bench.RowSpec("first", "a row", "-", (), False, lambda ctx: {})
+    second = bench.RowSpec("second", "a row", "-", (), False, lambda ctx: {})
+    data = bench.collect_results(TINY, (first, second))
     assert [row["status"] for row in data["rows"]] == ["ok", "ok"]
     assert len(data["notes"]["release_errors"]) == 2
     assert "cudaErrorIllegalAddress" in capsys.readouterr().err
+    assert "note: releasing caches failed after first" in bench.format_table(data)
 
 
 def test_results_so_far_are_handed_out_after_each_row():
     """A run that dies in a later row (a crash in the driver) keeps the earlier rows."""
     seen = []
-    first = bench.RowSpec("first", "a row", "-", (), False, lambda ctx: {"met": None})
+    first = bench.RowSpec("first", "a row", "-", (), False, lambda ctx: {})
 
     def crash(ctx):
         raise SystemExit("the process dies here")
 
     second = bench.RowSpec("second", "a row", "-", (), False, crash)
     with pytest.raises(SystemExit):
-        bench.collect_results(
-            bench.BenchSizes.choose(True, 0.02), (first, second), on_row=seen.append
-        )
+        bench.collect_results(TINY, (first, second), on_row=seen.append)
     (partial,) = seen
     assert partial["partial"] is True
     assert [row["name"] for row in partial["rows"]] == ["first"]
@@ -222,13 +257,20 @@ def test_json_is_strict_with_non_finite_figures(tmp_path):
     assert "NaN" not in text
     assert "Infinity" not in text
     assert json.loads(text) == {"rows": [{"gbps": None, "ratios": {"a": None, "b": 1.5}}]}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r.json"]  # no temporary left
+
+
+def test_importing_interop_does_not_import_the_bench():
+    code = "import sys, interop; print('interop.bench' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 @pytest.mark.gpu
 def test_gpu_rows_run(tmp_path):
     """On a GPU runner every GPU row runs and checks its result (figures not judged)."""
     path = tmp_path / "bench.json"
-    proc = _run_bench(tmp_path, "--quick", "--json", str(path), scale="0.125")
+    proc = run_cli(tmp_path, "bench", "--quick", "--json", str(path), scale="0.125")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(path.read_text())
     assert data["device"] != "no CUDA device"
@@ -241,3 +283,5 @@ def test_gpu_rows_run(tmp_path):
     assert rows["d2h_strided"]["memory"]["extra_device_bytes"] is not None
     assert rows["d2h_strided"]["memory"]["copy_to_host(t.T) extra_device_bytes"] is not None
     assert rows["h2d_pageable"]["memory"]["extra_host_rss_bytes"] is not None
+    targets = {r["to"] for r in rows["d2h_fresh"]["ratios"] if r["target"]}
+    assert targets == {"cupy.asnumpy(x)", "t.cpu().numpy()"}

@@ -1,0 +1,165 @@
+"""What the rows of one run share: sizes, a scratch directory, the GPU arrays, cache release."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import _backends
+from .measure import Case, DeviceGrowth, Measured, PeakRss, measure
+from .sizes import BenchSizes, MiB
+
+__all__ = ["BenchContext", "GpuArrays", "release_interop_rings"]
+
+
+def release_interop_rings() -> None:
+    """Free interop's idle pinned staging rings, so the next call allocates (and counts) one.
+
+    The only place the benchmark reaches into interop's internals.
+    """
+    from ..pipeline.ring import free_cached_rings
+
+    free_cached_rings()
+
+
+class BenchContext:
+    """What the rows share: the sizes, a scratch directory and the GPU arrays.
+
+    The GPU arrays are made by the first GPU row and freed by :meth:`close`;
+    everything else a row allocates is local to it and freed when it returns.
+
+    Attributes
+    ----------
+    sizes : BenchSizes
+    workdir : pathlib.Path
+        Where the file rows write.
+    notes : dict
+        Run-wide observations that go into the JSON's ``notes``.
+    """
+
+    def __init__(self, sizes: BenchSizes, workdir: Path) -> None:
+        self.sizes = sizes
+        self.workdir = workdir
+        self.notes: dict[str, Any] = {}
+        self._gpu: GpuArrays | None = None
+
+    def gpu(self) -> GpuArrays:
+        """The shared GPU state (made on first use)."""
+        if self._gpu is None:
+            self._gpu = GpuArrays(self.sizes.gpu_bytes)
+            self.notes["pinned_pages_in_rss"] = self._gpu.pinned_in_rss
+        return self._gpu
+
+    def release(self) -> None:
+        """Free what rows left behind: garbage, pooled blocks, staging rings."""
+        gc.collect()
+        if self._gpu is not None:
+            self._gpu.release()
+
+    def close(self) -> None:
+        """Free the GPU arrays and every cache."""
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
+        gc.collect()
+
+
+def _pinned_pages_in_rss(cp: Any) -> bool | None:
+    """Whether this driver counts page-locked memory in the process's RSS.
+
+    The host-memory figures of the GPU rows are RSS growth; where pinned
+    pages are not counted, they show pageable memory only.
+    """
+    nbytes = 64 * MiB
+    with PeakRss() as rss:
+        ptr = int(cp.cuda.runtime.hostAlloc(nbytes, 0))
+        ctypes.memset(ptr, 1, nbytes)
+    cp.cuda.runtime.freeHost(ptr)
+    return None if rss.extra_bytes is None else rss.extra_bytes >= nbytes // 2
+
+
+class GpuArrays:
+    """The GPU rows' sources: CuPy ``x``, torch ``t`` (same values), a pinned copy ``ref``.
+
+    Parameters
+    ----------
+    nbytes : int
+        Size of each array (float32, rounded down to a multiple of 4).
+
+    Raises
+    ------
+    NoDeviceError, BackendUnavailableError
+        CuPy or PyTorch sees no CUDA device, or is not installed.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.cp = _backends.require_cupy_device()
+        self.th = _backends.require_torch_cuda()
+        n = nbytes // 4
+        self.nbytes = n * 4
+        self.x = self.cp.random.default_rng(0).random(n, dtype=self.cp.float32)
+        self.t = self.th.from_dlpack(self.x).clone()  # torch's own memory
+        self._pinned_mem = self.cp.cuda.alloc_pinned_memory(self.nbytes)
+        self.ref = np.frombuffer(self._pinned_mem, np.float32, n)  # pinned, == x
+        self.x.get(out=self.ref)
+        self.sync()
+        self.pinned_in_rss = _pinned_pages_in_rss(self.cp)
+
+    def sync(self) -> None:
+        """Wait for all work on the device (every stream)."""
+        self.cp.cuda.Device().synchronize()
+
+    def growth(self) -> DeviceGrowth:
+        """A context manager measuring device memory taken in its block."""
+        return DeviceGrowth(self.cp, self.th)
+
+    def memcpy(self, dst: int, src: int, kind: int) -> None:
+        """One ``cudaMemcpyAsync`` of ``nbytes`` on CuPy's current stream."""
+        stream = self.cp.cuda.get_current_stream()
+        self.cp.cuda.runtime.memcpyAsync(dst, src, self.nbytes, kind, stream.ptr)
+
+    def d2h_limit_case(self) -> Case:
+        """The whole array, device to pinned host, in one copy (the link's limit)."""
+        kind = self.cp.cuda.runtime.memcpyDeviceToHost
+        return Case(lambda: self.memcpy(self.ref.ctypes.data, self.x.data.ptr, kind), self.nbytes)
+
+    def h2d_limit_case(self, dst: Any) -> Case:
+        """The whole array, pinned host to ``dst`` on the device, in one copy."""
+        kind = self.cp.cuda.runtime.memcpyHostToDevice
+        return Case(lambda: self.memcpy(dst.data.ptr, self.ref.ctypes.data, kind), self.nbytes)
+
+    def measure(
+        self, cases: dict[str, Case], repeats: int, *, first_call_memory: bool = True
+    ) -> dict[str, Measured]:
+        """:func:`measure` with device sync and, by default, cache release and device memory.
+
+        With ``first_call_memory=False`` (the sweep) caches are not emptied
+        and memory is not measured: only the timings are wanted.
+        """
+        if not first_call_memory:
+            return measure(cases, repeats, sync=self.sync)
+        return measure(
+            cases, repeats, sync=self.sync, release=self.release, device_growth=self.growth
+        )
+
+    def release(self) -> None:
+        """Empty CuPy's and PyTorch's pools and interop's staging rings."""
+        gc.collect()
+        self.sync()
+        release_interop_rings()
+        self.cp.get_default_memory_pool().free_all_blocks()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+        self.th.cuda.empty_cache()
+        host_empty = getattr(self.th._C, "_host_emptyCache", None)  # torch's pinned cache
+        if host_empty is not None:
+            host_empty()
+
+    def close(self) -> None:
+        """Free the arrays and every cache."""
+        self.sync()
+        del self.x, self.t, self.ref, self._pinned_mem
+        self.release()

@@ -1,0 +1,205 @@
+"""The printed report of a benchmark run, made from its results (the same data as the JSON).
+
+Every ratio is printed with its direction ("1.29x the time of
+numpy.from_dlpack", "1.14x the throughput of numpy.copyto"), memory rows
+lead with memory, rows that did not run are grouped by reason (one line per
+reason), and a smoke run says so and judges nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Any
+
+from .sizes import GiB, MiB
+
+__all__ = ["format_bytes", "format_table", "ratio_text"]
+
+_MEMORY_WORDS = (
+    ("extra_host_rss_bytes", "extra host RSS"),
+    ("extra_device_bytes", "extra device memory"),
+    ("ring_bytes", "ring"),
+    ("bound_bytes", "bound"),
+    ("out_bytes", "out"),
+)
+
+
+def format_bytes(n: int | float) -> str:
+    """``n`` bytes in MiB (GiB from 1 GiB), e.g. ``"128 MiB"``, ``"1.00 GiB"``."""
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB" if 0 < n < 10 * MiB else f"{n / MiB:.0f} MiB"
+
+
+WIDTH = 100
+
+
+_NBSP = "\N{NO-BREAK SPACE}"
+
+
+def _wrap(text: str, indent: str = "", hanging: str = "         ") -> list[str]:
+    """``text`` wrapped to the report's width, later lines indented by ``hanging``.
+
+    A "(target ...)" is kept on one line.
+    """
+    text = re.sub(r"\(target [^)]*\)", lambda m: m.group(0).replace(" ", _NBSP), text)
+    lines = textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + hanging,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    return [line.replace(_NBSP, " ") for line in lines]
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
+    """One ratio of the JSON in words, with its direction and target.
+
+    E.g. ``"to_numpy: 1.33x the time of numpy.from_dlpack (target <= 2x)"``.
+    """
+    value = "n/a" if ratio["value"] is None else f"{ratio['value']:.2f}x"
+    if ratio["quantity"] == "memory":
+        text = f"{ratio['of']}: {value} {ratio['to']}"
+    else:
+        text = f"{ratio['of']}: {value} the {ratio['quantity']} of {ratio['to']}"
+    if ratio.get("target"):
+        if not judged:
+            text += f" (target {ratio['target']}, not judged)"
+        elif ratio.get("met") is False:
+            text += f" (target {ratio['target']}: MISSED)"
+        else:
+            text += f" (target {ratio['target']})"
+    return text
+
+
+def _memory_key(key: str) -> str:
+    for raw, words in _MEMORY_WORDS:
+        if key.endswith(raw):
+            return key[: -len(raw)] + words
+    return key.removesuffix("_bytes").replace("_", " ")
+
+
+def _memory_text(memory: dict[str, Any]) -> str:
+    parts = []
+    for key, value in memory.items():
+        if key == "rss_method":
+            parts.append(f"peak RSS from {value}")
+        elif value is None:
+            parts.append(f"{_memory_key(key)} not measured")
+        elif isinstance(value, (int, float)):
+            parts.append(f"{_memory_key(key)} {format_bytes(value)}")
+    return ", ".join(parts)
+
+
+def _figure(row: dict[str, Any], figure: str) -> str:
+    memory = row.get("memory", {})
+    if figure == "memory" and memory.get("extra_host_rss_bytes") is not None:
+        return f"{format_bytes(memory['extra_host_rss_bytes'])} extra host RSS"
+    if "gbps" in row:
+        return f"{row['gbps']:.2f} GB/s"
+    us = row.get("us")
+    if isinstance(us, dict):
+        return ", ".join(f"{label} {_num(v)} us" for label, v in us.items())
+    return f"{_num(us)} us per call" if us is not None else ""
+
+
+def _verdict(row: dict[str, Any], judged: bool) -> str:
+    if not judged:
+        return "not judged"
+    return {True: "met", False: "MISSED", None: "reference"}[row["met"]]
+
+
+def _header(results: dict[str, Any]) -> list[str]:
+    cfg, sizes = results["config"], results["sizes"]
+    dirty = " (with uncommitted changes)" if results.get("commit_dirty") else ""
+    if results.get("quick"):
+        title = (
+            "interop bench --quick: a smoke run with small sizes and few repeats; "
+            "it checks that every row runs and judges no target"
+        )
+    else:
+        title = "interop bench"
+    fields = [
+        f"device   {results['device']}",
+        f"run      {results['date']}, commit {results['commit'][:12]}{dirty}",
+        f"config   chunk_bytes {format_bytes(cfg['chunk_bytes'])}, num_buffers "
+        f"{cfg['num_buffers']}, host_threads {cfg['host_threads']} (staging ring "
+        f"{format_bytes(cfg['chunk_bytes'] * cfg['num_buffers'])})",
+        f"sizes    scale {sizes['scale']:g} (INTEROP_BENCH_SCALE multiplies every size and loop "
+        f"count): GPU arrays {format_bytes(sizes['gpu_bytes'])}, host_copy "
+        f"{format_bytes(sizes['host_bytes'])}, save_npy_rss {format_bytes(sizes['rss_bytes'])}; "
+        f"{sizes['calls']} calls per repeat in per-call rows",
+        f"timing   median of {sizes['repeats']} timed repeats after an untimed, checked first "
+        "call; anchors measured in the same run, interleaved",
+        "ratios   'Nx the time of A': lower is better; 'Nx the throughput of A': higher is "
+        "better; memory: extra memory over a bound, at most 1x is within it",
+    ]
+    lines = _wrap(title, hanging="  ")
+    for field in fields:
+        lines += _wrap(field)
+    return lines
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The printed report of a run's results (as returned by the run or read from its JSON).
+
+    Parameters
+    ----------
+    results : dict
+        A bench results dict (schema 2).
+
+    Returns
+    -------
+    str
+        The header (device, commit, config, sizes, how to read ratios), one
+        block per measured row (figure, verdict, every ratio with its
+        direction, memory), one line per group of rows that did not run with
+        their shared reason, notes, and a summary line.
+    """
+    from .rows import ROWS
+
+    figures = {spec.name: spec.figure for spec in ROWS}
+    judged = not results.get("quick")
+    lines = _header(results)
+    lines += ["", f"{'row':<14} {'result':<32} verdict"]
+    not_run: dict[tuple[str, str], list[str]] = {}
+    counts: dict[str, int] = {}
+    for row in results["rows"]:
+        if row["status"] != "ok":
+            not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+            continue
+        verdict = _verdict(row, judged)
+        key = verdict.lower() if judged else "measured (not judged: a smoke run)"
+        counts[key] = counts.get(key, 0) + 1
+        figure = _figure(row, figures.get(row["name"], "gbps"))
+        lines.append(f"{row['name']:<14} {figure:<32} {verdict}")
+        indent = " " * 15
+        if not row.get("ratios"):
+            lines.append(f"{indent}target: {row['target']}")
+        for r in row.get("ratios", []):
+            lines += _wrap(ratio_text(r, judged), indent, "    ")
+        if row.get("memory"):
+            lines += _wrap(f"memory: {_memory_text(row['memory'])}", indent, "    ")
+    for (status, reason), names in not_run.items():
+        rows = f"{len(names)} rows" if len(names) > 1 else "1 row"
+        lines += _wrap(f"{status} ({rows}: {', '.join(names)}): {reason}", hanging="    ")
+    notes = results.get("notes", {})
+    if notes.get("pinned_pages_in_rss") is False:
+        lines.append(
+            "note: this driver does not count pinned pages in RSS; "
+            "extra host memory of GPU rows is pageable memory only"
+        )
+    for error in notes.get("release_errors", []):
+        lines.append(f"note: releasing caches failed {error}")
+    if notes.get("close_error"):
+        lines.append(f"note: closing the GPU arrays failed: {notes['close_error']}")
+    lines.append("summary: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return "\n".join(lines)

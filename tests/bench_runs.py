@@ -1,0 +1,71 @@
+"""Real benchmark runs shared by the bench tests, each made once per test session.
+
+Each run starts a fresh ``python -m interop`` (or runs the host rows in this
+process) on this machine; the tests read what it printed and wrote. Cached
+here rather than in fixtures so that several test modules share one run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from interop import bench
+
+SMOKE_SCALE = "0.25"  # --quick at a quarter of its sizes: seconds on two cores
+SWEEP_SCALE = "0.05"
+SWEEP_ARGS = ("--chunk-mib", "1,2,4", "--host-threads", "1,2", "--num-buffers", "2,3")
+
+
+def run_cli(directory: Path, *args: str, scale: str = SMOKE_SCALE) -> subprocess.CompletedProcess:
+    """``python -m interop ARGS`` in a fresh process, with a scale and a scratch directory."""
+    env = {**os.environ, "INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory)}
+    return subprocess.run(
+        [sys.executable, "-m", "interop", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+
+
+@functools.cache
+def _directory() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="interop-bench-tests-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def _cli_json(name: str, *args: str, scale: str) -> tuple[subprocess.CompletedProcess, Any, Path]:
+    path = _directory() / name / f"{name}.json"
+    proc = run_cli(path.parent.parent, *args, "--json", str(path), scale=scale)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(path.read_text()), path
+
+
+@functools.cache
+def quick_bench() -> tuple[subprocess.CompletedProcess, Any, Path]:
+    """``bench --quick --json`` at ``SMOKE_SCALE``: (process, JSON, path)."""
+    return _cli_json("bench", "bench", "--quick", scale=SMOKE_SCALE)
+
+
+@functools.cache
+def quick_sweep() -> tuple[subprocess.CompletedProcess, Any, Path]:
+    """``bench --sweep --quick`` over ``SWEEP_ARGS`` at ``SWEEP_SCALE``: (process, JSON, path)."""
+    return _cli_json("sweep", "bench", "--sweep", "--quick", *SWEEP_ARGS, scale=SWEEP_SCALE)
+
+
+@functools.cache
+def full_host_run() -> dict[str, Any]:
+    """The host rows, judged as in a full run, at tiny sizes, in this process."""
+    rows = tuple(spec for spec in bench.ROWS if not spec.gpu)
+    return bench.collect_results(bench.BenchSizes.choose(False, 0.005), rows, quick=False)

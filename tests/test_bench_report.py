@@ -1,0 +1,236 @@
+"""The bench report and help read plainly: directed ratios, judged targets, grouped skips."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from interop import bench
+from interop.__main__ import main
+from interop.bench.ratios import Ratio, row_met
+from interop.bench.report import format_table, ratio_text
+from tests.bench_runs import full_host_run, quick_bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------- ratios and judging
+
+
+def test_a_ratio_knows_its_direction_and_target():
+    faster = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 3.0, 2.0, at_most=2.0)
+    assert faster.value == 1.5
+    assert faster.target == "<= 2x"
+    assert faster.met is True
+    slower = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 9.0, 10.0, at_least=1.0)
+    assert slower.value == pytest.approx(0.9)
+    assert slower.met is False
+    assert Ratio.between("a", "throughput", "b", 5.0, 10.0).met is None  # no target
+    assert Ratio.between("a", "memory", "the ring", None, 10.0, at_most=1.0).met is False
+    assert Ratio.between("a", "throughput", "b", 5.0, 0.0).value is None
+
+
+def test_a_bad_quantity_is_refused():
+    with pytest.raises(ValueError, match="expected a quantity"):
+        Ratio("a", "speed", "b", 1.0)
+
+
+def test_a_row_meets_its_target_when_every_targeted_ratio_does():
+    ok = Ratio.between("a", "time", "b", 1.0, 1.0, at_most=2.0)
+    bad = Ratio.between("a", "throughput", "c", 1.0, 2.0, at_least=1.0)
+    info = Ratio.between("a", "throughput", "d", 1.0, 100.0)  # no target: not judged
+    assert row_met([ok, info]) is True
+    assert row_met([ok, bad, info]) is False
+    assert row_met([info]) is None  # a reference row
+    assert row_met([ok, bad], judged=False) is None  # a smoke run
+    assert bad.record(judged=False)["met"] is None
+    assert bad.record()["met"] is False
+
+
+def test_ratio_text_says_which_way_is_better():
+    time = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 1.29, 1.0, at_most=2.0)
+    assert ratio_text(time.record()) == (
+        "to_numpy: 1.29x the time of numpy.from_dlpack (target <= 2x)"
+    )
+    rate = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 1.14, 1.0, at_least=1.0)
+    assert ratio_text(rate.record(judged=False), judged=False) == (
+        "copy_to_host: 1.14x the throughput of numpy.copyto (target >= 1x, not judged)"
+    )
+    missed = Ratio.between("x", "throughput", "d2h_limit", 0.5, 1.0, at_least=0.9)
+    assert ratio_text(missed.record()).endswith("(target >= 0.9x: MISSED)")
+    memory = Ratio.between("extra RSS", "memory", "the ring size", 64.0, 128.0, at_most=1.0)
+    assert ratio_text(memory.record()) == "extra RSS: 0.50x the ring size (target <= 1x)"
+
+
+# ----------------------------------------------------------------- the printed report
+
+
+def _results(quick: bool, rows: list[dict]) -> dict:
+    return {
+        "quick": quick,
+        "device": "no CUDA device",
+        "date": "2026-01-01T00:00:00+00:00",
+        "commit": "0123456789abcdef",
+        "commit_dirty": False,
+        "config": {"chunk_bytes": 32 << 20, "num_buffers": 4, "host_threads": 4},
+        "sizes": bench.BenchSizes.choose(quick).__dict__,
+        "notes": {},
+        "rows": rows,
+    }
+
+
+@pytest.fixture
+def host_results():
+    """Real runs of the host rows: judged (full, tiny sizes) and a smoke run (``--quick``)."""
+    return full_host_run(), quick_bench()[1]
+
+
+def test_report_labels_every_ratio_with_its_direction(host_results):
+    full, _ = host_results
+    table = format_table(full)
+    flat = " ".join(table.split())
+    assert re.search(r"to_numpy: \d+\.\d\dx the time of numpy\.from_dlpack \(target <= 2x", flat)
+    assert re.search(r"to_torch: \d+\.\d\dx the time of torch\.from_dlpack", flat)
+    assert re.search(r"copy_to_host: \d+\.\d\dx the throughput of numpy\.copyto", flat)
+    assert re.search(r"extra host RSS of save_npy: \d+\.\d\dx the bound", flat)
+    assert " vs " not in table  # no undirected "a vs b" ratios
+    assert "lower is better" in table
+    assert "higher is better" in table
+
+
+def test_memory_rows_lead_with_memory(host_results):
+    full, _ = host_results
+    (line,) = [line for line in format_table(full).splitlines() if line.startswith("save_npy_rss")]
+    assert re.match(r"save_npy_rss\s+\d+(\.\d)? MiB extra host RSS\s+(met|MISSED)$", line), line
+    assert "bound 256 MiB" in format_table(full)
+
+
+def test_full_report_explains_scale_and_judges(host_results):
+    full, _ = host_results
+    table = format_table(full)
+    assert "scale 0.005 (INTEROP_BENCH_SCALE multiplies every size and loop count)" in table
+    assert "smoke" not in table
+    verdicts = {row["name"]: row["met"] for row in full["rows"]}
+    for name, met in verdicts.items():
+        (line,) = [line for line in table.splitlines() if line.startswith(name + " ")]
+        assert line.endswith("met" if met else "MISSED")
+    summary = table.splitlines()[-1]
+    assert summary.startswith("summary: ")
+    assert sum(int(n) for n in re.findall(r"(\d+) (?:met|missed)", summary)) == 4
+
+
+def test_quick_report_is_a_smoke_run_that_judges_nothing(host_results):
+    _, quick = host_results
+    table = format_table(quick)
+    assert table.startswith("interop bench --quick: a smoke run")
+    assert "judges no target" in table
+    assert "MISSED" not in table
+    assert not re.search(r"\bmet$", table, re.MULTILINE)
+    assert "not judged" in table
+    summary = table.splitlines()[-1]
+    assert summary.startswith("summary: 4 measured (not judged: a smoke run)")
+
+
+def test_rows_that_did_not_run_are_grouped_by_reason():
+    rows = [
+        {"name": n, "status": "skipped", "reason": "no CUDA device: none here", "met": None}
+        for n in ("d2h_limit", "d2h_fresh", "save_npy")
+    ] + [{"name": "x", "status": "not available", "reason": "interop.x missing", "met": None}]
+    table = format_table(_results(False, rows))
+    assert table.count("no CUDA device: none here") == 1
+    assert "skipped (3 rows: d2h_limit, d2h_fresh, save_npy): no CUDA device: none here" in table
+    assert "not available (1 row: x): interop.x missing" in table
+    assert table.splitlines()[-1] == "summary: 3 skipped, 1 not available"
+
+
+def test_report_of_a_gpu_row_names_memory_in_words():
+    ratios = [
+        Ratio.between(
+            "copy_to_host(x.T, out)", "throughput", "copy_to_host(x, out)", 8.0, 10.0, at_least=0.8
+        ).record(),
+        Ratio.between(
+            "extra device memory of copy_to_host(x.T, out)",
+            "memory",
+            "the ring size",
+            None,
+            128 << 20,
+            at_most=1.0,
+        ).record(),
+    ]
+    row = {
+        "name": "d2h_strided", "status": "ok", "what": "w", "target": "t", "gbps": 8.0,
+        "met": False, "ratios": ratios,
+        "memory": {"extra_device_bytes": None, "copy_to_host(t.T) extra_device_bytes": 64 << 20,
+                   "ring_bytes": 128 << 20},
+    }  # fmt: skip
+    flat = " ".join(format_table(_results(False, [row])).split())
+    assert "d2h_strided 8.00 GB/s MISSED" in flat
+    assert "0.80x the throughput of copy_to_host(x, out) (target >= 0.8x)" in flat
+    assert "n/a the ring size (target <= 1x: MISSED)" in flat
+    assert (
+        "memory: extra device memory not measured, copy_to_host(t.T) extra device memory "
+        "64 MiB, ring 128 MiB"
+    ) in flat
+
+
+# ----------------------------------------------------------------- help and wording
+
+
+def test_bench_help_lists_the_environment_and_explains_scale(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for name in (
+        "INTEROP_BENCH_SCALE",
+        "INTEROP_BENCH_DIR",
+        "INTEROP_CHUNK_BYTES",
+        "INTEROP_NUM_BUFFERS",
+        "INTEROP_HOST_THREADS",
+    ):
+        assert name in text
+    assert "multiplies every array size and loop count" in text
+    assert "--sweep" in text
+    assert "--plot" in text
+    assert "--quick" in text
+    assert "judges no target" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["info", "--help"]])
+def test_help_has_no_markup_and_no_private_references(argv, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    text = capsys.readouterr().out
+    assert "SPEC" not in text
+    assert "§" not in text
+    assert "``" not in text
+    assert not re.search(r":(func|class|mod|data|meth):", text)
+
+
+def test_no_private_references_in_the_bench_sources_and_docs():
+    files = [*sorted((ROOT / "interop" / "bench").rglob("*.py")), ROOT / "interop" / "__main__.py"]
+    files += [ROOT / "docs" / "benchmarks.md", ROOT / "scripts" / "gpu-check"]
+    for path in files:
+        text = path.read_text()
+        assert "SPEC" not in text, path
+        assert "§" not in text, path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--chunk-mib", "4"], "only apply with --sweep"),
+        (["bench", "--sweep", "--chunk-mib", "0,4"], "positive integers"),
+        (["bench", "--sweep", "--max-seconds", "-3"], "positive number of seconds"),
+        (["bench", "--plot", "out.png"], "at least one JSON file"),
+        (["bench", "--plot", "out.png", "--quick", "a.json"], "without other options"),
+        (["bench", "a.json"], "only with --plot"),
+    ],
+)
+def test_bad_bench_arguments_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,226 @@
+"""``python -m interop bench --sweep``: settings applied through interop.config, JSON written.
+
+On a machine without a GPU the sweep runs the host row (``host_copy``) end to end.
+No timing asserts: the figures are results, not outcomes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import interop
+from interop import bench
+from interop.bench import sweep as sweep_mod
+from interop.bench.measure import Case, WrongResultError, measure
+from tests.bench_runs import quick_sweep, run_cli
+
+TINY = bench.BenchSizes.choose(True, 0.02)
+MiB = 1 << 20
+
+
+@pytest.fixture
+def cpu_sweep():
+    """A real sweep from the command line, host row only here: (process, parsed JSON)."""
+    proc, data, _ = quick_sweep()
+    return proc, data
+
+
+def test_sweep_json_records_the_run_and_grid(cpu_sweep):
+    _, data = cpu_sweep
+    assert data["kind"] == "sweep"
+    assert data["schema"] == bench.SCHEMA
+    assert data["quick"] is True
+    assert "partial" not in data
+    assert data["grid"] == {
+        "chunk_bytes": [1 * MiB, 2 * MiB, 4 * MiB],
+        "host_threads": [1, 2],
+        "num_buffers": [2, 3],
+    }
+    assert [row["name"] for row in data["rows"]] == ["host_copy", "d2h_prealloc", "h2d_pageable"]
+
+
+def test_host_copy_is_swept_over_chunk_bytes_and_host_threads(cpu_sweep):
+    proc, data = cpu_sweep
+    row = data["rows"][0]
+    assert row["status"] == "ok", row
+    assert row["call"] == "copy_to_host"
+    assert row["reference"] == "numpy.copyto"
+    # no staging ring on the host path: num_buffers stays at the current setting
+    assert row["grid"]["num_buffers"] == [data["config"]["num_buffers"]]
+    settings = [(p["chunk_bytes"], p["host_threads"], p["num_buffers"]) for p in row["points"]]
+    nb = data["config"]["num_buffers"]
+    assert sorted(settings) == [(c * MiB, t, nb) for c in (1, 2, 4) for t in (1, 2)]
+    for p in row["points"]:
+        assert "error" not in p, p
+        assert p["gbps"] > 0
+        assert p["reference_gbps"] > 0
+        assert p["ratio"]["quantity"] == "throughput"
+        assert p["ratio"]["to"] == "numpy.copyto"
+        assert p["ratio"]["value"] == pytest.approx(p["gbps"] / p["reference_gbps"])
+        assert p["samples"]["copy_to_host"]["result_checked"] is True
+        assert len(p["samples"]["copy_to_host"]["seconds"]) == 2
+    assert row["points_not_run"] == 0
+    assert row["best"]["gbps"] == max(p["gbps"] for p in row["points"])
+    assert row["anchors"]["numpy.copyto GB/s"] > 0
+    assert "host_copy: copy_to_host" in proc.stdout
+    assert "the throughput of numpy.copyto" in proc.stdout
+
+
+def test_gpu_rows_of_the_sweep_say_why_they_did_not_run(cpu_sweep):
+    proc, data = cpu_sweep
+    if data["device"] != "no CUDA device":
+        pytest.skip("a CUDA device is visible")
+    for row in data["rows"][1:]:
+        assert row["status"] == "skipped"
+        assert row["reason"].startswith("no CUDA device")
+        assert "points" not in row
+    assert "skipped (d2h_prealloc, h2d_pageable): no CUDA device" in proc.stdout
+
+
+def _recording_row(seen: list[dict]) -> sweep_mod.SweepRow:
+    """A real row whose call records interop.config as the call sees it."""
+
+    def setup(ctx):
+        def call():
+            seen.append(interop.config.as_dict())
+            return 1
+
+        cases = {"ours": Case(call, 1 << 20), "reference": Case(lambda: 1, 1 << 20)}
+        return sweep_mod.Subject("1 MiB", "ours", "reference", cases, {}, measure)
+
+    return sweep_mod.SweepRow("recording", "records config", False, (), setup)
+
+
+def test_every_point_runs_under_its_settings():
+    seen: list[dict] = []
+    before = interop.config.as_dict()
+    grid = {"chunk_bytes": [1 * MiB, 3 * MiB], "host_threads": [1, 3], "num_buffers": [2, 5]}
+    data = sweep_mod.sweep(TINY, grid, [_recording_row(seen)])
+    (row,) = data["rows"]
+    assert len(row["points"]) == 8
+    calls_per_point = 1 + 1 + max(2, TINY.repeats - 2)  # first, warm, timed
+    assert len(seen) == 8 * calls_per_point
+    for i, point in enumerate(row["points"]):
+        settings = {k: point[k] for k in ("chunk_bytes", "host_threads", "num_buffers")}
+        assert all(s == settings for s in seen[i * calls_per_point : (i + 1) * calls_per_point])
+    assert interop.config.as_dict() == before  # restored
+    # the current num_buffers plane first, so that a sweep cut short has it
+    current = interop.config.num_buffers
+    planes = [p["num_buffers"] for p in row["points"]]
+    if current in grid["num_buffers"]:
+        assert planes[:4] == [current] * 4
+
+
+def test_a_spent_time_budget_leaves_points_not_run():
+    seen: list[dict] = []
+    grid = {"chunk_bytes": [1 * MiB], "host_threads": [1, 2], "num_buffers": [2]}
+    data = sweep_mod.sweep(TINY, grid, [_recording_row(seen)], max_seconds=1e-9)
+    (row,) = data["rows"]
+    assert row["status"] == "ok"
+    assert row["points"] == []
+    assert row["points_not_run"] == 2
+    assert seen == []
+    assert "2 points not run: the time budget ran out" in sweep_mod.format_sweep(data)
+
+
+def test_a_wrong_result_is_an_error_point_and_the_sweep_goes_on(capsys):
+    def setup(ctx):
+        def check(result):
+            if interop.config.host_threads == 2:
+                raise WrongResultError("copy returned data that differs from the source")
+
+        cases = {
+            "ours": Case(lambda: 1, 1 << 20, check),
+            "reference": Case(lambda: 1, 1 << 20),
+        }
+        return sweep_mod.Subject("1 MiB", "ours", "reference", cases, {}, measure)
+
+    row = sweep_mod.SweepRow("flaky", "fails at 2 threads", False, (), setup)
+    grid = {"chunk_bytes": [1 * MiB], "host_threads": [1, 2, 3], "num_buffers": [2]}
+    data = sweep_mod.sweep(TINY, grid, [row])
+    points = data["rows"][0]["points"]
+    assert [("error" in p) for p in points] == [False, True, False]
+    assert points[1]["error"].startswith("WrongResultError: copy returned data")
+    assert "WrongResultError" in capsys.readouterr().err
+    assert "error at chunk_bytes 1.0 MiB, host_threads 2" in sweep_mod.format_sweep(data)
+
+
+def test_partial_results_are_handed_out_after_every_point():
+    seen: list[dict] = []
+    snapshots: list[dict] = []
+    grid = {"chunk_bytes": [1 * MiB], "host_threads": [1, 2], "num_buffers": [2]}
+    sweep_mod.sweep(TINY, grid, [_recording_row(seen)], on_point=snapshots.append)
+    assert [len(s["rows"][0]["points"]) for s in snapshots] == [1, 2, 2]
+    assert all(s["partial"] is True for s in snapshots)
+
+
+@pytest.mark.parametrize(
+    ("grid", "error"),
+    [
+        ({"chunk_bytes": [], "host_threads": [1], "num_buffers": [2]}, ValueError),
+        ({"chunk_bytes": [0], "host_threads": [1], "num_buffers": [2]}, ValueError),
+        ({"chunk_bytes": [1 << 20], "host_threads": [1.5], "num_buffers": [2]}, TypeError),
+    ],
+)
+def test_a_bad_grid_is_refused_before_anything_runs(grid, error):
+    seen: list[dict] = []
+    with pytest.raises(error):
+        sweep_mod.sweep(TINY, grid, [_recording_row(seen)])
+    assert seen == []
+
+
+def test_an_unknown_sweep_row_is_refused(tmp_path):
+    proc = run_cli(tmp_path, "bench", "--sweep", "--rows", "host_copy,d2h_fresh")
+    assert proc.returncode == 2
+    assert "expected sweep rows among" in proc.stderr
+    assert "d2h_fresh" in proc.stderr
+
+
+def test_default_grid_follows_the_cores_and_has_the_current_settings():
+    with interop.config.set(chunk_bytes=24 * MiB, host_threads=3, num_buffers=5):
+        grid = sweep_mod.default_grid(False, cpu_count=12)
+        quick = sweep_mod.default_grid(True, cpu_count=1)
+    assert grid["host_threads"] == [1, 2, 3, 4, 8, 12]
+    assert grid["chunk_bytes"] == [n * MiB for n in (4, 8, 16, 24, 32, 64, 128)]
+    assert grid["num_buffers"] == [2, 3, 4, 5, 6]
+    assert quick["host_threads"] == [1, 3]
+
+
+@pytest.mark.gpu
+def test_gpu_sweep_runs(tmp_path):
+    """On a GPU runner both GPU rows sweep and check every point (figures not judged)."""
+    path = tmp_path / "sweep.json"
+    proc = run_cli(
+        tmp_path,
+        "bench", "--sweep", "--quick", "--chunk-mib", "1,4", "--host-threads", "1,2",
+        "--num-buffers", "2", "--json", str(path),
+        scale="0.125",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
+    for name, limit in (("d2h_prealloc", "d2h_limit"), ("h2d_pageable", "h2d_limit")):
+        row = rows[name]
+        assert row["status"] == "ok", row
+        assert len(row["points"]) == 4
+        assert all(p["gbps"] > 0 and "error" not in p for p in row["points"])
+        assert row["anchors"][f"{limit} GB/s"] > 0
+    assert rows["d2h_prealloc"]["anchors"]["cupy.asnumpy(x) GB/s"] > 0
+    assert rows["h2d_pageable"]["anchors"]["cupy.asarray(host) GB/s"] > 0
+
+
+def test_a_failing_cache_release_keeps_the_points(monkeypatch, capsys):
+    def failing_release(self):
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setattr(bench.context.BenchContext, "release", failing_release)
+    seen: list[dict] = []
+    grid = {"chunk_bytes": [1 * MiB], "host_threads": [1], "num_buffers": [2]}
+    data = sweep_mod.sweep(TINY, grid, [_recording_row(seen)])
+    assert len(data["rows"][0]["points"]) == 1
+    assert data["notes"]["release_errors"] == [
+        "after recording: RuntimeError: cudaErrorIllegalAddress"
+    ]
+    assert "cudaErrorIllegalAddress" in capsys.readouterr().err
+    assert "note: releasing caches failed after recording" in sweep_mod.format_sweep(data)
