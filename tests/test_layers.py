@@ -18,8 +18,12 @@ def _module_name(path: pathlib.Path) -> str:
 
 
 def _imports() -> dict[str, set[str]]:
-    """Module -> the interop modules it imports (explicitly, anywhere in the
-    file; importing a submodule also runs its subpackage's __init__)."""
+    """Module -> the interop modules it imports, anywhere in the file.
+
+    A package's ``__init__`` is its facade: it may import its own submodules
+    (the implicit "a submodule's package runs first" is not an edge), but a
+    module that imports a package's ``__init__`` by name depends on all of it.
+    """
     modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
@@ -41,9 +45,6 @@ def _imports() -> dict[str, set[str]]:
                     target = target.rpartition(".")[0]
                 if target and target != name and target != "interop":
                     graph[name].add(target)
-                    parent = target.rpartition(".")[0]
-                    if parent not in ("", "interop") and parent != name:
-                        graph[name].add(parent)  # a subpackage's __init__ runs first
     return graph
 
 

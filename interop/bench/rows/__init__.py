@@ -9,19 +9,13 @@ targets carried by its ratios (:mod:`interop.bench.ratios`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..context import BenchContext
 
-__all__ = ["ROWS", "RowSpec", "api"]
-
-
-def api(name: str) -> Any:
-    """``interop.<name>``, looked up when a row runs (rows list what they need)."""
-    return getattr(importlib.import_module("interop"), name)
+__all__ = ["ROWS", "RowSpec"]
 
 
 @dataclasses.dataclass(frozen=True)

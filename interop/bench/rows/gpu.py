@@ -19,7 +19,7 @@ from ..context import BenchContext, GpuArrays
 from ..measure import Case, Measured, WrongResultError, expect_equal, measure_per_call
 from ..ratios import Ratio
 from ..sizes import GiB
-from . import api
+from .api import api
 
 __all__ = [
     "d2h_fresh",

@@ -35,7 +35,7 @@ from ..measure import (
 )
 from ..ratios import Ratio
 from ..sizes import GB, MiB
-from . import api
+from .api import api
 
 __all__ = ["host_copy", "save_npy_rss", "save_npy_rss_child", "to_numpy_us", "to_torch_us"]
 
