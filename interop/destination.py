@@ -1,0 +1,492 @@
+"""Where a saved file goes: checks before any data moves, atomic replacement.
+
+:func:`prepare_destination` looks at a path the way ``numpy.save`` would open
+it and decides, before the first byte is written, how the file is written:
+
+===========================  ================================================
+the path names               what happens
+===========================  ================================================
+nothing (a new file)         a hidden temporary file beside it, renamed to the
+                             path when complete (atomic: an interrupted save
+                             leaves no file under the path)
+a regular file               the same; the new file gets the old one's mode
+                             bits, and its owner and group where the process
+                             may set them
+a symlink                    followed: the file it points to is replaced (the
+                             temporary is made in that file's directory), the
+                             link itself stays
+a FIFO or character device   written into, in place: no temporary, no rename,
+                             no positioned writes (``streaming``)
+a directory                  ``IsADirectoryError``
+a socket or block device     ``OSError``: never written into, never replaced
+===========================  ================================================
+
+A file the process may not write is refused with ``PermissionError``, as
+``open(path, "wb")`` (and so ``numpy.save``) would refuse it. The check asks
+the kernel (``os.access`` with the effective ids), so it gives the answer
+``open`` gives: for root, mode bits do not forbid writing, and a 0444 file is
+replaced (keeping its mode 0444), as ``numpy.save`` run by root overwrites it.
+Replacing a file also needs a writable directory (the temporary is created
+beside the file); where the directory is not writable the save is refused
+with ``PermissionError`` before any data moves, although ``numpy.save`` would
+overwrite the file in place: a save that cannot be atomic is not attempted.
+
+Like ``numpy.save``, ``.npy`` is appended to a file name without a suffix
+(``"weights"`` becomes ``"weights.npy"``). Names with another suffix are kept
+as given (``numpy.save`` would turn ``"x.bin"`` into ``"x.bin.npy"``), and so
+is a name that already is a FIFO or character device (``numpy.save`` would
+create ``"/dev/null.npy"`` beside the device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["Destination", "prepare_destination"]
+
+_SUFFIX = ".npy"
+# The temporary's name: "." + the first characters of the file's name (to tell
+# what a leftover after a killed process belonged to) + a random token. Short
+# whatever the file's name, so a name numpy.save accepts never becomes too long.
+_NAME_CHARS = 16
+_TEMPORARY_TRIES = 16
+
+
+def _temporary_name(target: Path) -> Path:
+    return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _writable(path: Path | str, mode: int) -> bool:
+    """What the kernel answers for this process (effective ids, like ``open``)."""
+    if os.access in os.supports_effective_ids:
+        return os.access(path, mode, effective_ids=True)
+    return os.access(path, mode)  # pragma: no cover - every Linux has effective ids
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+class Destination:
+    """A checked place to write one file: a temporary renamed over the target,
+    or a FIFO / character device written in place.
+
+    Made by :func:`prepare_destination`, which has already checked the path.
+    Write through :meth:`open` (one process), or through :meth:`create`, then
+    :meth:`commit` or :meth:`discard` (for example when several processes
+    write parts of the temporary by name).
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The path as given, with ``.npy`` appended when it had no suffix.
+    target : pathlib.Path
+        What is written or replaced: ``path`` made absolute, with the symlinks
+        it ends in followed (the file they lead to; a dangling link's target
+        is created).
+    streaming : bool
+        True for a FIFO or character device: written in place, from the start,
+        in order (no temporary, no rename, no positioned writes).
+    temporary : pathlib.Path or None
+        The hidden temporary file in ``target``'s directory (None when
+        streaming). It exists from :meth:`create` until :meth:`commit` or
+        :meth:`discard`.
+    """
+
+    __slots__ = ("_created", "func", "path", "streaming", "target", "temporary")
+
+    def __init__(
+        self, path: Path, target: Path, *, streaming: bool, func: str = "save_npy"
+    ) -> None:
+        self.path = path
+        self.target = target
+        self.streaming = streaming
+        self.temporary: Path | None = None if streaming else _temporary_name(target)
+        self.func = func
+        self._created = False
+
+    def __repr__(self) -> str:
+        how = "streaming" if self.streaming else f"temporary={str(self.temporary)!r}"
+        return f"Destination({str(self.path)!r}, target={str(self.target)!r}, {how})"
+
+    def create(self) -> int:
+        """Open the destination for writing and return the file descriptor.
+
+        Without ``streaming``: creates :attr:`temporary` (exclusively, empty,
+        never following a link; another name is drawn if it exists). A new
+        file gets the mode ``open(path, "wb")`` would give it (0666 less the
+        umask); a temporary that will replace an existing file is private
+        (0600) until :meth:`commit` gives it the old file's mode. With
+        ``streaming``: opens the FIFO or device for writing (for a FIFO this
+        waits for a reader, as ``open`` does).
+
+        The caller owns the descriptor and closes it (before :meth:`commit`).
+
+        Raises
+        ------
+        OSError
+            The file cannot be created or opened (the system's error).
+        RuntimeError
+            :meth:`create` was already called.
+        """
+        if self._created:
+            raise RuntimeError(f"{self!r}: create() was already called")
+        flags = os.O_WRONLY | os.O_CLOEXEC
+        if self.streaming:
+            fd = os.open(self.target, flags | os.O_NOCTTY)
+            self._created = True
+            return fd
+        mode = 0o600 if self.target.exists() else 0o666
+        assert self.temporary is not None
+        for _ in range(_TEMPORARY_TRIES):
+            try:
+                fd = os.open(self.temporary, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            except FileExistsError:
+                self.temporary = _temporary_name(self.target)
+                continue
+            self._created = True
+            return fd
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{self.func} could not create a temporary file beside {str(self.target)!r} "
+            f"after {_TEMPORARY_TRIES} tries (every drawn name existed)",
+            str(self.temporary),
+        )
+
+    def commit(self) -> None:
+        """Put the written file in place: rename the temporary over the target.
+
+        The rename is atomic: the target is either the old file or the
+        complete new one. An existing file's mode bits are kept, and its owner
+        and group where this process may set them (ACLs and extended
+        attributes are not copied). Nothing is synced to disk (``numpy.save``
+        does not either). For a streaming destination this does nothing (the
+        data is already there).
+
+        Raises
+        ------
+        OSError
+            The rename failed, or the target was replaced by a directory or a
+            non-regular file since :func:`prepare_destination`; the temporary
+            is removed.
+        RuntimeError
+            :meth:`create` was not called, or the temporary was discarded.
+        """
+        if self.streaming:
+            return
+        if not self._created or self.temporary is None:
+            raise RuntimeError(f"{self!r}: nothing to commit (create() first)")
+        try:
+            try:
+                st = os.stat(self.target)
+            except FileNotFoundError:
+                pass  # a new file: it already has open()'s mode
+            else:
+                if not stat.S_ISREG(st.st_mode):
+                    raise OSError(
+                        errno.EEXIST,
+                        f"{self.func} will not replace {str(self.target)!r}: it became "
+                        f"{_kind(st.st_mode)} while the data was written; nothing was changed",
+                        str(self.target),
+                    )
+                _copy_owner_and_mode(self.temporary, st)
+            os.replace(self.temporary, self.target)
+        except BaseException:
+            self.discard()
+            raise
+        self._created = False
+        self.temporary = None
+
+    def discard(self) -> None:
+        """Remove the temporary file, if any; the target is left as it was.
+
+        Idempotent, and never raises (it runs while another error is being
+        handled). A streaming destination has nothing to remove: what was
+        written to a FIFO or device stays written.
+        """
+        if self._created and self.temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.temporary)
+        self._created = False
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[BinaryIO]:
+        """Write the file as a ``with`` block: commit on success, discard on error.
+
+        Yields a buffered binary file (its ``write`` writes everything or
+        raises). When the block ends normally the file is closed and
+        committed; when it raises (``KeyboardInterrupt`` included) the
+        temporary is removed, the target is left as it was, and the error
+        propagates.
+
+        Examples
+        --------
+        >>> dest = prepare_destination(tmp / "a.npy")  # doctest: +SKIP
+        >>> with dest.open() as f:  # doctest: +SKIP
+        ...     f.write(data)
+        """
+        fd = self.create()
+        try:
+            with open(fd, "wb") as f:  # closes fd also if open itself fails
+                yield f
+        except BaseException:
+            self.discard()
+            raise
+        self.commit()
+
+
+def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
+    """Give ``temporary`` the replaced file's owner/group (where permitted), then
+    its mode (after chown, which clears set-user/group-ID bits)."""
+    mine = os.stat(temporary)
+    if (mine.st_uid, mine.st_gid) != (st.st_uid, st.st_gid):
+        for uid in (st.st_uid, -1):
+            try:
+                os.chown(temporary, uid, st.st_gid)
+                break
+            except PermissionError:
+                continue
+    os.chmod(temporary, stat.S_IMODE(st.st_mode))
+
+
+def _with_suffix(path: Path, given: str) -> Path:
+    """``path`` with ``.npy`` appended when its name has no suffix, unless it
+    already names a FIFO or character device (those are written into)."""
+    if path.suffix or path.name.endswith(_SUFFIX):
+        return path
+    try:
+        st = os.stat(path)
+    except OSError:
+        return Path(given + _SUFFIX)
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        return path
+    return Path(given + _SUFFIX)
+
+
+def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
+    """Check where ``path`` leads and how a file written there must be made.
+
+    Nothing is created or written: every check a save can fail before its
+    data moves is done here, so a refused destination costs nothing.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write. ``.npy`` is appended when its name has no suffix
+        (as ``numpy.save`` does), except for the name of an existing FIFO or
+        character device.
+    func : str
+        The public function's name, for error messages.
+
+    Returns
+    -------
+    Destination
+        With ``path``, ``target`` (symlinks resolved), ``streaming`` and
+        ``temporary`` set.
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a str or ``os.PathLike``.
+    ValueError
+        ``path`` is empty.
+    IsADirectoryError
+        ``path`` is a directory, or ends with a path separator.
+    FileNotFoundError, NotADirectoryError
+        The directory the file would be in does not exist (or is a file).
+    PermissionError
+        The file exists and this process may not write it (as ``open`` would
+        refuse), or its directory does not let this process create the
+        temporary file (or replace the file in a sticky directory).
+    OSError
+        ``path`` is a socket or block device (never written into or
+        replaced), its name is too long for the file system, or symlinks
+        loop.
+    """
+    try:
+        given = os.fspath(path)
+    except TypeError:
+        raise TypeError(
+            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
+        ) from None
+    if isinstance(given, bytes):
+        given = os.fsdecode(given)
+    if given == "":
+        raise ValueError(f"{func} expected a file path (got {path!r}); pass a file name")
+    if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)):
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{func} expected a file path (got {given!r}, which names a directory); "
+            "add a file name",
+            given,
+        )
+    dest = _with_suffix(Path(given), given)
+    shown = str(dest)
+    try:
+        st: os.stat_result | None = os.stat(dest)
+    except FileNotFoundError:
+        st = None  # a new file (or a dangling symlink: its target is created)
+    except NotADirectoryError as exc:
+        raise NotADirectoryError(
+            errno.ENOTDIR,
+            f"{func} cannot write {shown!r}: a component of its directory is a file, "
+            "not a directory",
+            shown,
+        ) from exc
+    except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES on a directory above
+        raise type(exc)(exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}", shown) from exc
+
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{func} expected a file path (got {shown!r}, a directory); "
+            f"pass a file name inside it, e.g. {str(dest / ('array' + _SUFFIX))!r}",
+            shown,
+        )
+    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        if not _writable(dest, os.W_OK):
+            raise _not_writable(func, dest, st)
+        real = _follow_links(dest)
+        # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]":
+        # open the path as given when the link's text does not name the file.
+        target = real if _same_file(real, st) else dest.absolute()
+        return Destination(dest, target, streaming=True, func=func)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OSError(
+            errno.EINVAL,
+            f"{func} will not write {shown!r}: it is {_kind(st.st_mode)}; save to a regular "
+            "file (or a FIFO or character device to stream the data)",
+            shown,
+        )
+
+    target = _follow_links(dest)
+    if st is not None and not _same_file(target, st):
+        raise OSError(
+            errno.EINVAL,
+            f"{func} cannot replace {shown!r}: it resolves to {str(target)!r}, which is not "
+            "the same file (a link into /proc?); pass the file's own path",
+            shown,
+        )
+    directory = target.parent
+    try:
+        dir_st = os.stat(directory)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"{func} cannot write {shown!r}: its directory {str(directory)!r} does not exist; "
+            "create it first (os.makedirs)",
+            shown,
+        ) from None
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}", shown) from exc
+    if not stat.S_ISDIR(dir_st.st_mode):
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"{func} cannot write {shown!r}: {str(directory)!r} is a file", shown
+        )
+    _check_name_length(func, target, shown)
+    if st is not None and not _writable(target, os.W_OK):
+        raise _not_writable(func, dest, st)
+    if not _writable(directory, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if _read_only_fs(directory) else "is not writable"
+        action = "replace" if st is not None else "create"
+        raise PermissionError(
+            errno.EACCES,
+            f"{func} cannot {action} {shown!r}: its directory {str(directory)!r} {why} "
+            "(the file is written to a temporary file there and renamed when complete, so an "
+            "interrupted save never leaves a half-written file); save elsewhere or make the "
+            "directory writable",
+            shown,
+        )
+    if st is not None and _sticky_refuses(dir_st, st):
+        raise PermissionError(
+            errno.EPERM,
+            f"{func} cannot replace {shown!r}: its directory {str(directory)!r} is sticky "
+            "(like /tmp) and neither the file nor the directory is yours; save elsewhere",
+            shown,
+        )
+    return Destination(dest, target, streaming=False, func=func)
+
+
+def _follow_links(path: Path) -> Path:
+    """``path`` made absolute, with the symlinks of its last component followed
+    (as ``open`` follows them). The directory part is kept as written: its links
+    lead to the same directory, and resolving them could need permissions that
+    ``open`` does not."""
+    path = path.absolute()
+    for _ in range(40):  # the kernel's own limit on links followed
+        try:
+            link = os.readlink(path)
+        except OSError:  # not a link, or nothing there: the end of the chain
+            return path
+        path = path.parent / link  # an absolute link replaces the whole path
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+
+
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    try:
+        other = os.stat(path)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _not_writable(func: str, dest: Path, st: os.stat_result) -> PermissionError:
+    if _read_only_fs(dest):
+        why, fix = "on a read-only file system", "save elsewhere"
+    else:
+        why, fix = (
+            "which this process may not write",
+            "make it writable (chmod u+w) or save elsewhere",
+        )
+    return PermissionError(
+        errno.EACCES,
+        f"{func} expected a writable file (got {str(dest)!r}, mode "
+        f"{stat.filemode(st.st_mode)}, {why}); numpy.save refuses it too: {fix}",
+        str(dest),
+    )
+
+
+def _check_name_length(func: str, target: Path, shown: str) -> None:
+    try:
+        limit = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return
+    if limit > 0 and len(os.fsencode(target.name)) > limit:
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"{func} cannot write {shown!r}: its name is {len(os.fsencode(target.name))} bytes, "
+            f"the file system allows {limit}; use a shorter name",
+            shown,
+        )
+
+
+def _sticky_refuses(dir_st: os.stat_result, st: os.stat_result) -> bool:
+    """Whether a sticky directory forbids this process to rename over the file."""
+    if not dir_st.st_mode & stat.S_ISVTX:
+        return False
+    euid = os.geteuid()
+    return euid != 0 and euid not in (st.st_uid, dir_st.st_uid)

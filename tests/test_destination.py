@@ -1,0 +1,361 @@
+"""interop.destination: what a save may replace, checked before any data moves.
+
+Every case runs on real files in tmp_path (FIFOs through os.mkfifo, read by a
+thread); never on a device node. Permission refusal is tested as an
+unprivileged process would see it: root bypasses mode bits, so the subprocess
+test drops root's override capabilities first.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import stat
+import threading
+
+import numpy as np
+import pytest
+
+from interop.destination import Destination, prepare_destination
+
+from .helpers import run_python
+
+
+def _umask() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    raise AssertionError("no Umask line in /proc/self/status")
+
+
+def _save(dest: Destination, data: bytes) -> None:
+    with dest.open() as f:
+        f.write(data)
+
+
+# ----------------------------------------------------------------- new and regular
+
+
+def test_new_file_goes_through_a_short_hidden_temporary_beside_it(tmp_path):
+    dest = prepare_destination(tmp_path / "a.npy")
+    assert os.listdir(tmp_path) == []  # checking creates nothing
+    assert dest.path == dest.target == tmp_path / "a.npy"
+    assert not dest.streaming
+    assert dest.temporary is not None
+    assert dest.temporary.parent == tmp_path
+    assert dest.temporary.name.startswith(".a.npy.")
+    with dest.open() as f:
+        f.write(b"payload")
+        assert os.listdir(tmp_path) == [dest.temporary.name]  # nothing under the name yet
+    assert (tmp_path / "a.npy").read_bytes() == b"payload"
+    assert os.listdir(tmp_path) == ["a.npy"]
+    assert stat.S_IMODE((tmp_path / "a.npy").stat().st_mode) == 0o666 & ~_umask()
+
+
+def test_a_name_numpy_save_accepts_is_not_made_too_long(tmp_path):
+    name = "x" * 251 + ".npy"  # 255 bytes: the longest name the file system takes
+    np.save(tmp_path / name, np.arange(3))
+    dest = prepare_destination(tmp_path / name)
+    assert len(dest.temporary.name) < 40
+    _save(dest, b"new")
+    assert (tmp_path / name).read_bytes() == b"new"
+
+
+def test_name_longer_than_the_file_system_allows_is_refused_first(tmp_path):
+    with pytest.raises(OSError, match="File name too long") as info:
+        prepare_destination(tmp_path / ("y" * 300 + ".npy"))
+    assert not isinstance(info.value, PermissionError)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_error_while_writing_keeps_the_old_file_and_leaves_nothing(tmp_path, error):
+    target = tmp_path / "keep.npy"
+    target.write_bytes(b"old")
+    dest = prepare_destination(target)
+
+    def write_half():
+        with dest.open() as f:
+            f.write(b"half of the new data")
+            raise error("stop")
+
+    with pytest.raises(error):
+        write_half()
+    assert target.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["keep.npy"]
+    dest.discard()  # idempotent
+    assert os.listdir(tmp_path) == ["keep.npy"]
+
+
+def test_an_existing_file_keeps_its_mode_owner_and_group(tmp_path):
+    target = tmp_path / "m.npy"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o640)
+    if os.geteuid() == 0:  # root may give the file away: it must come back so
+        os.chown(target, 65534, 65534)
+    before = target.stat()
+    dest = prepare_destination(target)
+    fd = dest.create()
+    try:
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600  # private while written
+        os.write(fd, b"new")
+    finally:
+        os.close(fd)
+    dest.commit()
+    after = target.stat()
+    assert target.read_bytes() == b"new"
+    assert after.st_ino != before.st_ino  # replaced by a rename, not rewritten in place
+    assert stat.S_IMODE(after.st_mode) == 0o640
+    assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)
+    assert os.listdir(tmp_path) == ["m.npy"]
+    dest.discard()  # after a commit: nothing to remove, the file stays
+    assert target.read_bytes() == b"new"
+
+
+@pytest.mark.parametrize(
+    ("given", "written"),
+    [
+        ("weights", "weights.npy"),
+        ("weights.npy", "weights.npy"),
+        ("weights.bin", "weights.bin"),
+        (".hidden", ".hidden.npy"),
+    ],
+)
+def test_npy_suffix_is_added_to_a_name_without_one(tmp_path, given, written):
+    dest = prepare_destination(tmp_path / given)
+    assert dest.path == tmp_path / written
+    assert dest.target == tmp_path / written
+    _save(dest, b"data")
+    assert os.listdir(tmp_path) == [written]
+    if not given.endswith(".bin"):  # numpy.save appends .npy to every other name
+        np.save(tmp_path / given, np.arange(2))
+        assert os.listdir(tmp_path) == [written]
+
+
+def test_a_relative_path_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dest = prepare_destination("rel")
+    assert dest.path == type(dest.path)("rel.npy")
+    assert dest.target == tmp_path / "rel.npy"
+    assert dest.temporary.parent == tmp_path
+    _save(dest, b"r")
+    assert (tmp_path / "rel.npy").read_bytes() == b"r"
+
+
+def test_destination_pickles_for_other_processes(tmp_path):
+    dest = prepare_destination(tmp_path / "p.npy")
+    copy = pickle.loads(pickle.dumps(dest))
+    assert (copy.path, copy.target, copy.temporary, copy.streaming) == (
+        dest.path,
+        dest.target,
+        dest.temporary,
+        dest.streaming,
+    )
+
+
+def test_create_twice_and_commit_without_create_are_errors(tmp_path):
+    dest = prepare_destination(tmp_path / "c.npy")
+    with pytest.raises(RuntimeError, match="nothing to commit"):
+        dest.commit()
+    os.close(dest.create())
+    with pytest.raises(RuntimeError, match="already called"):
+        dest.create()
+    dest.discard()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_target_that_became_a_directory_is_not_replaced(tmp_path):
+    dest = prepare_destination(tmp_path / "late.npy")
+    os.close(dest.create())
+    (tmp_path / "late.npy").mkdir()
+    with pytest.raises(OSError, match="became a directory"):
+        dest.commit()
+    assert (tmp_path / "late.npy").is_dir()
+    assert os.listdir(tmp_path) == ["late.npy"]  # the temporary is gone
+
+
+# ----------------------------------------------------------------------- symlinks
+
+
+def test_a_symlink_is_followed_and_its_target_replaced(tmp_path):
+    (tmp_path / "data").mkdir()
+    real = tmp_path / "data" / "real.npy"
+    real.write_bytes(b"old")
+    os.symlink("data/real.npy", tmp_path / "hop.npy")
+    os.symlink("hop.npy", tmp_path / "link.npy")  # a chain of two links
+    dest = prepare_destination(tmp_path / "link.npy")
+    assert dest.path == tmp_path / "link.npy"
+    assert os.path.samefile(dest.target, real)
+    assert dest.temporary.parent.samefile(tmp_path / "data")  # beside the target
+    _save(dest, b"new")
+    assert os.readlink(tmp_path / "link.npy") == "hop.npy"  # the links stay links
+    assert os.readlink(tmp_path / "hop.npy") == "data/real.npy"
+    assert real.read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path / "data")) == ["real.npy"]
+
+
+def test_a_dangling_symlink_creates_its_target_like_numpy_save(tmp_path):
+    (tmp_path / "d").mkdir()
+    os.symlink("d/made.npy", tmp_path / "dangling.npy")
+    dest = prepare_destination(tmp_path / "dangling.npy")
+    _save(dest, b"x")
+    assert (tmp_path / "d" / "made.npy").read_bytes() == b"x"
+    assert os.path.islink(tmp_path / "dangling.npy")
+
+
+def test_a_symlink_loop_is_refused_first(tmp_path):
+    os.symlink("b.npy", tmp_path / "a.npy")
+    os.symlink("a.npy", tmp_path / "b.npy")
+    with pytest.raises(OSError, match="symbolic links"):
+        prepare_destination(tmp_path / "a.npy")
+
+
+# ---------------------------------------------------------------- non-regular files
+
+
+def test_a_fifo_is_written_into_not_replaced(tmp_path):
+    fifo = tmp_path / "pipe"  # no suffix: an existing FIFO keeps its name
+    os.mkfifo(fifo)
+    received = bytearray()
+
+    def read():
+        with open(fifo, "rb") as f:
+            while block := f.read(1 << 16):
+                received.extend(block)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    dest = prepare_destination(fifo)
+    try:
+        assert (dest.path, dest.streaming, dest.temporary) == (fifo, True, None)
+        payload = bytes(range(256)) * 1000
+        _save(dest, payload)
+        reader.join(10)
+    finally:
+        if reader.is_alive():  # unblock the reader so no thread is left waiting
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(10)
+    assert bytes(received) == payload
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.listdir(tmp_path) == ["pipe"]
+
+
+def test_a_directory_is_refused(tmp_path):
+    (tmp_path / "d.npy").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"expected a file path .*d\.npy.*a directory"):
+        prepare_destination(tmp_path / "d.npy")
+    with pytest.raises(IsADirectoryError, match="names a directory"):
+        prepare_destination(f"{tmp_path}/new/")
+    # a directory named without a suffix: numpy.save writes "d.npy" beside it, so do we
+    (tmp_path / "plain").mkdir()
+    assert prepare_destination(tmp_path / "plain").path == tmp_path / "plain.npy"
+
+
+def test_a_socket_is_neither_written_nor_replaced(tmp_path):
+    path = tmp_path / "s.npy"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        with pytest.raises(OSError, match="is a socket"):
+            prepare_destination(path)
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+
+
+def test_a_missing_directory_is_refused_first(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"directory .*nope.* does not exist"):
+        prepare_destination(tmp_path / "nope" / "a.npy")
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match="is a file, not a directory"):
+        prepare_destination(tmp_path / "file" / "a.npy")
+
+
+@pytest.mark.parametrize(("path", "exc"), [(12, TypeError), (None, TypeError), ("", ValueError)])
+def test_not_a_path(path, exc):
+    with pytest.raises(exc, match="expected"):
+        prepare_destination(path)
+
+
+# -------------------------------------------------------------------- permissions
+
+
+def test_a_read_only_file_has_the_outcome_numpy_save_has(tmp_path):
+    """Root may write a 0444 file (numpy.save overwrites it): then it is replaced and
+    stays 0444. Any other user is refused (tested for root too, below)."""
+    probe = tmp_path / "probe.npy"
+    probe.write_bytes(b"old")
+    os.chmod(probe, 0o444)
+    try:
+        np.save(probe, np.arange(3))
+        numpy_refused = False
+    except PermissionError:
+        numpy_refused = True
+    target = tmp_path / "ro.npy"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o444)
+    if numpy_refused:
+        with pytest.raises(PermissionError, match="expected a writable file"):
+            prepare_destination(target)
+        assert target.read_bytes() == b"old"
+    else:
+        _save(prepare_destination(target), b"new")
+        assert target.read_bytes() == b"new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444
+
+
+_UNPRIVILEGED = """
+    import ctypes, os, numpy as np
+    import interop.destination as d
+
+    if os.geteuid() == 0:  # drop root's bypass of mode bits (CAP_DAC_OVERRIDE, _READ_SEARCH)
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+        class Data(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
+        libc = ctypes.CDLL(None, use_errno=True)
+        header, data = Header(0x20080522, 0), (Data * 2)()
+        assert libc.capget(ctypes.byref(header), data) == 0, ctypes.get_errno()
+        data[0].effective &= ~0b110
+        data[0].permitted &= ~0b110
+        assert libc.capset(ctypes.byref(header), data) == 0, ctypes.get_errno()
+
+    def outcome(call):
+        try:
+            call()
+            return "ok"
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    base = {base!r}
+    print(outcome(lambda: np.save(base + "/ro.npy", np.arange(3))))
+    print(outcome(lambda: d.prepare_destination(base + "/ro.npy")))
+    print(outcome(lambda: d.prepare_destination(base + "/locked/new.npy")))
+    print(outcome(lambda: d.prepare_destination(base + "/locked/mine.npy")))
+"""
+
+
+def test_files_and_directories_this_process_may_not_write_are_refused_first(tmp_path):
+    (tmp_path / "ro.npy").write_bytes(b"old")
+    os.chmod(tmp_path / "ro.npy", 0o444)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "mine.npy").write_bytes(b"mine")
+    os.chmod(locked, 0o555)
+    try:
+        proc = run_python(_UNPRIVILEGED.replace("{base!r}", repr(str(tmp_path))))
+    finally:
+        os.chmod(locked, 0o755)
+    assert proc.returncode == 0, proc.stderr
+    numpy_said, ro, new, mine = proc.stdout.splitlines()
+    assert numpy_said.startswith("PermissionError")  # numpy.save refuses the file ...
+    assert ro.startswith("PermissionError: [Errno 13] save_npy expected a writable file")
+    assert "mode -r--r--r--" in ro
+    assert "chmod u+w" in ro
+    assert new.startswith("PermissionError: [Errno 13] save_npy cannot create")
+    assert "its directory" in new
+    # a writable file in a locked directory: numpy.save would overwrite it in
+    # place; it cannot be replaced atomically, so it is refused
+    assert mine.startswith("PermissionError: [Errno 13] save_npy cannot replace")
+    assert (tmp_path / "ro.npy").read_bytes() == b"old"
+    assert (locked / "mine.npy").read_bytes() == b"mine"
+    assert sorted(os.listdir(locked)) == ["mine.npy"]
