@@ -25,7 +25,6 @@ leading axes. Runs are as long as the layout allows (adjacent ones are merged).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 
 from . import dtypes
 from .config import chunk_bytes_or_default
+from .destination import Destination, prepare_destination
 from .errors import BackendUnavailableError, TransferError
 
 try:
@@ -175,68 +175,6 @@ def _where() -> str:
     return f"{socket.gethostname()} (pid {os.getpid()})"
 
 
-# ------------------------------------------------------------------ destination
-# Until interop.destination lands, this stands in for its prepare_destination():
-# the same rules as interop.save_npy, one place to swap.
-
-
-@dataclass(frozen=True)
-class _Destination:
-    path: Path  # what the caller named
-    target: Path  # what is replaced (a symlink's target)
-    streaming: bool  # a FIFO or character device: written into, never replaced
-    temporary: Path  # written first, renamed to target by commit()
-
-    def create(self) -> int:
-        """Open the temporary file for writing (it must not exist); return its fd."""
-        mode = 0o666
-        with contextlib.suppress(FileNotFoundError):
-            mode = os.stat(self.target).st_mode & 0o7777  # keep an existing file's mode
-        fd = os.open(self.temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, mode & ~_umask())
-        except BaseException:
-            os.close(fd)
-            self.discard()
-            raise
-        return fd
-
-    def commit(self) -> None:
-        """Rename the temporary file to the target."""
-        os.replace(self.temporary, self.target)
-
-    def discard(self) -> None:
-        """Remove the temporary file, if any."""
-        self.temporary.unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _prepare_destination(path: Path, func: str) -> _Destination:
-    import stat
-
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    try:
-        st = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(f"{func} expected a file path (got the directory {str(path)!r})")
-    streaming = st is not None and not stat.S_ISREG(st.st_mode)
-    if st is not None and not os.access(target, os.W_OK):
-        raise PermissionError(f"{func} cannot write {str(path)!r}: permission denied")
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        raise PermissionError(
-            f"{func} cannot create files in {str(target.parent)!r}: permission denied"
-        )
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.partial")
-    return _Destination(path, target, streaming, temporary)
-
-
 # ------------------------------------------------------------------ save
 
 
@@ -289,11 +227,13 @@ def _write_block(
     layout: _Layout,
     block_chunks: tuple[tuple[int, ...], ...],
     chunk_bytes: int | None,
-    after: Any = None,
     block_info: Any = None,
 ) -> np.ndarray:
-    """Task: write one block at its offsets; return its byte count (as a block)."""
-    del after  # only orders this task after the file was created
+    """Task: write one block at its offsets; return its byte count (as a block).
+
+    Idempotent: run twice (a retry, or a task Dask chose to recompute), it
+    writes the same bytes to the same offsets.
+    """
     location = [tuple(map(int, loc)) for loc in block_info[0]["array-location"]]
     start = tuple(lo for lo, _ in location)
     shape = tuple(hi - lo for lo, hi in location)
@@ -333,8 +273,9 @@ def _write_block(
     return result
 
 
-def _create(destination: _Destination, header: bytes, size: int) -> None:
-    """Create the temporary file: the header, then the file sized to ``size``."""
+def _create(destination: Destination, header: bytes, size: int) -> None:
+    """Create the temporary file (on the caller): the header, then the file
+    sized to ``size``. Never a task: Dask may run a task more than once."""
     fd = destination.create()
     try:
         _pwrite_all(fd, memoryview(header), 0)
@@ -346,7 +287,7 @@ def _create(destination: _Destination, header: bytes, size: int) -> None:
     os.close(fd)
 
 
-def _commit(destination: _Destination, written: np.ndarray, nbytes: int, _: Any = None) -> Path:
+def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
     """Task (``compute=False``): rename once every block is written."""
     total = int(np.sum(written))
     if total != nbytes:
@@ -360,7 +301,7 @@ def _commit(destination: _Destination, written: np.ndarray, nbytes: int, _: Any 
     return destination.path
 
 
-def _writes(darr: Any, layout: _Layout, chunk_bytes: int | None, name: str, after: Any) -> Any:
+def _writes(darr: Any, layout: _Layout, chunk_bytes: int | None, name: str) -> Any:
     """The dask array of write tasks: one element per block (its byte count)."""
     out_chunks = tuple((1,) * n for n in darr.numblocks)
     kwargs: dict[str, Any] = {
@@ -368,8 +309,6 @@ def _writes(darr: Any, layout: _Layout, chunk_bytes: int | None, name: str, afte
         "block_chunks": darr.chunks,
         "chunk_bytes": chunk_bytes,
     }
-    if after is not None:
-        kwargs["after"] = after
     return da.map_blocks(
         _write_block,
         darr,
@@ -481,24 +420,29 @@ def save_npy(
         ``interop.save_npy`` accepts (bfloat16/float8 under their
         ``ml_dtypes`` names), with any chunking. Chunk sizes must be known.
     path : str or os.PathLike
-        Destination, on a file system that every worker shares with the caller.
-        Written under a temporary name in the same directory and renamed to
-        ``path`` only when every block is written. A symlink is followed and
-        its target replaced; an existing file's mode is kept.
+        Destination, on a file system that every worker shares with the
+        caller; ``.npy`` is appended to a name without a suffix, as
+        ``numpy.save`` does. The data goes to a hidden temporary file in the
+        same directory, renamed to ``path`` only when every block is written.
+        A symlink is followed and its target replaced; an existing file's mode
+        (and owner, where permitted) is kept. Checked before any block is
+        computed.
     chunk_bytes : int, optional
         Largest piece a worker copies at once for a block that is not a
         C-contiguous host array; default: each worker's
         ``interop.config.chunk_bytes``.
     compute : bool
-        True: write now and return ``path``. False: return a
-        ``dask.delayed.Delayed`` that creates the file, writes the blocks and
-        renames the file when computed (with ``dask.compute`` or
-        ``client.compute``), and returns ``path``.
+        True: write now and return the path. False: create the temporary
+        file now and return a ``dask.delayed.Delayed`` that writes the blocks
+        and renames the file when computed (with ``dask.compute`` or
+        ``client.compute``, alone or with other collections), and returns the
+        path.
 
     Returns
     -------
     pathlib.Path or dask.delayed.Delayed
-        ``path`` (as a :class:`pathlib.Path`), or the delayed save.
+        The path written (``.npy`` appended where ``numpy.save`` appends
+        it), or the delayed save.
 
     Notes
     -----
@@ -514,10 +458,13 @@ def save_npy(
     runs twice (Dask retries it after a worker died) writes the same bytes.
 
     Scheduling is Dask's: the distributed client in use, else the scheduler
-    dask would pick (threads by default). With ``compute=False`` the
-    temporary file is made by the first task of the graph; if that graph fails
-    or is cancelled, the temporary file (``.NAME.XXXX.partial``) stays next
-    to ``path`` and may be deleted; the final name never appears.
+    dask would pick (threads by default). With ``compute=False`` the caller
+    still writes the header and sizes the temporary file now (Dask may run a
+    task more than once, so creating a file is never a task); the rename is
+    the graph's last task. A delayed save that is never computed, or whose
+    computation fails or is cancelled, leaves that hidden temporary file
+    (``.NAME.XXXXXXXX.tmp``) beside ``path``, for the caller to delete; the
+    final name never appears.
 
     Raises
     ------
@@ -528,8 +475,10 @@ def save_npy(
         ``chunk_bytes``, or ``path`` is a FIFO or a character device (the
         blocks are written at their offsets, which needs a regular file:
         save to a file, or use ``interop.save_npy``).
-    IsADirectoryError, PermissionError
-        Raised before any block is computed.
+    IsADirectoryError, PermissionError, FileNotFoundError, OSError
+        ``path`` is a directory, may not be written (or its directory may
+        not), its directory does not exist, or it is a socket or block
+        device. Raised before any block is computed; nothing is created.
     SaveError
         A block raised, a worker died too often, or the compute was
         cancelled: no file is left under ``path`` (an existing one is
@@ -555,43 +504,40 @@ def save_npy(
         chunk_bytes_or_default(chunk_bytes)  # validated here, used on the workers
     from .npy import _header_bytes
 
-    path = Path(os.fspath(path))
-    destination = _prepare_destination(path, func)
+    destination = prepare_destination(path, func)
     if destination.streaming:
         raise ValueError(
-            f"{func} expected a regular file or a new path (got {str(path)!r}, a FIFO or "
-            "device); blocks are written at their offsets, which needs a regular file: save "
-            "to a file and copy it, or use interop.save_npy"
+            f"{func} expected a regular file or a new path (got {str(destination.path)!r}, a "
+            "FIFO or character device); the blocks are written at their offsets, which needs a "
+            "regular file: save to a file and copy it, or use interop.save_npy"
         )
+    path = destination.path
     shape = tuple(int(n) for n in darr.shape)
     header = _header_bytes(shape, dtype)
-    layout = _Layout(str(destination.temporary), shape, dtype, len(header))
-    size = len(header) + layout.nbytes
-    token = tokenize(darr.name, str(destination.temporary), chunk_bytes)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = len(header) + nbytes
+    # A save has side effects: its keys are new for every call.
+    token = tokenize(darr.name, str(destination.target), chunk_bytes, uuid.uuid4().hex)
     name = f"interop-save-npy-{token}"
-
-    if not compute:
-        created = dask.delayed(_create, pure=False)(
-            destination, header, size, dask_key_name=f"interop-save-npy-create-{token}"
-        )
-        writes = _writes(darr, layout, chunk_bytes, name, created)
-        return dask.delayed(_commit, pure=False)(
-            destination, writes, layout.nbytes, dask_key_name=f"interop-save-npy-commit-{token}"
-        )
 
     _create(destination, header, size)
     try:
-        writes = _writes(darr, layout, chunk_bytes, name, None)
+        layout = _Layout(str(destination.temporary), shape, dtype, len(header))
+        writes = _writes(darr, layout, chunk_bytes, name)
+        if not compute:
+            return dask.delayed(_commit, pure=False)(
+                destination, writes, nbytes, dask_key_name=f"interop-save-npy-commit-{token}"
+            )
         scheduler = get_scheduler(collections=[writes])
         client = _distributed_client(scheduler)
         if client is not None:
-            total = _run_distributed(client, writes, path, layout.nbytes)
+            total = _run_distributed(client, writes, path, nbytes)
         else:
-            total = _run_local(scheduler, writes, path, layout.nbytes)
-        if total != layout.nbytes:  # every block checks its shape: a bug if reached
+            total = _run_local(scheduler, writes, path, nbytes)
+        if total != nbytes:  # every block checks its shape: a bug if reached
             raise SaveError(
-                f"{func}: expected {layout.nbytes} bytes written to {str(path)!r} (got {total})",
-                nbytes=layout.nbytes,
+                f"{func}: expected {nbytes} bytes written to {str(path)!r} (got {total})",
+                nbytes=nbytes,
             )
         destination.commit()
     except BaseException:

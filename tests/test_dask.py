@@ -71,7 +71,8 @@ def _same(a, b):
 
 
 def _leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".partial"))
+    """Hidden files: what a save's temporary file would be called."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
 
 
 # ------------------------------------------------------------------ blocks made on workers
@@ -259,12 +260,14 @@ def test_file_matches_interop_save_npy(tmp_path, threads):
 
 def test_compute_false_returns_the_delayed_save(tmp_path, threads):
     a = sample((10, 8), np.int32)
-    delayed = idask.save_npy(da.from_array(a, chunks=3), tmp_path / "d.npy", compute=False)
+    x = da.from_array(a, chunks=3)
+    delayed = idask.save_npy(x, tmp_path / "d.npy", compute=False)
     assert isinstance(delayed, Delayed)
     assert not (tmp_path / "d.npy").exists()
-    assert list(tmp_path.iterdir()) == []  # nothing made before it is computed
-    (path,) = dask.compute(delayed)
+    assert len(_leftovers(tmp_path)) == 1  # the caller made the sized temporary file
+    (path, total) = dask.compute(delayed, x.sum())  # computed along with other work
     assert path == tmp_path / "d.npy"
+    assert total == a.sum()
     _same(np.load(path), a)
     assert _leftovers(tmp_path) == []
 
@@ -285,6 +288,14 @@ def test_block_raising_threaded_keeps_the_old_file(tmp_path, threads):
     assert old.read_bytes() == before
     assert stat.S_IMODE(old.stat().st_mode) == 0o640
     assert _leftovers(tmp_path) == []
+
+
+def test_npy_suffix_appended_as_numpy_save_does(tmp_path, threads):
+    a = sample((3, 4), np.int8)
+    assert idask.save_npy(da.from_array(a, chunks=2), tmp_path / "weights") == (
+        tmp_path / "weights.npy"
+    )
+    _same(np.load(tmp_path / "weights.npy"), a)
 
 
 def test_existing_mode_kept_and_symlink_followed(tmp_path, threads):
@@ -320,7 +331,7 @@ def test_interrupted_save_cancels_and_removes_the_temporary(tmp_path):
         x = da.from_array(np.ones((8, 8)), chunks=4)
         x = x.map_blocks(_gated_block, gate, meta=x._meta)
         def interrupt():
-            while not any(p.suffix == ".partial" for p in d.iterdir()):
+            while not any(p.name.startswith(".") for p in d.iterdir()):
                 time.sleep(0.01)
             time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGINT)  # a real signal wakes the waiting main thread
@@ -352,13 +363,17 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path):
         idask.save_npy(x[x > 3], tmp_path / "a.npy")
     with pytest.raises(ValueError, match="chunk_bytes"):
         idask.save_npy(x, tmp_path / "a.npy", chunk_bytes=0)
+    (tmp_path / "dir.npy").mkdir()
     with pytest.raises(IsADirectoryError, match="expected a file path"):
-        idask.save_npy(x, tmp_path)
+        idask.save_npy(x, tmp_path / "dir.npy")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        idask.save_npy(x, tmp_path / "missing" / "a.npy")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="needs a regular file"):
         idask.save_npy(x, fifo)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.npy", "fifo"]
+    assert list((tmp_path / "dir.npy").iterdir()) == []
 
 
 def test_load_bad_input(tmp_path):
@@ -507,6 +522,9 @@ def test_cancelled_delayed_save_leaves_no_file(tmp_path, client):
     client.submit(sum, [1, 2]).result()  # the scheduler has seen the cancellation
     assert future.cancelled()
     assert not (tmp_path / "c.npy").exists()
+    # as documented: the caller's temporary file stays, for the caller to delete
+    (leftover,) = _leftovers(tmp_path)
+    (tmp_path / leftover).unlink()
     # computed without cancelling, the same kind of graph completes
     delayed = idask.save_npy(x, tmp_path / "c.npy", compute=False)
     assert client.compute(delayed).result() == tmp_path / "c.npy"
