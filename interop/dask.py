@@ -7,8 +7,8 @@ interop`` never imports dask or distributed. It needs the ``dask`` extra
 Dask schedules everything; interop adds one task per block:
 
 * :func:`save_npy`: the caller writes the ``.npy`` header and sizes a
-  temporary file next to the destination; one task per block (fused by Dask
-  with the task that makes the block) writes the block's bytes at their
+  temporary file next to the destination; one task per block (on the worker
+  that holds the block, where Dask puts it) writes the block's bytes at their
   C-order offsets with positioned writes (``os.pwritev``), from the block's own
   memory when it is a C-contiguous host array, else piece by piece through one
   bounded host buffer (device pieces through :func:`interop.copy_to_host` and
@@ -178,13 +178,6 @@ def _where() -> str:
 # ------------------------------------------------------------------ save
 
 
-def _block_index(location: list[tuple[int, ...]], chunks: tuple[tuple[int, ...], ...]) -> tuple:
-    index = []
-    for (start, _), sizes in zip(location, chunks, strict=True):
-        index.append(int(np.searchsorted(np.cumsum((0, *sizes)), start)))
-    return tuple(index)
-
-
 def _host_pieces(block: Any, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
     """The bytes of ``block`` in C order, as ``(position, bytes)`` pieces.
 
@@ -225,7 +218,6 @@ def _write_block(
     block: Any,
     *,
     layout: _Layout,
-    block_chunks: tuple[tuple[int, ...], ...],
     chunk_bytes: int | None,
     block_info: Any = None,
 ) -> np.ndarray:
@@ -234,13 +226,14 @@ def _write_block(
     Idempotent: run twice (a retry, or a task Dask chose to recompute), it
     writes the same bytes to the same offsets.
     """
-    location = [tuple(map(int, loc)) for loc in block_info[0]["array-location"]]
-    start = tuple(lo for lo, _ in location)
-    shape = tuple(hi - lo for lo, hi in location)
-    index = _block_index(location, block_chunks)
-    what = f"interop.dask.save_npy: block {index} of {layout.path!r} on {_where()}"
     from .transfer import array_source
 
+    info = block_info[0]
+    location = [tuple(map(int, loc)) for loc in info["array-location"]]
+    start = tuple(lo for lo, _ in location)
+    shape = tuple(hi - lo for lo, hi in location)
+    index = tuple(info["chunk-location"])
+    what = f"interop.dask.save_npy: block {index} of {layout.path!r} on {_where()}"
     _, got_shape, got_dtype, _ = array_source(block, "interop.dask.save_npy")
     got_shape = tuple(int(n) for n in got_shape)
     if got_shape != shape or got_dtype != layout.dtype:
@@ -304,11 +297,6 @@ def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
 def _writes(darr: Any, layout: _Layout, chunk_bytes: int | None, name: str) -> Any:
     """The dask array of write tasks: one element per block (its byte count)."""
     out_chunks = tuple((1,) * n for n in darr.numblocks)
-    kwargs: dict[str, Any] = {
-        "layout": layout,
-        "block_chunks": darr.chunks,
-        "chunk_bytes": chunk_bytes,
-    }
     return da.map_blocks(
         _write_block,
         darr,
@@ -316,7 +304,8 @@ def _writes(darr: Any, layout: _Layout, chunk_bytes: int | None, name: str) -> A
         chunks=out_chunks,
         dtype=np.int64,
         meta=np.empty((0,) * darr.ndim, np.int64),
-        **kwargs,
+        layout=layout,
+        chunk_bytes=chunk_bytes,
     )
 
 
