@@ -28,6 +28,10 @@ from interop.dask import SaveError
 from .helpers import NUMPY_DTYPES, run_python, sample
 
 MiB = 1 << 20
+# A piece size every version of interop.config accepts as is (none raises a
+# chunk_bytes of 64 KiB): tests that need a block written in several pieces
+# use blocks many times larger.
+PIECE = 64 << 10
 
 
 # ------------------------------------------------------------------ fixtures
@@ -229,6 +233,16 @@ def test_any_chunking_round_trips(tmp_path_factory, data):
         idask.save_npy(da.from_array(a, chunks=chunks), path, chunk_bytes=6)
         _same(np.load(path), a)
         _same(idask.load_npy(path, chunks=reread).compute(), a)
+
+
+def test_pieces_that_cut_runs(tmp_path, threads):
+    """Blocks written in pieces whose edges fall inside a run (and runs that
+    span several pieces): 800 KB runs, 64 KiB pieces, Fortran-ordered blocks."""
+    a = sample((4, 300, 1000), np.float64, seed=4)
+    x = da.from_array(a, chunks=(2, 100, 1000)).map_blocks(_fortran, meta=np.empty((0, 0, 0)))
+    idask.save_npy(x, tmp_path / "p.npy", chunk_bytes=PIECE)
+    _same(np.load(tmp_path / "p.npy"), a)
+    _same(idask.load_npy(tmp_path / "p.npy", chunks=(3, 70, 300)).compute(), a)
 
 
 def test_fortran_order_file_loads_as_numpy_does(tmp_path, threads):
@@ -493,10 +507,10 @@ def test_worker_killed_mid_save_leaves_no_file(tmp_path, cluster, client, monkey
     save; the nanny restarts the worker and the cluster keeps working."""
     local, _ = cluster
     monkeypatch.setattr(local.scheduler, "allowed_failures", 0)
-    x = da.from_array(sample((64, 64), np.float64), chunks=(32, 64))
+    x = da.from_array(sample((256, 1024), np.float64), chunks=(128, 1024))  # 1 MiB blocks
     dying = x.map_blocks(_killing_block, str(tmp_path / "killed"), (1, 0), meta=x._meta)
     with pytest.raises(SaveError, match=r"\(1, 0\)\] could not be written") as info:
-        idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=4096)
+        idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=PIECE)
     assert type(info.value.__cause__).__name__ == "KilledWorker"
     assert (tmp_path / "killed").exists()  # it died in the middle of the block
     assert sorted(p.name for p in tmp_path.iterdir()) == ["killed"]
@@ -508,10 +522,10 @@ def test_worker_killed_mid_save_leaves_no_file(tmp_path, cluster, client, monkey
 def test_retried_block_writes_the_same_bytes(tmp_path, client):
     """A worker killed after part of its block was written: Dask retries the
     task elsewhere and the retry rewrites the whole block, identically."""
-    a = sample((64, 64), np.float64, seed=5)
-    x = da.from_array(a, chunks=(16, 64))
+    a = sample((256, 1024), np.float64, seed=5)
+    x = da.from_array(a, chunks=(64, 1024))  # 512 KiB blocks: 8 pieces each
     dying = x.map_blocks(_killing_block, str(tmp_path / "killed"), (2, 0), meta=x._meta)
-    idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=2048)
+    idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=PIECE)
     assert (tmp_path / "killed").exists()
     _same(np.load(tmp_path / "a.npy"), a)
     assert _leftovers(tmp_path) == []
