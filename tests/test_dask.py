@@ -1,0 +1,687 @@
+"""interop.dask: save_npy / load_npy of dask arrays, on a real distributed
+LocalCluster of worker processes and on dask's threaded scheduler.
+
+One cluster (2 worker processes, 1 thread each) serves the whole module; the
+functions that make blocks live at module level so the workers can import them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+
+import dask
+import dask.array as da
+import ml_dtypes
+import numpy as np
+import pytest
+from dask.delayed import Delayed
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import interop
+import interop.dask as idask
+from interop.dask import SaveError
+
+from .helpers import NUMPY_DTYPES, run_python, sample
+
+MiB = 1 << 20
+# A piece size every version of interop.config accepts as is (none raises a
+# chunk_bytes of 64 KiB): tests that need a block written in several pieces
+# use blocks many times larger.
+PIECE = 64 << 10
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+        ) as local,
+        Client(local, set_as_default=False) as client,
+    ):
+        yield local, client
+
+
+@pytest.fixture
+def client(cluster):
+    """The module's distributed client, current for the test (what dask uses)."""
+    _, c = cluster
+    c.wait_for_workers(2, timeout=60)
+    with c.as_current():
+        yield c
+
+
+@pytest.fixture
+def threads():
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
+def _same(a, b):
+    assert a.shape == b.shape
+    assert a.dtype == b.dtype
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def _leftovers(directory: Path) -> list[str]:
+    """Hidden files: what a save's temporary file would be called."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+# ------------------------------------------------------------------ blocks made on workers
+
+
+def _fortran_block(block_info=None):
+    """A Fortran-ordered float32 block whose values say where it is (no C copy made)."""
+    info = block_info[None]
+    (r0, _), (c0, _) = info["array-location"]
+    rows, cols = info["chunk-shape"]
+    out = np.empty((rows, cols), np.float32, order="F")
+    out[...] = np.arange(c0, c0 + cols, dtype=np.float32)
+    out[:, 0] = np.arange(r0, r0 + rows, dtype=np.float32)
+    return out
+
+
+def _fortran(block):
+    out = np.array(block, order="F")  # numpy.asfortranarray would make a 0-d block 1-d
+    assert out.ndim < 2 or not out.flags.c_contiguous or 1 in out.shape or 0 in out.shape
+    return out
+
+
+def _raise_in_block(block, bad, block_info=None):
+    if tuple(block_info[0]["chunk-location"]) == bad:
+        raise ValueError(f"block {bad} cannot be made")
+    return block
+
+
+class _KillOnSecondPiece(np.ndarray):
+    """A block that kills its worker process while it is being written: the
+    second piece taken of it (after the first was written) kills the process,
+    once (a marker file records it), so a retry finds a healthy block."""
+
+    marker: str | None = None
+    taken = 0
+
+    def __getitem__(self, idx):
+        if self.marker is not None:
+            self.taken += 1
+            if self.taken == 2 and not os.path.exists(self.marker):
+                Path(self.marker).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(idx)
+
+
+def _killing_block(block, marker, kill, block_info=None):
+    if tuple(block_info[0]["chunk-location"]) != kill:
+        return block
+    out = np.asfortranarray(block).view(_KillOnSecondPiece)
+    out.marker = marker
+    return out
+
+
+def _gated_block(block, gate, block_info=None):
+    """Wait (at most 30 s) until the file ``gate`` exists before giving the block."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return block
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _reset_peak() -> int:
+    """Reset this process's peak RSS (VmHWM) to its current RSS; return that."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS:")
+
+
+def _peak() -> int:
+    return _status("VmHWM:")
+
+
+# ------------------------------------------------------------------ layout
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_block_runs_match_the_c_order_offsets(data):
+    """Every block's runs list exactly the file offsets of its elements, in order."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 6), min_size=0, max_size=4)))
+    start = tuple(data.draw(st.integers(0, n - 1)) for n in shape)
+    stop = tuple(data.draw(st.integers(s + 1, n)) for s, n in zip(start, shape, strict=True))
+    itemsize = data.draw(st.sampled_from([1, 2, 8]))
+    layout = idask._Layout("x", shape, np.dtype(f"V{itemsize}"), 128)
+    block = tuple(b - a for a, b in zip(start, stop, strict=True))
+    runs = layout.runs(start, block)
+    index = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    region = index[tuple(slice(a, b) for a, b in zip(start, stop, strict=True))]
+    expected = (128 + region.reshape(-1) * itemsize).tolist()
+    got = [o + k for o, _, n in runs.segments(0, region.size * itemsize) for k in range(n)]
+    assert got[::itemsize] == expected
+    assert len(got) == region.size * itemsize
+    # runs are maximal: consecutive runs are never adjacent in the file
+    assert all(np.diff(runs.offsets) > runs.nbytes)
+    # any byte range maps onto the same offsets
+    lo = data.draw(st.integers(0, region.size * itemsize - 1))
+    hi = data.draw(st.integers(lo + 1, region.size * itemsize))
+    part = [o + k for o, _, n in runs.segments(lo, hi - lo) for k in range(n)]
+    assert part == got[lo:hi]
+
+
+# ------------------------------------------------------------------ threaded scheduler
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunks"),
+    [
+        ((13,), 4),
+        ((7, 10), ((3, 4), (1, 6, 3))),  # blocks that do not span the last axis
+        ((5, 6, 7), (2, 3, 7)),  # ... that span it but not the middle one
+        ((4, 3, 2), 1),  # one element per block
+        ((6, 1, 5), (6, 1, 2)),
+        ((), ()),
+        ((0, 4), 2),
+        ((3, 0, 2), 2),
+    ],
+    ids=["1d", "2d-ragged", "3d-middle", "elements", "unit-axis", "0d", "empty", "empty-mid"],
+)
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_round_trip_threaded(tmp_path, threads, shape, chunks, layout):
+    a = sample(shape, np.float64, seed=1)
+    x = da.from_array(a, chunks=chunks)
+    if layout == "F":  # non-contiguous blocks go through the bounded buffer
+        x = x.map_blocks(_fortran, meta=x._meta)
+    path = idask.save_npy(x, tmp_path / "a.npy", chunk_bytes=24)
+    assert path == tmp_path / "a.npy"
+    _same(np.load(path), a)
+    assert np.load(path, mmap_mode="r").shape == a.shape
+    back = idask.load_npy(path, chunks=chunks)
+    assert back.chunks == x.chunks
+    _same(back.compute(), a)
+    assert _leftovers(tmp_path) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_any_chunking_round_trips(tmp_path_factory, data):
+    shape = tuple(data.draw(st.lists(st.integers(1, 9), min_size=1, max_size=3)))
+    chunks = tuple(data.draw(st.integers(1, n)) for n in shape)
+    reread = tuple(data.draw(st.integers(1, n)) for n in shape)
+    a = sample(shape, np.int16, seed=len(shape))
+    path = tmp_path_factory.mktemp("any") / "a.npy"
+    with dask.config.set(scheduler="sync"):
+        idask.save_npy(da.from_array(a, chunks=chunks), path, chunk_bytes=6)
+        _same(np.load(path), a)
+        _same(idask.load_npy(path, chunks=reread).compute(), a)
+
+
+def test_pieces_that_cut_runs(tmp_path, threads):
+    """Blocks written in pieces whose edges fall inside a run (and runs that
+    span several pieces): 800 KB runs, 64 KiB pieces, Fortran-ordered blocks."""
+    a = sample((4, 300, 1000), np.float64, seed=4)
+    x = da.from_array(a, chunks=(2, 100, 1000)).map_blocks(_fortran, meta=np.empty((0, 0, 0)))
+    idask.save_npy(x, tmp_path / "p.npy", chunk_bytes=PIECE)
+    _same(np.load(tmp_path / "p.npy"), a)
+    _same(idask.load_npy(tmp_path / "p.npy", chunks=(3, 70, 300)).compute(), a)
+
+
+def test_fortran_order_file_loads_as_numpy_does(tmp_path, threads):
+    a = np.asfortranarray(sample((9, 7, 4), np.float32))
+    np.save(tmp_path / "f.npy", a)
+    back = idask.load_npy(tmp_path / "f.npy", chunks=(4, 3, 2))
+    got = back.compute()
+    _same(got, a)
+    assert back.to_delayed()[1, 1, 1].compute().flags.f_contiguous  # as the file is
+
+
+def test_bfloat16_header_and_values(tmp_path, threads):
+    a = np.linspace(-3, 3, 60).astype(ml_dtypes.bfloat16).reshape(6, 10)
+    idask.save_npy(da.from_array(a, chunks=(4, 3)), tmp_path / "b.npy")
+    with open(tmp_path / "b.npy", "rb") as f:
+        assert b"'descr': 'bfloat16'" in f.read(128)
+    _same(np.load(tmp_path / "b.npy"), a)
+    back = idask.load_npy(tmp_path / "b.npy", chunks=5)
+    assert back.dtype == np.dtype(ml_dtypes.bfloat16)
+    _same(back.compute(), a)
+
+
+def test_file_matches_interop_save_npy(tmp_path, threads):
+    a = sample((11, 6), np.complex64)
+    interop.save_npy(a, tmp_path / "one.npy")
+    idask.save_npy(da.from_array(a, chunks=(4, 5)), tmp_path / "many.npy")
+    assert (tmp_path / "one.npy").read_bytes() == (tmp_path / "many.npy").read_bytes()
+
+
+def test_compute_false_returns_the_delayed_save(tmp_path, threads):
+    a = sample((10, 8), np.int32)
+    x = da.from_array(a, chunks=3)
+    delayed = idask.save_npy(x, tmp_path / "d.npy", compute=False)
+    assert isinstance(delayed, Delayed)
+    assert not (tmp_path / "d.npy").exists()
+    assert len(_leftovers(tmp_path)) == 1  # the caller made the sized temporary file
+    (path, total) = dask.compute(delayed, x.sum())  # computed along with other work
+    assert path == tmp_path / "d.npy"
+    assert total == a.sum()
+    _same(np.load(path), a)
+    assert _leftovers(tmp_path) == []
+
+
+def test_block_raising_threaded_keeps_the_old_file(tmp_path, threads):
+    old = tmp_path / "a.npy"
+    np.save(old, np.arange(3))
+    os.chmod(old, 0o640)
+    before = old.read_bytes()
+    x = da.from_array(sample((8, 8), np.float32), chunks=4)
+    bad = x.map_blocks(_raise_in_block, (1, 0), meta=x._meta)
+    with pytest.raises(SaveError, match=r"cannot be made.*of 4 blocks were written") as info:
+        idask.save_npy(bad, old)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert isinstance(info.value, interop.TransferError)
+    assert info.value.nblocks == 4
+    assert (1, 0) not in info.value.blocks_done
+    assert old.read_bytes() == before
+    assert stat.S_IMODE(old.stat().st_mode) == 0o640
+    assert _leftovers(tmp_path) == []
+
+
+def test_npy_suffix_appended_as_numpy_save_does(tmp_path, threads):
+    a = sample((3, 4), np.int8)
+    assert idask.save_npy(da.from_array(a, chunks=2), tmp_path / "weights") == (
+        tmp_path / "weights.npy"
+    )
+    _same(np.load(tmp_path / "weights.npy"), a)
+
+
+def test_existing_mode_kept_and_symlink_followed(tmp_path, threads):
+    target = tmp_path / "real.npy"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o604)
+    link = tmp_path / "link.npy"
+    link.symlink_to(target)
+    a = sample((5, 5), np.uint8)
+    assert idask.save_npy(da.from_array(a, chunks=2), link) == link
+    assert link.is_symlink()
+    _same(np.load(target), a)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o604
+
+
+def test_block_that_does_not_match_the_arrays_dtype(tmp_path, threads):
+    x = da.from_array(np.ones((4, 4), np.float32), chunks=2)
+    lying = x.map_blocks(lambda b: b.astype(np.float64), meta=x._meta)
+    with pytest.raises(SaveError, match=r"expected a block of shape \(2, 2\) and dtype float32"):
+        idask.save_npy(lying, tmp_path / "l.npy")
+    assert not (tmp_path / "l.npy").exists()
+
+
+def test_interrupted_save_cancels_and_removes_the_temporary(tmp_path):
+    """KeyboardInterrupt while the workers write: re-raised, nothing left behind."""
+    code = f"""
+        import os, signal, threading, time
+        from pathlib import Path
+        import dask, dask.array as da, numpy as np
+        import interop.dask as idask
+        from tests.test_dask import _gated_block
+        d, gate = Path(r"{tmp_path}"), r"{tmp_path / "gate"}"
+        x = da.from_array(np.ones((8, 8)), chunks=4)
+        x = x.map_blocks(_gated_block, gate, meta=x._meta)
+        def interrupt():
+            while not any(p.name.startswith(".") for p in d.iterdir()):
+                time.sleep(0.01)
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)  # a real signal wakes the waiting main thread
+        threading.Thread(target=interrupt).start()
+        try:
+            with dask.config.set(scheduler="threads"):
+                idask.save_npy(x, d / "a.npy")
+        except KeyboardInterrupt:
+            print("interrupted", sorted(p.name for p in d.iterdir()))
+        Path(gate).touch()
+    """
+    proc = run_python(code, env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "interrupted []"
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_input_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(TypeError, match=r"expected a dask.array.Array \(got numpy.ndarray\)"):
+        idask.save_npy(np.ones(3), tmp_path / "a.npy")
+    with pytest.raises(TypeError, match="expected numeric data"):
+        idask.save_npy(
+            da.from_array(np.array([None, 1], dtype=object), chunks=1), tmp_path / "a.npy"
+        )
+    x = da.from_array(np.arange(10), chunks=3)
+    with pytest.raises(ValueError, match=r"known chunk sizes .*compute_chunk_sizes"):
+        idask.save_npy(x[x > 3], tmp_path / "a.npy")
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        idask.save_npy(x, tmp_path / "a.npy", chunk_bytes=0)
+    (tmp_path / "dir.npy").mkdir()
+    with pytest.raises(IsADirectoryError, match="expected a file path"):
+        idask.save_npy(x, tmp_path / "dir.npy")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        idask.save_npy(x, tmp_path / "missing" / "a.npy")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="needs a regular file"):
+        idask.save_npy(x, fifo)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.npy", "fifo"]
+    assert list((tmp_path / "dir.npy").iterdir()) == []
+
+
+def test_load_bad_input(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        idask.load_npy(tmp_path / "missing.npy", chunks=2)
+    (tmp_path / "junk.npy").write_bytes(b"not a npy file at all")
+    with pytest.raises(ValueError, match=r"is not a readable \.npy file"):
+        idask.load_npy(tmp_path / "junk.npy", chunks=2)
+    np.save(tmp_path / "a.npy", np.arange(12.0).reshape(3, 4))
+    with pytest.raises(ValueError, match=r"expected chunks for shape \(3, 4\)"):
+        idask.load_npy(tmp_path / "a.npy", chunks=(1, 2, 3))
+    with pytest.raises(ValueError, match="expected 'cpu', 'cuda' or 'cuda:N'"):
+        idask.load_npy(tmp_path / "a.npy", chunks=2, device="gpu")
+
+
+def test_load_without_a_gpu_refuses_device_blocks(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones(4))
+    proc = run_python(
+        f"""
+        import interop, interop.dask
+        try:
+            interop.dask.load_npy(r"{tmp_path / "a.npy"}", chunks=2, device="cuda")
+        except interop.NoDeviceError as exc:
+            print(exc)
+        """,
+        env={"CUDA_VISIBLE_DEVICES": ""},  # no device, on any machine
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "expected a CUDA device" in proc.stdout
+
+
+def test_file_replaced_after_load_npy_is_detected(tmp_path, threads):
+    np.save(tmp_path / "a.npy", np.ones((4, 4)))
+    lazy = idask.load_npy(tmp_path / "a.npy", chunks=2)
+    np.save(tmp_path / "a.npy", np.ones((4, 5)))
+    with pytest.raises(ValueError, match="it was replaced: call load_npy again"):
+        lazy.compute()
+
+
+def test_import_interop_does_not_import_dask():
+    proc = run_python(
+        """
+        import sys, interop
+        print(sorted(m for m in ("dask", "distributed") if m in sys.modules))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_missing_dask_names_the_extra():
+    proc = run_python(
+        """
+        import sys
+        sys.modules["dask"] = None  # as if not installed
+        import interop
+        try:
+            import interop.dask
+        except ImportError as exc:
+            assert isinstance(exc, interop.BackendUnavailableError)
+            print(exc)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "interop[dask]" in proc.stdout
+
+
+# ------------------------------------------------------------------ distributed cluster
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_round_trip_every_dtype_on_the_cluster(tmp_path, client, dtype):
+    a = sample((9, 10), dtype, seed=2)
+    x = da.from_array(a, chunks=((4, 5), (3, 3, 4)))
+    idask.save_npy(x, tmp_path / "a.npy")
+    _same(np.load(tmp_path / "a.npy"), a)
+    back = idask.load_npy(tmp_path / "a.npy", chunks=(5, 4))
+    assert back.dtype == a.dtype
+    # compared through an integer view made on the workers: distributed cannot
+    # move float8_e5m2 NumPy blocks between processes (see docs/dask.md)
+    bits = interop.dtypes.int_view_of_numpy(a.dtype)
+    _same(back.view(bits).compute(), a.view(bits))
+
+
+def test_blocks_are_written_and_read_by_the_workers(tmp_path, client):
+    """The file grows only from worker processes; the blocks come back as NumPy."""
+    x = da.map_blocks(
+        _fortran_block,
+        dtype=np.float32,
+        chunks=((300, 200), (70, 60)),
+        meta=np.empty((0, 0), np.float32),
+    )
+    idask.save_npy(x, tmp_path / "w.npy", chunk_bytes=1000)
+    _same(np.load(tmp_path / "w.npy"), x.compute())
+    back = idask.load_npy(tmp_path / "w.npy", chunks=(128, 50))
+    blocks = client.compute(back.to_delayed().ravel().tolist(), sync=True)
+    assert all(type(b) is np.ndarray for b in blocks)
+    _same(back.compute(), x.compute())
+
+
+def test_block_raising_on_the_cluster(tmp_path, client):
+    x = da.from_array(sample((8, 9), np.float32), chunks=(4, 3))
+    bad = x.map_blocks(_raise_in_block, (1, 2), meta=x._meta)
+    with pytest.raises(SaveError, match=r"block\(s\) \[\(1, 2\)\] could not be written") as info:
+        idask.save_npy(bad, tmp_path / "a.npy")
+    err = info.value
+    assert isinstance(err.__cause__, ValueError)
+    assert "cannot be made" in str(err.__cause__)
+    assert err.nblocks == 6
+    assert (1, 2) not in err.blocks_done
+    assert set(err.blocks_done) <= {(i, j) for i in range(2) for j in range(3)}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_worker_killed_mid_save_leaves_no_file(tmp_path, cluster, client, monkeypatch):
+    """With no retries allowed, a worker killed while writing a block fails the
+    save; the nanny restarts the worker and the cluster keeps working."""
+    local, _ = cluster
+    monkeypatch.setattr(local.scheduler, "allowed_failures", 0)
+    x = da.from_array(sample((256, 1024), np.float64), chunks=(128, 1024))  # 1 MiB blocks
+    dying = x.map_blocks(_killing_block, str(tmp_path / "killed"), (1, 0), meta=x._meta)
+    with pytest.raises(SaveError, match=r"\(1, 0\)\] could not be written") as info:
+        idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=PIECE)
+    assert type(info.value.__cause__).__name__ == "KilledWorker"
+    assert (tmp_path / "killed").exists()  # it died in the middle of the block
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed"]
+    client.wait_for_workers(2, timeout=60)
+    idask.save_npy(x, tmp_path / "after.npy")
+    _same(np.load(tmp_path / "after.npy"), x.compute())
+
+
+def test_retried_block_writes_the_same_bytes(tmp_path, client):
+    """A worker killed after part of its block was written: Dask retries the
+    task elsewhere and the retry rewrites the whole block, identically."""
+    a = sample((256, 1024), np.float64, seed=5)
+    x = da.from_array(a, chunks=(64, 1024))  # 512 KiB blocks: 8 pieces each
+    dying = x.map_blocks(_killing_block, str(tmp_path / "killed"), (2, 0), meta=x._meta)
+    idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=PIECE)
+    assert (tmp_path / "killed").exists()
+    _same(np.load(tmp_path / "a.npy"), a)
+    assert _leftovers(tmp_path) == []
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_cancelled_delayed_save_leaves_no_file(tmp_path, client):
+    gate = tmp_path / "gate"
+    x = da.from_array(np.ones((8, 8)), chunks=4).map_blocks(
+        _gated_block, str(gate), meta=np.empty((0, 0))
+    )
+    delayed = idask.save_npy(x, tmp_path / "c.npy", compute=False)
+    future = client.compute(delayed)
+    future.cancel()
+    gate.touch()
+    client.submit(sum, [1, 2]).result()  # the scheduler has seen the cancellation
+    assert future.cancelled()
+    assert not (tmp_path / "c.npy").exists()
+    # as documented: the caller's temporary file stays, for the caller to delete
+    (leftover,) = _leftovers(tmp_path)
+    (tmp_path / leftover).unlink()
+    # computed without cancelling, the same kind of graph completes
+    delayed = idask.save_npy(x, tmp_path / "c.npy", compute=False)
+    assert client.compute(delayed).result() == tmp_path / "c.npy"
+    _same(np.load(tmp_path / "c.npy"), np.ones((8, 8)))
+
+
+def test_memory_per_worker_and_on_the_client(tmp_path, client):
+    """Measured: a worker's peak RSS grows by at most its block plus the
+    bounded buffers (not a second copy of the block); the client's by almost
+    nothing while 128 MiB are saved and loaded."""
+    chunk = 2 * MiB
+    rows = 4096  # blocks of 4096 x 1024 float32 = 16 MiB, Fortran-ordered
+    x = da.map_blocks(
+        _fortran_block,
+        dtype=np.float32,
+        chunks=((rows,) * 8, (1024,)),
+        meta=np.empty((0, 0), np.float32),
+    )
+    block = rows * 1024 * 4
+    slack = 6 * MiB  # the interpreter, dask's bookkeeping, allocator rounding
+    base = client.run(_reset_peak)
+    client_base = _reset_peak()
+    idask.save_npy(x, tmp_path / "m.npy", chunk_bytes=chunk)
+    peak = client.run(_peak)
+    client_extra = _peak() - client_base
+    for worker, before in base.items():
+        extra = peak[worker] - before
+        assert extra <= block + 2 * chunk + slack, f"{worker}: {extra / MiB:.1f} MiB"
+    assert client_extra <= slack, f"client: {client_extra / MiB:.1f} MiB"
+    assert (tmp_path / "m.npy").stat().st_size == 8 * block + 128
+
+    base = client.run(_reset_peak)
+    client_base = _reset_peak()
+    back = idask.load_npy(tmp_path / "m.npy", chunks=(rows, 1024))
+    total = back.sum(dtype=np.float64).compute()
+    peak = client.run(_peak)
+    client_extra = _peak() - client_base
+    for worker, before in base.items():
+        extra = peak[worker] - before
+        assert extra <= block + slack, f"{worker}: {extra / MiB:.1f} MiB"
+    assert client_extra <= slack, f"client: {client_extra / MiB:.1f} MiB"
+    assert total == pytest.approx(float(x.sum(dtype=np.float64).compute()))
+
+
+# ------------------------------------------------------------------ example
+
+
+def test_example_dask_checkpoint(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "dask_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("dask_checkpoint", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = module.main(directory=str(tmp_path), rows=512, cols=256, workers=0)
+    assert seen["equal"] is True
+    assert seen["blocks"] == ("cupy.ndarray" if module._blocks_on_gpu() else "numpy.ndarray")
+    assert seen["file_bytes"] == 512 * 256 * 4 + 128
+
+
+# ------------------------------------------------------------------ GPU (threaded scheduler)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_gpu_cupy_blocks_round_trip(tmp_path, cp, layout, threads):
+    a = cp.arange(37 * 53, dtype=cp.float32).reshape(37, 53)
+    x = da.from_array(a, chunks=(10, 20), asarray=False)
+    if layout == "transposed":
+        x = x.map_blocks(cp.asfortranarray, meta=x._meta)
+    idask.save_npy(x, tmp_path / "g.npy", chunk_bytes=256)
+    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), cp.asnumpy(a))
+    back = idask.load_npy(tmp_path / "g.npy", chunks=(16, 7), device="cuda")
+    assert type(back._meta) is cp.ndarray
+    block = back.blocks[1, 2].compute()
+    assert type(block) is cp.ndarray
+    assert bool((block == a[16:32, 14:21]).all())
+    assert bool((back.compute() == a).all())
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_and_fortran_file_to_device(tmp_path, cp, threads):
+    a = np.linspace(-4, 4, 300).astype(ml_dtypes.bfloat16).reshape(15, 20)
+    x = da.from_array(cp.asarray(a), chunks=(4, 7), asarray=False)
+    idask.save_npy(x, tmp_path / "b.npy")
+    _same(np.load(tmp_path / "b.npy"), a)
+    f = np.asfortranarray(sample((9, 11), np.float64))
+    np.save(tmp_path / "f.npy", f)
+    back = idask.load_npy(tmp_path / "f.npy", chunks=(4, 4), device="cuda").compute()
+    np.testing.assert_array_equal(cp.asnumpy(back), f)
+
+
+@pytest.mark.gpu
+def test_gpu_threads_share_one_file(tmp_path, cp, threads):
+    """Many device blocks written by concurrent threads land at their offsets."""
+    a = cp.random.default_rng(0).standard_normal((256, 300), dtype=cp.float32)
+    x = da.from_array(a, chunks=(32, 100), asarray=False)
+    with dask.config.set(num_workers=4):
+        idask.save_npy(x, tmp_path / "t.npy", chunk_bytes=4096)
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), cp.asnumpy(a))
+
+
+# ----------------------------------------------------------------- device blocks, emulated
+
+
+@pytest.mark.parametrize("corner", [(0, 0), (160, 120), (480, 360)])
+def test_a_device_block_streams_through_the_pipeline_into_its_runs(tmp_path, corner):
+    """The write task's device path (pinned slots written straight to the
+    block's runs) on the host backend: a block that does not span whole
+    trailing axes lands at its C-order offsets."""
+    from interop.dask import _Layout, _write_block
+    from interop.npy import _header_bytes
+    from interop.pipeline.host import HostBackend
+
+    full = sample((640, 480), np.float64, seed=4)
+    path = tmp_path / "blocks.npy"
+    header = _header_bytes(full.shape, full.dtype)
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + full.nbytes)
+    layout = _Layout(str(path), full.shape, full.dtype, len(header))
+    device = HostBackend(delay=0.0002)
+    r, c = corner
+    block = full[r : r + 160, c : c + 120]  # 150 KiB: three chunks of 64 KiB
+    where = [(r, r + 160), (c, c + 120)]
+    info = {0: {"array-location": where, "chunk-location": (r // 160, c // 120)}}
+    with interop.config.set(num_buffers=2):
+        written = _write_block(
+            device.asarray(block).T.T, layout=layout, chunk_bytes=1 << 16, block_info=info
+        )
+    assert int(written.sum()) == block.nbytes
+    on_disk = np.load(path)
+    np.testing.assert_array_equal(on_disk[r : r + 160, c : c + 120], block)
+    assert not on_disk[:r].any()  # nothing written outside the block
+    assert device.violations == []
+    device.close()
