@@ -591,24 +591,6 @@ def test_memory_per_worker_and_on_the_client(tmp_path, client):
     assert total == pytest.approx(float(x.sum(dtype=np.float64).compute()))
 
 
-# ------------------------------------------------------------------ example
-
-
-def test_example_dask_checkpoint(tmp_path):
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "examples" / "dask_checkpoint.py"
-    spec = importlib.util.spec_from_file_location("dask_checkpoint", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    seen = module.main(directory=str(tmp_path), rows=512, cols=256, workers=0)
-    assert seen["equal"] is True
-    assert seen["blocks"] == ("cupy.ndarray" if module._blocks_on_gpu() else "numpy.ndarray")
-    assert seen["file_bytes"] == 512 * 256 * 4 + 128
-
-
 # ------------------------------------------------------------------ GPU (threaded scheduler)
 
 

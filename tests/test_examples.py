@@ -227,3 +227,16 @@ def test_getting_started_gpu_lines_run(tmp_path):
     proc = _run_script(cpu + gpu, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "18.0"
+
+
+def test_dask_checkpoint(tmp_path, capsys):
+    module = _load("dask_checkpoint")
+    seen = module.main(["--rows", "512", "--cols", "256", "--workers", "0", "--dir", str(tmp_path)])
+    assert seen["equal"] is True
+    gpu = module._gpu_status() is None
+    assert seen["blocks"] == ("cupy.ndarray" if gpu else "numpy.ndarray")
+    assert seen["shape"] == (512, 256)
+    assert seen["file_bytes"] == 512 * 256 * 4 + 128
+    out = capsys.readouterr().out
+    assert "round trip  equal" in out
+    assert gpu or "NumPy blocks:" in out
