@@ -339,10 +339,11 @@ def save_npy(
     Notes
     -----
     Copy semantics: the file is a copy; ``x`` is not modified and no
-    full-size host copy is made. Device data goes through
-    :func:`interop.copy_to_host_async` chunk by chunk, ordered after the work
-    queued on the producer's current stream; the call returns when the file
-    is complete. Extra host memory: two chunk buffers plus the staging ring.
+    full-size host copy is made. Device data goes through the pinned staging
+    ring of :func:`interop.copy_to_host`, ordered after the work queued on the
+    producer's current stream, and host threads write each slot straight into
+    the file at its offset; the call returns when the file is complete. Extra
+    host memory: one chunk buffer (strided host data) or the staging ring.
     bfloat16/float8 data is written under its ``ml_dtypes`` name (see the
     module docstring for reading it with ``numpy.load``). The file is not
     synced to disk (``numpy.save`` does not either).
