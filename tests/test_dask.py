@@ -12,20 +12,23 @@ import signal
 import stat
 from pathlib import Path
 
-import dask
-import dask.array as da
 import ml_dtypes
 import numpy as np
 import pytest
-from dask.delayed import Delayed
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-import interop
-import interop.dask as idask
-from interop.dask import SaveError
+dask = pytest.importorskip("dask", reason="interop.dask needs the 'dask' extra")
+pytest.importorskip("distributed", reason="interop.dask's tests need the 'dask' extra")
 
-from .helpers import NUMPY_DTYPES, run_python, sample
+import dask.array as da  # noqa: E402
+from dask.delayed import Delayed  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import interop  # noqa: E402
+import interop.dask as idask  # noqa: E402
+from interop.dask import SaveError  # noqa: E402
+
+from .helpers import NUMPY_DTYPES, run_python, sample  # noqa: E402
 
 MiB = 1 << 20
 # A piece size every version of interop.config accepts as is (none raises a

@@ -47,6 +47,8 @@ def test_every_example_has_a_test():
 
 @pytest.mark.parametrize("name", _example_names())
 def test_help_names_the_options(name, capsys):
+    if name == "dask_checkpoint":
+        pytest.importorskip("distributed", reason="the example needs the 'dask' extra")
     module = _load(name)
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--help"])
@@ -230,6 +232,7 @@ def test_getting_started_gpu_lines_run(tmp_path):
 
 
 def test_dask_checkpoint(tmp_path, capsys):
+    pytest.importorskip("distributed", reason="the example needs the 'dask' extra")
     module = _load("dask_checkpoint")
     seen = module.main(["--rows", "512", "--cols", "256", "--workers", "0", "--dir", str(tmp_path)])
     assert seen["equal"] is True
