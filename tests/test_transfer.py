@@ -475,6 +475,18 @@ def test_gpu_waiting_threads_sleep_instead_of_spinning(torch):
 
 
 @pytest.mark.gpu
+def test_gpu_non_native_byte_order_reaches_the_device_in_native_order(cp, torch):
+    a = np.arange(300_000, dtype=">f4").reshape(600, 500)
+    for got in (
+        interop.copy_to_device(a, chunk_bytes=1 << 16),
+        interop.to_cupy(a),
+        interop.to_torch(a, device="cuda"),
+    ):
+        assert str(got.dtype) in ("float32", "torch.float32")
+        np.testing.assert_array_equal(interop.to_numpy(got), a)
+
+
+@pytest.mark.gpu
 def test_gpu_stream_order_without_explicit_sync(torch):
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 22, device="cuda")
