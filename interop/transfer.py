@@ -407,8 +407,24 @@ def copy_to_device_async(
 ) -> Transfer:
     """Start a copy of ``x`` into device memory; return a :class:`Transfer`.
 
-    See :func:`copy_to_device` for the parameters and semantics;
+    The host threads and the copy stream work while the caller goes on;
     ``result()`` returns the destination once the data is on the device.
+    See :func:`copy_to_device` for the parameters, copy semantics and stream
+    order.
+
+    Returns
+    -------
+    Transfer
+        ``result()`` returns ``out`` (or the new CuPy array); ``cancel()``
+        stops after the chunks in flight; ``bytes_done`` counts the bytes
+        already on the device, in the source's C order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad ``x``, ``out`` or ``device``, before anything is written.
+    NoDeviceError, BackendUnavailableError
+        No CUDA device, or CuPy missing.
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
