@@ -15,6 +15,7 @@ out again for work on that stream at once. Two rules keep that safe:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -260,3 +261,14 @@ def use_torch_allocator() -> Any:
     _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()
     return AllocatorScope(cp, _torch_malloc())
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at the fork would never be released in the
+    # child; the parent's deferred frees belong to its CUDA context.
+    global _state, _frees
+    _state = threading.Lock()
+    _frees = DeferredFrees(_RecordedEvent, _delete_cuda)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
