@@ -41,6 +41,7 @@ from ..sizes import GiB, MiB
 
 __all__ = [
     "WORKERS",
+    "MemmapOnWorker",
     "cluster_unavailable",
     "dask_save_npy",
     "dask_save_npy_cupy",
