@@ -27,8 +27,11 @@ GPU_ROWS = {
     "h2d_pageable",
     "exchange_us",
     "save_npy",
+    "dask_save_npy_cupy",
 }
 HOST_ROWS = {"to_numpy_us", "to_torch_us", "host_copy", "save_npy_rss"}
+# The cluster row (tests/test_bench_dask.py): some of its ratios are context, without a target.
+DASK_ROWS = {"dask_save_npy"}
 TINY = bench.BenchSizes.choose(True, 0.02)
 
 
@@ -61,7 +64,7 @@ def test_json_records_the_run(quick_run):
 def test_every_row_is_listed_with_its_target(quick_run):
     _, data = quick_run
     names = [row["name"] for row in data["rows"]]
-    assert sorted(names) == sorted(GPU_ROWS | HOST_ROWS)
+    assert sorted(names) == sorted(GPU_ROWS | HOST_ROWS | DASK_ROWS)
     assert names == [spec.name for spec in bench.ROWS]
     for row in data["rows"]:
         assert row["what"]
@@ -137,17 +140,23 @@ def test_gpu_rows_say_why_they_did_not_run(quick_run):
     reason = next(r["reason"] for r in data["rows"] if r["name"] == "d2h_limit")
     flat = " ".join(proc.stdout.split())  # the report wraps long lines
     assert flat.count(reason) == 1
-    assert "skipped (8 rows: d2h_limit, d2h_prealloc" in flat
+    assert "skipped (9 rows: d2h_limit, d2h_prealloc" in flat
 
 
 def test_a_full_run_judges_its_targets():
     data = full_host_run()
     assert data["quick"] is False
+    assert {row["name"] for row in data["rows"]} == HOST_ROWS | DASK_ROWS
     for row in data["rows"]:
         assert row["status"] == "ok", row
         assert isinstance(row["met"], bool)
-        assert row["met"] == all(r["met"] for r in row["ratios"])
+        targeted = [r for r in row["ratios"] if r["target"]]
+        assert targeted
+        assert row["met"] == all(r["met"] for r in targeted)
         for r in row["ratios"]:
+            if r["target"] is None:  # context
+                assert r["met"] is None
+                continue
             op, limit = r["target"].split()
             bound = float(limit.rstrip("x"))
             assert r["met"] == (r["value"] <= bound if op == "<=" else r["value"] >= bound), r
@@ -275,13 +284,19 @@ def test_gpu_rows_run(tmp_path):
     data = json.loads(path.read_text())
     assert data["device"] != "no CUDA device"
     rows = {row["name"]: row for row in data["rows"]}
-    for name in GPU_ROWS:
+    if rows["dask_save_npy_cupy"]["status"] == "not available":  # no dask on the runner
+        assert "interop[dask]" in rows["dask_save_npy_cupy"]["reason"]
+        rows.pop("dask_save_npy_cupy")
+    for name in GPU_ROWS & set(rows):
         assert rows[name]["status"] == "ok", rows[name]
         assert rows[name].get("gbps", 0) > 0 or rows[name].get("us")
-    for name in ("d2h_prealloc", "d2h_fresh", "d2h_strided", "h2d_pageable", "save_npy"):
+    checked = {"d2h_prealloc", "d2h_fresh", "d2h_strided", "h2d_pageable", "save_npy"}
+    for name in checked | ({"dask_save_npy_cupy"} & set(rows)):
         assert any(s.get("result_checked") for s in rows[name]["samples"].values()), name
     assert rows["d2h_strided"]["memory"]["extra_device_bytes"] is not None
     assert rows["d2h_strided"]["memory"]["copy_to_host(t.T) extra_device_bytes"] is not None
     assert rows["h2d_pageable"]["memory"]["extra_host_rss_bytes"] is not None
     targets = {r["to"] for r in rows["d2h_fresh"]["ratios"] if r["target"]}
     assert targets == {"cupy.asnumpy(x)", "t.cpu().numpy()"}
+    if "dask_save_npy_cupy" in rows:
+        assert rows["dask_save_npy_cupy"]["memory"]["extra_device_bytes"] is not None

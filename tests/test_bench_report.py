@@ -118,7 +118,7 @@ def test_full_report_explains_scale_and_judges(host_results):
         assert line.endswith("met" if met else "MISSED")
     summary = table.splitlines()[-1]
     assert summary.startswith("summary: ")
-    assert sum(int(n) for n in re.findall(r"(\d+) (?:met|missed)", summary)) == 4
+    assert sum(int(n) for n in re.findall(r"(\d+) (?:met|missed)", summary)) == 5
 
 
 def test_quick_report_is_a_smoke_run_that_judges_nothing(host_results):
@@ -130,7 +130,7 @@ def test_quick_report_is_a_smoke_run_that_judges_nothing(host_results):
     assert not re.search(r"\bmet$", table, re.MULTILINE)
     assert "not judged" in table
     summary = table.splitlines()[-1]
-    assert summary.startswith("summary: 4 measured (not judged: a smoke run)")
+    assert summary.startswith("summary: 5 measured (not judged: a smoke run)")
 
 
 def test_rows_that_did_not_run_are_grouped_by_reason():

@@ -134,8 +134,9 @@ def _header(results: dict[str, Any]) -> list[str]:
         f"{format_bytes(cfg['chunk_bytes'] * cfg['num_buffers'])})",
         f"sizes    scale {sizes['scale']:g} (INTEROP_BENCH_SCALE multiplies every size and loop "
         f"count): GPU arrays {format_bytes(sizes['gpu_bytes'])}, host_copy "
-        f"{format_bytes(sizes['host_bytes'])}, save_npy_rss {format_bytes(sizes['rss_bytes'])}; "
-        f"{sizes['calls']} calls per repeat in per-call rows",
+        f"{format_bytes(sizes['host_bytes'])}, save_npy_rss {format_bytes(sizes['rss_bytes'])}"
+        + (f", dask_save_npy {format_bytes(sizes['dask_bytes'])}" if "dask_bytes" in sizes else "")
+        + f"; {sizes['calls']} calls per repeat in per-call rows",
         f"timing   median of {sizes['repeats']} timed repeats after an untimed, checked first "
         "call; anchors measured in the same run, interleaved",
         "ratios   'Nx the time of A': lower is better; 'Nx the throughput of A': higher is "
@@ -168,7 +169,9 @@ def format_table(results: dict[str, Any]) -> str:
     figures = {spec.name: spec.figure for spec in ROWS}
     judged = not results.get("quick")
     lines = _header(results)
-    lines += ["", f"{'row':<14} {'result':<32} verdict"]
+    # the name column fits the longest name of a row that ran
+    width = max([14] + [len(row["name"]) for row in results["rows"] if row["status"] == "ok"])
+    lines += ["", f"{'row':<{width}} {'result':<32} verdict"]
     not_run: dict[tuple[str, str], list[str]] = {}
     counts: dict[str, int] = {}
     for row in results["rows"]:
@@ -180,8 +183,8 @@ def format_table(results: dict[str, Any]) -> str:
         key = verdict.lower() if judged else "measured (not judged: a smoke run)"
         counts[key] = counts.get(key, 0) + 1
         figure = _figure(row, figures.get(row["name"], "gbps"))
-        lines.append(f"{row['name']:<14} {figure:<32} {verdict}")
-        indent = " " * 15
+        lines.append(f"{row['name']:<{width}} {figure:<32} {verdict}")
+        indent = " " * (width + 1)
         if not row.get("ratios"):
             lines.append(f"{indent}target: {row['target']}")
         for r in row.get("ratios", []):

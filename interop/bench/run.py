@@ -68,6 +68,9 @@ def run_row(
             "reason": f"{names} not in this build",
             "met": None,
         }
+    lacking = spec.unavailable() if spec.unavailable is not None else None
+    if lacking is not None:
+        return row | {"status": "not available", "reason": lacking, "met": None}
     if reason is not None:
         return row | {"status": "skipped", "reason": reason, "met": None}
     try:

@@ -29,6 +29,8 @@ class BenchSizes:
         Size of the tensor saved by ``save_npy_rss``.
     gpu_bytes : int
         Size of the float32 arrays of the GPU rows.
+    dask_bytes : int
+        Size of the array saved by ``dask_save_npy`` on its cluster.
     scale : float
         The factor every size and loop count was multiplied by
         (``INTEROP_BENCH_SCALE``).
@@ -39,6 +41,7 @@ class BenchSizes:
     host_bytes: int
     rss_bytes: int
     gpu_bytes: int
+    dask_bytes: int
     scale: float = 1.0
 
     @classmethod
@@ -46,8 +49,9 @@ class BenchSizes:
         """The sizes of a full run or of a ``--quick`` smoke run, multiplied by ``scale``.
 
         A full run moves 1 GiB float32 arrays on the GPU, 256 MiB in
-        ``host_copy`` and saves 768 MiB in ``save_npy_rss``; a smoke run a
-        quarter or less of that, with fewer repeats. Sizes stay multiples of
+        ``host_copy``, saves 768 MiB in ``save_npy_rss`` and 384 MiB in
+        ``dask_save_npy``; a smoke run a quarter or less of that, with fewer
+        repeats. Sizes stay multiples of
         4 KiB and at least 1 MiB; loop counts at least 100.
 
         Raises
@@ -58,9 +62,9 @@ class BenchSizes:
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"expected a positive scale (got {scale!r})")
         if quick:
-            repeats, calls, host, rss, gpu = 3, 2000, 64 * MiB, 64 * MiB, 256 * MiB
+            repeats, calls, host, rss, gpu, dask = 3, 2000, 64 * MiB, 64 * MiB, 256 * MiB, 32 * MiB
         else:
-            repeats, calls, host, rss, gpu = 5, 20000, 256 * MiB, 768 * MiB, GiB
+            repeats, calls, host, rss, gpu, dask = 5, 20000, 256 * MiB, 768 * MiB, GiB, 384 * MiB
 
         def nbytes(n: int) -> int:  # a multiple of 4 KiB, at least 1 MiB
             return max(MiB, int(n * scale) // 4096 * 4096)
@@ -71,6 +75,7 @@ class BenchSizes:
             host_bytes=nbytes(host),
             rss_bytes=nbytes(rss),
             gpu_bytes=nbytes(gpu),
+            dask_bytes=nbytes(dask),
             scale=float(scale),
         )
 

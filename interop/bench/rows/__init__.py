@@ -39,6 +39,10 @@ class RowSpec:
         Measures the row; returns its fields.
     figure : str
         What the report shows first: ``"gbps"``, ``"us"`` or ``"memory"``.
+    unavailable : callable, optional
+        Says why the row cannot run in this installation (an optional
+        library missing), or returns None when it can; a reason makes the
+        row ``"not available"`` with it.
     """
 
     name: str
@@ -48,10 +52,11 @@ class RowSpec:
     gpu: bool
     run: Callable[[BenchContext], dict[str, Any]]
     figure: str = "gbps"
+    unavailable: Callable[[], str | None] | None = None
 
 
 def _rows() -> tuple[RowSpec, ...]:
-    from . import gpu, host
+    from . import dask_save, gpu, host
 
     return (
         RowSpec(
@@ -88,6 +93,18 @@ def _rows() -> tuple[RowSpec, ...]:
             False,
             host.save_npy_rss,
             "memory",
+        ),
+        RowSpec(
+            "dask_save_npy",
+            "interop.dask.save_npy of NumPy blocks persisted on a distributed.LocalCluster "
+            "of 2 worker processes (1 thread each)",
+            "at least 1x the throughput of da.store into an open_memmap and of "
+            "da.to_npy_stack; peak extra RSS per worker at most one block + "
+            "2 x num_buffers x chunk_bytes",
+            (),
+            False,
+            dask_save.dask_save_npy,
+            unavailable=dask_save.cluster_unavailable,
         ),
         RowSpec(
             "d2h_limit",
@@ -155,6 +172,16 @@ def _rows() -> tuple[RowSpec, ...]:
             ("save_npy",),
             True,
             gpu.save_npy,
+        ),
+        RowSpec(
+            "dask_save_npy_cupy",
+            "interop.dask.save_npy of CuPy blocks on the threaded scheduler (2 threads)",
+            "at least 1x the throughput of cupy.asnumpy + numpy.save per block; "
+            "extra host RSS at most 2 threads x 2 x num_buffers x chunk_bytes",
+            (),
+            True,
+            dask_save.dask_save_npy_cupy,
+            unavailable=dask_save.dask_unavailable,
         ),
     )
 
