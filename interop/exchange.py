@@ -340,6 +340,8 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
 
 def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None) -> torch.Tensor:
     check_strided_tensor(t, "to_torch")
+    if t.is_cuda or (target is not None and target[0] == "cuda"):
+        _backends.check_not_forked()  # PyTorch's own error would not say what to do
     t = t.detach() if t.requires_grad else t
     if target is None or _same_torch_device(t, target):
         return t.clone() if copy else t

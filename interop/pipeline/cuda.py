@@ -216,7 +216,11 @@ def cuda_backend(index: int) -> CudaBackend:
     ------
     NoDeviceError, BackendUnavailableError
         No usable CUDA device or CuPy.
+    CudaAfterForkError
+        This process was forked after CUDA was initialised in its parent (a
+        backend made there is unusable here).
     """
+    _backends.check_not_forked()
     backend = _backends_by_index.get(index)
     if backend is None:
         backend = _backends_by_index.setdefault(index, CudaBackend(index))
