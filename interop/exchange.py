@@ -87,17 +87,37 @@ def _odd_strides(strides: tuple[int, ...] | None, itemsize: int) -> bool:
     return bool(strides) and itemsize > 0 and any(st % itemsize for st in strides or ())
 
 
+def _misaligned(a: Any) -> bool:
+    """True if ``a``'s first element is not at a multiple of its itemsize.
+
+    PyTorch assumes element alignment (``complex128`` on 16 bytes) and its
+    kernels crash the interpreter on such memory (or fault the GPU), where
+    NumPy copes: a view at a byte offset into a buffer cannot be shared.
+    """
+    if not a.size or a.dtype.itemsize <= 1:
+        return False
+    address = int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
+    return address % a.dtype.itemsize != 0
+
+
 def _pytorch_cannot_share(a: Any) -> bool:
-    return _negative_strides(a.strides) or _odd_strides(a.strides, a.dtype.itemsize)
+    return (
+        _negative_strides(a.strides) or _odd_strides(a.strides, a.dtype.itemsize) or _misaligned(a)
+    )
 
 
-def _strides_in_words(a: Any) -> str:
-    """What is wrong with ``a``'s strides, for a message."""
+def _layout_in_words(a: Any) -> str:
+    """What PyTorch cannot take about ``a``'s layout, for a message."""
     if _negative_strides(a.strides):
         return f"negative strides {a.strides} (PyTorch has none)"
+    if _odd_strides(a.strides, a.dtype.itemsize):
+        return (
+            f"byte strides {a.strides} that are not multiples of its itemsize "
+            f"{a.dtype.itemsize} (PyTorch counts strides in elements)"
+        )
     return (
-        f"byte strides {a.strides} that are not multiples of its itemsize {a.dtype.itemsize} "
-        "(PyTorch counts strides in elements)"
+        f"data at a byte offset that is not a multiple of its itemsize {a.dtype.itemsize} "
+        "(PyTorch needs aligned elements)"
     )
 
 
@@ -112,7 +132,9 @@ def _normalise_strides(a: np.ndarray) -> np.ndarray:
     fixed = tuple(0 if n == 1 else st for st, n in zip(a.strides, a.shape, strict=True))
     if fixed == a.strides:
         return a
-    return np.lib.stride_tricks.as_strided(a, a.shape, fixed, subok=True)
+    # through a same-sized integer view: as_strided cannot spell ml_dtypes types
+    bits = a.view(dtypes.int_view_of_numpy(a.dtype))
+    return np.lib.stride_tricks.as_strided(bits, a.shape, fixed, subok=True).view(a.dtype)
 
 
 def _readonly_if_broadcast(arr: np.ndarray) -> np.ndarray:
@@ -251,9 +273,14 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``copy=False`` and the right values need a copy (device data,
         conjugate/negative bit).
     UnsupportedDtypeError
-        NumPy and ``ml_dtypes`` cannot hold the dtype (``torch.complex32``).
-    TypeError
-        ``x`` is not an array, or ``copy`` is not None/bool.
+        NumPy and ``ml_dtypes`` cannot hold the dtype (``torch.complex32``,
+        quantized tensors).
+    InvalidTypeError
+        ``x`` is not an array (or a nested or sparse tensor), or ``copy`` is
+        not None/bool (a ``TypeError``).
+    InvalidValueError
+        ``x`` is a meta tensor or on a device other than CPU or CUDA, or a
+        foreign producer's export fails (a ``ValueError``).
     """
     _check_copy(copy)
     if isinstance(x, np.ndarray):
@@ -294,8 +321,8 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
     a = _normalise_strides(a)
     if _pytorch_cannot_share(a):
         if copy is False:
-            raise _copy_required(f"an array with {_strides_in_words(a)}")
-        a = np.ascontiguousarray(a)
+            raise _copy_required(f"an array with {_layout_in_words(a)}")
+        a = a.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
         copied = True
     if copy and not copied:
         a = a.copy(order="K")
@@ -323,7 +350,7 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     index = int(c.device.id)
     pack = c.size > 0 and _pytorch_cannot_share(c)
     if pack and copy is False:
-        raise _copy_required(f"an array with {_strides_in_words(c)}")
+        raise _copy_required(f"an array with {_layout_in_words(c)}")
     with _cuda_context(index):
         # A copy (packing a negative- or odd-stride array) runs on CuPy's
         # current stream, after the producer's work; CuPy's __dlpack__ then
@@ -332,7 +359,7 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
         if c.size == 0 and _pytorch_cannot_share(c):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
         elif pack:
-            c = cp.ascontiguousarray(c)
+            c = c.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
         elif copy:
             c = c.copy()
         return th.from_dlpack(c)
@@ -392,24 +419,35 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     Stream order: a CUDA source is exported with PyTorch's current stream on
     the data's device, so the result can be used at once on that stream, even
     while the producer's kernels are still running; the host is not blocked.
-    Copy semantics: arrays with negative strides or non-native byte order are
-    copied (PyTorch cannot represent them; ``torch.from_dlpack`` aborts the
-    process on negative strides). A read-only NumPy array is shared with an
+    Copy semantics: arrays PyTorch cannot represent as they are are copied:
+    negative strides (``torch.from_dlpack`` aborts the process on them), byte
+    strides that are not multiples of the itemsize (a field of a structured
+    array), a first element that is not at a multiple of the itemsize (a view
+    at a byte offset into a buffer, on which PyTorch's kernels crash), and
+    non-native byte order. A stride on an axis of length 1 is never used and
+    does not force a copy. A read-only NumPy array is shared with an
     :class:`interop.ReadOnlyWarning`, as ``torch.from_numpy`` warns.
 
     Raises
     ------
     CopyRequiredError
-        ``copy=False`` and a copy is needed (negative strides, byte order,
-        another device).
+        ``copy=False`` and a copy is needed (negative or odd strides, a
+        misaligned array, byte order, another device).
     UnsupportedDtypeError
         PyTorch has no such dtype (object, string, datetime arrays).
     BackendUnavailableError
         PyTorch (or, for CUDA data, CuPy) is not installed.
     NoDeviceError
         CUDA data or ``device='cuda'`` without a usable CUDA device.
-    TypeError
-        ``x`` is not an array, or ``device``/``copy`` have the wrong type.
+    InvalidTypeError
+        ``x`` is not an array (or a nested or sparse tensor), or
+        ``device``/``copy`` have the wrong type (a ``TypeError``).
+    InvalidValueError
+        ``device`` names no device, ``x`` is a meta tensor, or a foreign
+        producer's export fails (a ``ValueError``).
+    CudaAfterForkError
+        CUDA data or ``device='cuda'`` in a process forked after its parent
+        initialised CUDA.
     """
     _check_copy(copy)
     target = parse_device(device)
@@ -535,9 +573,14 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     BackendUnavailableError
         CuPy is not installed.
     NoDeviceError
-        No CUDA device is visible.
-    TypeError
-        ``x`` is not an array, or ``device``/``copy`` have the wrong type.
+        No CUDA device is visible (:class:`~interop.CudaAfterForkError` in a
+        process forked after its parent initialised CUDA).
+    InvalidTypeError
+        ``x`` is not an array (or a nested or sparse tensor), or
+        ``device``/``copy`` have the wrong type (a ``TypeError``).
+    InvalidValueError
+        ``device='cpu'``, a meta tensor, or a foreign producer's export fails
+        (a ``ValueError``).
     """
     _check_copy(copy)
     target = parse_device(device)

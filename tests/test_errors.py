@@ -821,6 +821,8 @@ def test_size_one_axes_with_odd_strides_are_shared_not_copied():
     assert t.data_ptr() == buf.ctypes.data
     empty = np.lib.stride_tricks.as_strided(buf, (0, 3), (5, 3))
     assert tuple(interop.to_torch(empty, copy=False).shape) == (0, 3)
+    bf16 = np.arange(3).astype(ml_dtypes.bfloat16).reshape(1, 3)[::-1]  # stride -6, length 1
+    assert interop.to_torch(bf16, copy=False).float().tolist() == [[0.0, 1.0, 2.0]]
 
 
 def test_big_endian_bfloat16_crosses_to_pytorch_and_into_files(tmp_path):
@@ -892,3 +894,25 @@ def test_a_write_that_fails_part_way_names_the_file_and_leaves_none(tmp_path):
     assert f"save_npy could not write {str(path)!r}: File too large" in message
     assert f"no file was left under {str(path)!r}" in message
     assert _listing(tmp_path) == set()  # nor a temporary
+
+
+def test_a_misaligned_view_is_copied_for_pytorch_never_shared():
+    # PyTorch's kernels crash the interpreter on misaligned complex128 (they
+    # assume 16-byte elements): in a subprocess, so a regression is a failure.
+    proc = run_python(
+        """
+        import numpy as np, interop
+        raw = np.zeros(1024 + 16, np.uint8)
+        start = (-raw.ctypes.data) % 16 + 8  # 8 bytes past a 16-byte boundary
+        a = np.ndarray((4, 4), np.complex128, buffer=raw, offset=start)
+        a[...] = np.arange(16).reshape(4, 4) * (1 + 1j)
+        t = interop.to_torch(a)
+        print(t.data_ptr() % 16, t.contiguous().sum().item() == a.sum())
+        try:
+            interop.to_torch(a, copy=False)
+        except interop.CopyRequiredError as exc:
+            print("refused:", "not a multiple of its itemsize 16" in str(exc))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["0 True", "refused: True"]
