@@ -203,13 +203,13 @@ class Config:
 
         Raises
         ------
-        AttributeError
-            Unknown setting.
-        TypeError
-            A value that is not an integer (``bool`` included).
-        ValueError
+        UnknownSettingError
+            Unknown setting (an ``AttributeError``).
+        InvalidTypeError
+            A value that is not an integer, ``bool`` included (a ``TypeError``).
+        InvalidValueError
             A value outside the setting's bounds (see :class:`Config`); the
-            message names the setting and both bounds.
+            message names the setting and both bounds (a ``ValueError``).
         """
         overlay = _Overlay({name: _validate(name, value) for name, value in settings.items()})
         with self._lock:

@@ -389,17 +389,25 @@ def save_npy(
 
     Raises
     ------
-    TypeError
-        ``x`` is not an array, or ``path`` is not a path.
+    InvalidTypeError
+        ``x`` is not an array, or a masked array (a ``.npy`` file has no room
+        for the mask: save ``x.filled(...)``, or ``x.data`` and its mask
+        apart), a nested or sparse tensor, object data; or ``path`` is not a
+        path. A ``TypeError``, raised before any data moves.
+    InvalidValueError
+        A meta tensor, an empty ``path``, or a ``chunk_bytes`` out of bounds
+        (a ``ValueError``, before any data moves).
     UnsupportedDtypeError
-        ``x``'s dtype has no NumPy equivalent (``torch.complex32``).
-    IsADirectoryError, FileNotFoundError, NotADirectoryError, PermissionError
-        The destination is refused (see ``path``), before any data moves.
+        ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
+    PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
+        The destination is refused (see ``path``), before any data moves; each
+        is also the ``OSError`` subclass of its name (``IsADirectoryError``, ...).
     TransferError
         A device chunk failed; no file is left under ``path``.
-    OSError
-        The file cannot be written; no file is left under ``path`` (for a
-        FIFO or device, what was written stays written).
+    PathError
+        The file cannot be written (a full disk, a size limit): an ``OSError``
+        with the failure's ``errno`` and the path; no file is left under
+        ``path`` (for a FIFO or device, what was written stays written).
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
@@ -667,19 +675,24 @@ def load_npy(
 
     Raises
     ------
-    ValueError
+    NpyFormatError
         Corrupt, truncated or object-dtype file, or a header with an
-        impossible shape (the message names the file); an ``out`` of the wrong
-        shape/dtype or read-only, or a ``device`` that is not where ``out``
-        is; a ``device`` string that is not ``"cpu"``, ``"cuda"`` or
-        ``"cuda:N"`` (the message lists what to pass). Nothing is written.
-    TypeError
-        ``out`` is not an array, or ``device`` is not a device.
+        impossible shape (the message names the file). A ``ValueError``;
+        nothing is written.
+    InvalidValueError
+        An ``out`` of the wrong shape/dtype or read-only, or a ``device`` that
+        is not where ``out`` is; a ``device`` string that is not ``"cpu"``,
+        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass). A
+        ``ValueError``; nothing is written.
+    InvalidTypeError
+        ``out`` is not an array, ``device`` is not a device, or ``path`` is
+        not a path (a ``TypeError``).
     BackendUnavailableError, NoDeviceError
         A CUDA ``device`` without CuPy or without a visible GPU; the message
         says that ``device="cpu"`` (or no ``device``) reads into NumPy.
-    FileNotFoundError
-        No such file.
+    PathNotFoundError, PathPermissionError, PathIsADirectoryError
+        No such file, a file this process may not read, or a directory (also
+        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``).
     TransferError
         Reading or copying failed part-way; the message says which byte range
         of ``out`` (in file order) is complete. The call never reports a

@@ -180,12 +180,14 @@ def stream(s: Any) -> Iterator[Any]:
 
     Raises
     ------
-    TypeError, ValueError
-        ``s`` is not a stream-like (checked before anything else).
+    InvalidTypeError, InvalidValueError
+        ``s`` is not a stream-like (a ``TypeError``), or a negative handle (a
+        ``ValueError``); checked before anything else.
     BackendUnavailableError
         PyTorch or CuPy is not installed.
     NoDeviceError
-        No CUDA device is visible.
+        No CUDA device is visible (:class:`~interop.CudaAfterForkError` in a
+        process forked after its parent initialised CUDA).
     """
     handle, device = resolve_stream(s)
     th = _backends.require_torch_cuda()

@@ -329,10 +329,11 @@ def copy_to_host_async(
 
     Raises
     ------
-    TypeError, ValueError
-        ``x`` is not an array, or ``out`` has the wrong type, shape or dtype,
-        is read-only or overlaps the source. Raised here, before anything is
-        written.
+    InvalidTypeError, InvalidValueError
+        ``x`` is not an array (or a nested, sparse or meta tensor), or ``out``
+        has the wrong type, shape or dtype, is read-only or overlaps the
+        source, or ``chunk_bytes``/``progress`` are refused. A ``TypeError``
+        or ``ValueError``, raised here, before anything is written.
     UnsupportedDtypeError
         The dtype has no NumPy equivalent (``torch.complex32``).
     NoDeviceError, BackendUnavailableError
@@ -385,8 +386,9 @@ def copy_to_host(
 
     Raises
     ------
-    TypeError, ValueError
-        Bad ``x`` or ``out`` (before anything is written).
+    InvalidTypeError, InvalidValueError
+        Bad ``x`` or ``out`` (a ``TypeError`` or ``ValueError``, before
+        anything is written).
     TransferError
         A chunk failed or the copy was cancelled; the message says which byte
         range is complete. The error keeps neither ``x`` nor ``out`` alive.
@@ -497,10 +499,12 @@ def copy_to_device(
 
     Raises
     ------
-    ValueError, TypeError
-        Wrong ``out`` (type, shape, dtype) or ``device``; nothing is written.
+    InvalidValueError, InvalidTypeError
+        Wrong ``out`` (type, shape, dtype) or ``device`` (a ``ValueError`` or
+        ``TypeError``); nothing is written.
     NoDeviceError, BackendUnavailableError
-        No CUDA device, or CuPy missing.
+        No CUDA device, or CuPy missing (:class:`~interop.CudaAfterForkError`
+        in a process forked after its parent initialised CUDA).
     TransferError
         A chunk failed; the message says which byte range is complete. Every
         staging buffer and stream is released.

@@ -51,6 +51,17 @@ def test_each_class_is_an_interop_error_and_its_builtin(cls, builtin):
     assert getattr(interop, cls.__name__) is cls
 
 
+def test_every_exported_error_class_is_also_a_builtin_more_specific_than_exception():
+    exported = [getattr(interop, name) for name in interop.__all__]
+    errors = [c for c in exported if isinstance(c, type) and issubclass(c, interop.InteropError)]
+    assert len(errors) >= 18
+    for cls in errors:
+        if cls is interop.InteropError:
+            continue
+        builtins = [b for b in cls.__mro__ if b.__module__ == "builtins"]
+        assert builtins[0] not in (Exception, BaseException, object), cls
+
+
 @pytest.mark.parametrize(
     ("code", "cls", "builtin"),
     [
