@@ -11,11 +11,12 @@ which raise :class:`~interop.errors.BackendUnavailableError` or
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from types import ModuleType
 from typing import Any
 
-from .errors import BackendUnavailableError, NoDeviceError
+from .errors import BackendUnavailableError, CudaAfterForkError, NoDeviceError
 
 __all__: list[str] = []
 
@@ -88,6 +89,57 @@ def cupy_device_count() -> int:
         return 0
 
 
+# --------------------------------------------------------------------------- fork
+
+# The process in which interop first found a usable CUDA device (and so
+# initialised the CUDA driver), or None. A child made by os.fork() inherits
+# the value with another pid: the driver's state it inherited is unusable
+# there, whatever it tries.
+_cuda_initialised_in: int | None = None
+
+
+def note_cuda_initialised() -> None:
+    """Record that this process initialised CUDA (call where interop first does)."""
+    global _cuda_initialised_in
+    if _cuda_initialised_in is None:
+        _cuda_initialised_in = os.getpid()
+
+
+def _torch_in_bad_fork() -> bool:
+    """True in a child forked after PyTorch initialised CUDA in its parent
+    (PyTorch keeps the flag; it may have done so outside interop)."""
+    th = sys.modules.get("torch")
+    check = getattr(getattr(th, "cuda", None), "_is_in_bad_fork", None)
+    return bool(check()) if callable(check) else False
+
+
+def check_not_forked() -> None:
+    """Refuse CUDA in a child forked after CUDA was initialised in its parent.
+
+    CUDA cannot be used in such a child: every driver call fails (CuPy would
+    report no device at all). Cheap: a pid comparison, and a flag of PyTorch's
+    when torch was imported.
+
+    Raises
+    ------
+    CudaAfterForkError
+        This process was forked after its parent (or an ancestor) initialised
+        CUDA; the message says to start workers with the ``spawn`` method.
+    """
+    parent = _cuda_initialised_in
+    if (parent is None or parent == os.getpid()) and not _torch_in_bad_fork():
+        return
+    who = "its parent" if parent is None else f"process {parent}"
+    raise CudaAfterForkError(
+        f"expected a process that may use CUDA (got process {os.getpid()}, forked after CUDA "
+        f"was initialised in {who}); CUDA cannot be used after fork. Start processes that "
+        "use the GPU with multiprocessing's 'spawn' start method "
+        "(multiprocessing.get_context('spawn'), or "
+        "torch.multiprocessing.set_start_method('spawn')), or fork before the parent first "
+        "uses CUDA"
+    )
+
+
 def require_cupy_device() -> ModuleType:
     """Return ``cupy`` after checking that a CUDA device is visible to it.
 
@@ -95,16 +147,20 @@ def require_cupy_device() -> ModuleType:
     ------
     BackendUnavailableError
         CuPy is not installed.
+    CudaAfterForkError
+        This process was forked after CUDA was initialised in its parent.
     NoDeviceError
         CuPy imports but sees no CUDA device (no GPU, no or too old a driver).
     """
     cp = cupy()
+    check_not_forked()
     if cupy_device_count() == 0:
         raise NoDeviceError(
             "expected a CUDA device for CuPy (got none: cupy.cuda.is_available() is False); "
             "run on a machine with an NVIDIA GPU and driver, or keep the data on the host "
             "with interop.to_numpy / interop.to_torch"
         )
+    note_cuda_initialised()
     return cp
 
 
@@ -115,16 +171,20 @@ def require_torch_cuda() -> ModuleType:
     ------
     BackendUnavailableError
         PyTorch is not installed.
+    CudaAfterForkError
+        This process was forked after CUDA was initialised in its parent.
     NoDeviceError
         PyTorch is a CPU-only build or sees no CUDA device.
     """
     th = torch()
+    check_not_forked()
     if not th.cuda.is_available():
         raise NoDeviceError(
             "expected a CUDA device for PyTorch (got none: torch.cuda.is_available() is False, "
             f"torch {th.__version__}); install a CUDA build of PyTorch on a machine with an "
             "NVIDIA GPU, or use device='cpu'"
         )
+    note_cuda_initialised()
     return th
 
 

@@ -8,12 +8,14 @@ arrays overlap?" have one answer each. Nothing here moves data between devices.
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
 from . import _backends, dtypes
+from .errors import InvalidTypeError, InvalidValueError
 
 if TYPE_CHECKING:
     import torch
@@ -42,9 +44,9 @@ def describe(x: object) -> str:
     return f"{type(x).__module__}.{type(x).__qualname__}: {text}"
 
 
-def not_an_array(func: str, x: object) -> TypeError:
+def not_an_array(func: str, x: object) -> InvalidTypeError:
     """The error for an argument that is not an array."""
-    return TypeError(f"{func} expected {EXPECTED} (got {describe(x)})")
+    return InvalidTypeError(f"{func} expected {EXPECTED} (got {describe(x)})")
 
 
 def is_array(x: object) -> bool:
@@ -72,18 +74,19 @@ def parse_device(device: object) -> Target | None:
 
     Raises
     ------
-    TypeError
-        Not a device-like object.
-    ValueError
-        A device string or index that names no CPU or CUDA device.
+    InvalidTypeError
+        Not a device-like object (a ``TypeError``).
+    InvalidValueError
+        A device string or index that names no CPU or CUDA device (a
+        ``ValueError``).
     """
     if device is None:
         return None
     if isinstance(device, bool):
-        raise TypeError(f"expected a device (got {device!r})")
+        raise InvalidTypeError(f"expected a device (got {device!r})")
     if isinstance(device, int):
         if device < 0:
-            raise ValueError(f"expected a CUDA device index >= 0 (got {device!r})")
+            raise InvalidValueError(f"expected a CUDA device index >= 0 (got {device!r})")
         return ("cuda", device)
     if isinstance(device, str):
         kind, _, index = device.partition(":")
@@ -94,7 +97,7 @@ def parse_device(device: object) -> Target | None:
                 return ("cuda", None)
             if index.isdigit():
                 return ("cuda", int(index))
-        raise ValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
+        raise InvalidValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
     module = type(device).__module__
     dev: Any = device
     if module.startswith("torch") and hasattr(dev, "type"):
@@ -102,10 +105,10 @@ def parse_device(device: object) -> Target | None:
             return ("cpu", None)
         if dev.type == "cuda":
             return ("cuda", dev.index)
-        raise ValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
+        raise InvalidValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
     if module.startswith("cupy") and hasattr(dev, "id"):
         return ("cuda", int(dev.id))
-    raise TypeError(
+    raise InvalidTypeError(
         "expected a device: 'cpu', 'cuda', 'cuda:N', an int, a torch.device or a "
         f"cupy.cuda.Device (got {describe(device)})"
     )
@@ -125,21 +128,35 @@ def check_strided_tensor(t: torch.Tensor, func: str) -> None:
 
     Raises
     ------
-    TypeError
-        A sparse or otherwise non-strided layout.
-    ValueError
-        A device other than CPU or CUDA.
+    InvalidTypeError
+        A nested tensor, or a sparse or otherwise non-strided layout (a
+        ``TypeError``).
+    InvalidValueError
+        A meta tensor (it has no data), or a device other than CPU or CUDA (a
+        ``ValueError``).
     """
     th = _backends.torch()
+    if t.is_nested:  # strided layout too, but its sizes and strides are per component
+        raise InvalidTypeError(
+            f"{func} expected a dense (strided) tensor (got a nested tensor, layout "
+            f"{t.layout}); pad it into one with torch.nested.to_padded_tensor(t, 0.0), "
+            "or pass its components (t.unbind()) one by one"
+        )
     if t.is_cpu and t.layout is th.strided:
         return  # the common case
     if t.layout != th.strided:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
             "call t.to_dense() first"
         )
+    if t.device.type == "meta":
+        raise InvalidValueError(
+            f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has a shape and "
+            "a dtype but no data); make one with data first, e.g. "
+            "torch.empty_like(t, device='cpu') or module.to_empty(device='cpu')"
+        )
     if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(
+        raise InvalidValueError(
             f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); "
             "move it with t.cpu() first"
         )
@@ -207,6 +224,70 @@ def bits(a: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- foreign
 
 
+def dlpack_device(x: Any, func: str) -> tuple[int, int]:
+    """``x.__dlpack_device__()`` as ``(device type, index)`` ints.
+
+    Raises
+    ------
+    InvalidValueError
+        The call fails or does not return two integers (a ``ValueError``).
+    """
+    try:
+        kind, index = x.__dlpack_device__()
+        return operator.index(kind), operator.index(index)
+    except Exception as exc:
+        raise InvalidValueError(
+            f"{func} expected __dlpack_device__() to return (device type, device index) ints "
+            f"(got {type(exc).__name__}: {exc} from {describe(x)}); convert it to a NumPy "
+            "array, a tensor or a CuPy array with its own library first"
+        ) from exc
+
+
+def _foreign_failed(func: str, x: Any, exc: Exception) -> InvalidValueError:
+    return InvalidValueError(
+        f"{func} expected an object whose DLPack export holds its data (got {describe(x)}, "
+        f"whose export failed: {type(exc).__name__}: {exc}); convert it to a NumPy array, a "
+        "tensor or a CuPy array with its own library first (e.g. numpy.asarray(x))"
+    )
+
+
+def host_from_dlpack(x: Any, func: str) -> np.ndarray:
+    """A NumPy array sharing the memory of a foreign CPU DLPack producer.
+
+    Raises
+    ------
+    InvalidValueError
+        The producer refuses the export (odd strides, byte order, a dtype
+        NumPy does not know, a broken ``__dlpack__``), a ``ValueError``.
+    """
+    try:
+        return np.from_dlpack(x)
+    except Exception as exc:
+        raise _foreign_failed(func, x, exc) from exc
+
+
+def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
+    """A CuPy array sharing the memory of a foreign CUDA DLPack producer (or an
+    object with ``__cuda_array_interface__`` when ``index`` is None), made on
+    CuPy's current stream of device ``index``.
+
+    Raises
+    ------
+    BackendUnavailableError, NoDeviceError
+        No CuPy, or no usable CUDA device.
+    InvalidValueError
+        The producer refuses the export (a ``ValueError``).
+    """
+    cp = _backends.require_cupy_device()
+    try:
+        if index is None:
+            return cp.asarray(x)  # __cuda_array_interface__: zero-copy
+        with cp.cuda.Device(index):
+            return cp.from_dlpack(x)
+    except Exception as exc:
+        raise _foreign_failed(func, x, exc) from exc
+
+
 def import_foreign(x: Any, func: str) -> Any:
     """A NumPy or CuPy array sharing the memory of a foreign producer (an object
     with ``__dlpack__`` or ``__cuda_array_interface__``); CUDA data is imported
@@ -214,22 +295,21 @@ def import_foreign(x: Any, func: str) -> Any:
 
     Raises
     ------
-    ValueError
-        DLPack data on a device other than CPU or CUDA.
-    TypeError
-        ``x`` is no array at all.
+    InvalidValueError
+        DLPack data on a device other than CPU or CUDA, or a producer that
+        fails to export its data (a ``ValueError``).
+    InvalidTypeError
+        ``x`` is no array at all (a ``TypeError``).
     """
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        kind, index = x.__dlpack_device__()
+        kind, index = dlpack_device(x, func)
         if kind in (DL_CPU, DL_CUDA_HOST):
-            return np.from_dlpack(x)
+            return host_from_dlpack(x, func)
         if kind in (DL_CUDA, DL_CUDA_MANAGED):
-            cp = _backends.require_cupy_device()
-            with cp.cuda.Device(int(index)):
-                return cp.from_dlpack(x)
-        raise ValueError(f"{func} expected CPU or CUDA data (got DLPack device {kind!r})")
+            return cupy_from_dlpack(x, index, func)
+        raise InvalidValueError(f"{func} expected CPU or CUDA data (got DLPack device {kind!r})")
     if hasattr(x, "__cuda_array_interface__"):
-        return _backends.require_cupy_device().asarray(x)  # zero-copy
+        return cupy_from_dlpack(x, None, func)
     raise not_an_array(func, x)
 
 
@@ -251,11 +331,12 @@ def array_source(x: Any, func: str) -> Source:
 
     Raises
     ------
-    TypeError
-        ``x`` is not an array (the message names ``func``), or is a
-        non-strided tensor.
-    ValueError
-        A tensor on a device other than CPU or CUDA.
+    InvalidTypeError
+        ``x`` is not an array (the message names ``func``), or is a nested
+        or non-strided tensor (a ``TypeError``).
+    InvalidValueError
+        A meta tensor, a tensor on a device other than CPU or CUDA, or a
+        foreign producer whose export fails (a ``ValueError``).
     UnsupportedDtypeError
         No NumPy dtype holds its values.
     """

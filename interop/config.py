@@ -37,6 +37,8 @@ import threading
 import weakref
 from collections.abc import Iterator
 
+from .errors import InvalidTypeError, InvalidValueError, UnknownSettingError
+
 __all__ = ["MIN_CHUNK_BYTES", "Config", "config"]
 
 # Provisional defaults (see docs/transfer.md): 4 slots of 32 MiB keep a PCIe
@@ -61,23 +63,23 @@ def _validate(name: str, value: object, source: str | None = None) -> int:
     """``value`` as an int within the setting's bounds; ``source`` names it in
     errors (the setting, or the environment variable it came from)."""
     if name not in _DEFAULTS:
-        raise AttributeError(
+        raise UnknownSettingError(
             f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
         )
     source = source or name
     if isinstance(value, bool):
-        raise TypeError(f"expected {source} to be an integer (got {value!r}, a bool)")
+        raise InvalidTypeError(f"expected {source} to be an integer (got {value!r}, a bool)")
     try:
         number = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(
+        raise InvalidTypeError(
             f"expected {source} to be an integer (got {value!r}); pass an int such as "
             f"{_DEFAULTS[name]}"
         ) from None
     low, high = _BOUNDS[name]
     if not low <= number <= high:
         unit = f" ({_bytes(high)})" if name == "chunk_bytes" else ""
-        raise ValueError(f"expected {source} between {low} and {high}{unit} (got {value!r})")
+        raise InvalidValueError(f"expected {source} between {low} and {high}{unit} (got {value!r})")
     return number
 
 
@@ -89,13 +91,13 @@ def _from_env(name: str) -> int:
     try:
         value = int(raw.strip(), 0)
     except ValueError:
-        raise ValueError(
+        raise InvalidValueError(
             f"expected {variable} to be an integer (got {raw!r}); unset it or fix it"
         ) from None
     try:
         return _validate(name, value, variable)
     except ValueError as exc:
-        raise ValueError(f"{exc}; unset it or fix it") from None
+        raise InvalidValueError(f"{exc}; unset it or fix it") from None
 
 
 class _Overlay:
@@ -167,7 +169,7 @@ class Config:
         try:
             return self._values[name]
         except KeyError:
-            raise AttributeError(
+            raise UnknownSettingError(
                 f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
             ) from None
 
@@ -201,13 +203,13 @@ class Config:
 
         Raises
         ------
-        AttributeError
-            Unknown setting.
-        TypeError
-            A value that is not an integer (``bool`` included).
-        ValueError
+        UnknownSettingError
+            Unknown setting (an ``AttributeError``).
+        InvalidTypeError
+            A value that is not an integer, ``bool`` included (a ``TypeError``).
+        InvalidValueError
             A value outside the setting's bounds (see :class:`Config`); the
-            message names the setting and both bounds.
+            message names the setting and both bounds (a ``ValueError``).
         """
         overlay = _Overlay({name: _validate(name, value) for name, value in settings.items()})
         with self._lock:

@@ -49,6 +49,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from .errors import InvalidTypeError, InvalidValueError, PathError, path_error
+
 __all__ = ["Destination", "prepare_destination"]
 
 _SUFFIX = ".npy"
@@ -170,7 +172,7 @@ class Destination:
                 continue
             self._created = True
             return fd
-        raise FileExistsError(
+        raise path_error(
             errno.EEXIST,
             f"{self.func} could not create a temporary file beside {str(self.target)!r} "
             f"after {_TEMPORARY_TRIES} tries (every drawn name existed)",
@@ -207,7 +209,7 @@ class Destination:
                 pass  # a new file: it already has open()'s mode
             else:
                 if not stat.S_ISREG(st.st_mode):
-                    raise OSError(
+                    raise path_error(
                         errno.EEXIST,
                         f"{self.func} will not replace {str(self.target)!r}: it became "
                         f"{_kind(st.st_mode)} while the data was written; nothing was changed",
@@ -330,15 +332,15 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
     try:
         given = os.fspath(path)
     except TypeError:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
         ) from None
     if isinstance(given, bytes):
         given = os.fsdecode(given)
     if given == "":
-        raise ValueError(f"{func} expected a file path (got {path!r}); pass a file name")
+        raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
     if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)):
-        raise IsADirectoryError(
+        raise path_error(
             errno.EISDIR,
             f"{func} expected a file path (got {given!r}, which names a directory); "
             "add a file name",
@@ -351,17 +353,19 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
     except FileNotFoundError:
         st = None  # a new file (or a dangling symlink: its target is created)
     except NotADirectoryError as exc:
-        raise NotADirectoryError(
+        raise path_error(
             errno.ENOTDIR,
             f"{func} cannot write {shown!r}: a component of its directory is a file, "
             "not a directory",
             shown,
         ) from exc
     except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES on a directory above
-        raise type(exc)(exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}", shown) from exc
+        raise path_error(
+            exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}{_fix(exc.errno)}", shown
+        ) from exc
 
     if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(
+        raise path_error(
             errno.EISDIR,
             f"{func} expected a file path (got {shown!r}, a directory); "
             f"pass a file name inside it, e.g. {str(dest / ('array' + _SUFFIX))!r}",
@@ -376,7 +380,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
         target = real if _same_file(real, st) else dest.absolute()
         return Destination(dest, target, streaming=True, func=func)
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OSError(
+        raise path_error(
             errno.EINVAL,
             f"{func} will not write {shown!r}: it is {_kind(st.st_mode)}; save to a regular "
             "file (or a FIFO or character device to stream the data)",
@@ -385,7 +389,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
 
     target = _follow_links(dest)
     if st is not None and not _same_file(target, st):
-        raise OSError(
+        raise path_error(
             errno.EINVAL,
             f"{func} cannot replace {shown!r}: it resolves to {str(target)!r}, which is not "
             "the same file (a link into /proc?); pass the file's own path",
@@ -395,16 +399,18 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
     try:
         dir_st = os.stat(directory)
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise path_error(
             errno.ENOENT,
             f"{func} cannot write {shown!r}: its directory {str(directory)!r} does not exist; "
             "create it first (os.makedirs)",
             shown,
         ) from None
     except OSError as exc:
-        raise type(exc)(exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}", shown) from exc
+        raise path_error(
+            exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}", shown
+        ) from exc
     if not stat.S_ISDIR(dir_st.st_mode):
-        raise NotADirectoryError(
+        raise path_error(
             errno.ENOTDIR, f"{func} cannot write {shown!r}: {str(directory)!r} is a file", shown
         )
     _check_name_length(func, target, shown)
@@ -413,7 +419,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
     if not _writable(directory, os.W_OK | os.X_OK):
         why = "is on a read-only file system" if _read_only_fs(directory) else "is not writable"
         action = "replace" if st is not None else "create"
-        raise PermissionError(
+        raise path_error(
             errno.EACCES,
             f"{func} cannot {action} {shown!r}: its directory {str(directory)!r} {why} "
             "(the file is written to a temporary file there and renamed when complete, so an "
@@ -422,13 +428,25 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
             shown,
         )
     if st is not None and _sticky_refuses(dir_st, st):
-        raise PermissionError(
+        raise path_error(
             errno.EPERM,
             f"{func} cannot replace {shown!r}: its directory {str(directory)!r} is sticky "
             "(like /tmp) and neither the file nor the directory is yours; save elsewhere",
             shown,
         )
     return Destination(dest, target, streaming=False, func=func)
+
+
+_FIXES = {
+    errno.ENAMETOOLONG: "; use a shorter name",
+    errno.ELOOP: "; the symlinks at the path lead back to themselves: fix or remove them",
+    errno.EACCES: "; a directory above it may not be searched by this process: save elsewhere",
+}
+
+
+def _fix(code: int | None) -> str:
+    """What to do about a failed ``stat`` of the path, for a message."""
+    return _FIXES.get(code, "") if code is not None else ""
 
 
 def _follow_links(path: Path) -> Path:
@@ -443,7 +461,7 @@ def _follow_links(path: Path) -> Path:
         except OSError:  # not a link, or nothing there: the end of the chain
             return path
         path = path.parent / link  # an absolute link replaces the whole path
-    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+    raise path_error(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
 
 
 def _same_file(path: Path, st: os.stat_result) -> bool:
@@ -454,7 +472,7 @@ def _same_file(path: Path, st: os.stat_result) -> bool:
     return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
 
 
-def _not_writable(func: str, dest: Path, st: os.stat_result) -> PermissionError:
+def _not_writable(func: str, dest: Path, st: os.stat_result) -> PathError:
     if _read_only_fs(dest):
         why, fix = "on a read-only file system", "save elsewhere"
     else:
@@ -462,7 +480,7 @@ def _not_writable(func: str, dest: Path, st: os.stat_result) -> PermissionError:
             "which this process may not write",
             "make it writable (chmod u+w) or save elsewhere",
         )
-    return PermissionError(
+    return path_error(
         errno.EACCES,
         f"{func} expected a writable file (got {str(dest)!r}, mode "
         f"{stat.filemode(st.st_mode)}, {why}); numpy.save refuses it too: {fix}",
@@ -476,7 +494,7 @@ def _check_name_length(func: str, target: Path, shown: str) -> None:
     except (OSError, ValueError):
         return
     if limit > 0 and len(os.fsencode(target.name)) > limit:
-        raise OSError(
+        raise path_error(
             errno.ENAMETOOLONG,
             f"{func} cannot write {shown!r}: its name is {len(os.fsencode(target.name))} bytes, "
             f"the file system allows {limit}; use a shorter name",

@@ -68,9 +68,11 @@ def is_ml_dtype(dtype: Any) -> bool:
 
 @functools.cache  # dtypes are hashable; this is on every exchange's path
 def int_view_of_numpy(dtype: Any) -> np.dtype:
-    """A same-sized integer dtype for ``dtype``'s bits (itself for standard dtypes)."""
-    entry = _ML_NUMPY.get(np.dtype(dtype))
-    return np.dtype(dtype) if entry is None else entry[1]
+    """A same-sized integer dtype for ``dtype``'s bits (itself for standard
+    dtypes), in ``dtype``'s byte order (``'>i2'`` for a big-endian bfloat16)."""
+    dtype = np.dtype(dtype)
+    entry = _ML_NUMPY.get(dtype.newbyteorder("="))
+    return dtype if entry is None else entry[1].newbyteorder(dtype.byteorder)
 
 
 @functools.cache  # dtypes are hashable; this is on every exchange's path
@@ -144,9 +146,12 @@ def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
 def unsupported_torch_dtype(dtype: Any) -> UnsupportedDtypeError:
     """The error for a torch dtype NumPy cannot hold, with the fix."""
     name = _torch_name(dtype)
-    hint = {
-        "complex32": "convert first with t.to(torch.complex64)",
-    }.get(name, "convert first with t.to(<a standard dtype>)")
+    if name.startswith(("qint", "quint")):  # quantized: t.to() cannot leave the type
+        hint = "take its values with t.dequantize(), or its stored integers with t.int_repr()"
+    else:
+        hint = {
+            "complex32": "convert first with t.to(torch.complex64)",
+        }.get(name, "convert first with t.to(<a standard dtype>)")
     return UnsupportedDtypeError(
         f"expected a dtype NumPy or ml_dtypes can hold (got torch.{name}); {hint}"
     )

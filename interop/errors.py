@@ -1,25 +1,59 @@
 """Exception classes of interop.
 
 Every error derives from :class:`InteropError` and from the built-in exception
-a user would already catch (``BufferError``, ``TypeError``, ``ImportError``,
-``RuntimeError``), so code written for NumPy/PyTorch/CuPy errors keeps working.
+a user would already catch (``TypeError``, ``ValueError``, ``OSError`` and its
+subclasses, ``BufferError``, ``ImportError``, ``RuntimeError``), so code
+written for NumPy/PyTorch/CuPy errors keeps working and ``except
+interop.InteropError`` catches everything interop raises on purpose.
 """
 
 from __future__ import annotations
 
+import errno as _errno
+
 __all__ = [
     "BackendUnavailableError",
     "CopyRequiredError",
+    "CudaAfterForkError",
     "InteropError",
+    "InvalidTypeError",
+    "InvalidValueError",
     "NoDeviceError",
+    "NpyFormatError",
+    "PathError",
+    "PathExistsError",
+    "PathIsADirectoryError",
+    "PathNotADirectoryError",
+    "PathNotFoundError",
+    "PathPermissionError",
     "ReadOnlyWarning",
     "TransferError",
+    "UnknownSettingError",
     "UnsupportedDtypeError",
 ]
 
 
 class InteropError(Exception):
     """Base class of every error raised by interop."""
+
+
+# ----------------------------------------------------------------- bad arguments
+
+
+class InvalidTypeError(InteropError, TypeError):
+    """An argument of a type interop does not take: not an array (or a masked,
+    nested or sparse one), not a device, not a path, ``copy`` not a bool, an
+    ``out`` of the wrong kind."""
+
+
+class InvalidValueError(InteropError, ValueError):
+    """An argument of the right type whose value interop refuses: an ``out`` of
+    the wrong shape or dtype, read-only or overlapping the source; a device
+    string that names no device; a setting outside its bounds."""
+
+
+class UnknownSettingError(InteropError, AttributeError):
+    """A name that is not a setting of ``interop.config``."""
 
 
 class CopyRequiredError(InteropError, BufferError):
@@ -30,12 +64,72 @@ class UnsupportedDtypeError(InteropError, TypeError):
     """The dtype cannot be represented by the target library."""
 
 
+# ----------------------------------------------------------------- files
+
+
+class NpyFormatError(InteropError, ValueError):
+    """A file that is not a ``.npy`` file interop can read: corrupt, truncated,
+    with an impossible header, or holding Python objects."""
+
+
+class PathError(InteropError, OSError):
+    """A path ``save_npy`` or ``load_npy`` cannot use, or a file that could not
+    be written or read. Each instance is also the ``OSError`` subclass its
+    ``errno`` stands for (``PermissionError`` for ``EACCES``, ...), through the
+    ``Path*Error`` classes; :func:`path_error` picks the class."""
+
+
+class PathPermissionError(PathError, PermissionError):
+    """The file or its directory may not be written (or read) by this process."""
+
+
+class PathNotFoundError(PathError, FileNotFoundError):
+    """The file, or the directory it would be in, does not exist."""
+
+
+class PathIsADirectoryError(PathError, IsADirectoryError):
+    """A directory where a file was expected."""
+
+
+class PathNotADirectoryError(PathError, NotADirectoryError):
+    """A file where a directory of the path was expected."""
+
+
+class PathExistsError(PathError, FileExistsError):
+    """A file that had to be created exists already."""
+
+
+_PATH_ERRORS: dict[int, type[PathError]] = {
+    _errno.EACCES: PathPermissionError,
+    _errno.EPERM: PathPermissionError,
+    _errno.ENOENT: PathNotFoundError,
+    _errno.EISDIR: PathIsADirectoryError,
+    _errno.ENOTDIR: PathNotADirectoryError,
+    _errno.EEXIST: PathExistsError,
+}
+
+
+def path_error(code: int | None, message: str, filename: str) -> PathError:
+    """A :class:`PathError` of the ``OSError`` subclass that ``code`` (an
+    ``errno``) stands for, as ``OSError(code, ...)`` itself picks one."""
+    cls = _PATH_ERRORS.get(code, PathError) if code is not None else PathError
+    return cls(code, message, filename)
+
+
+# ----------------------------------------------------------------- the machine
+
+
 class BackendUnavailableError(InteropError, ImportError):
     """PyTorch or CuPy is needed but cannot be imported."""
 
 
 class NoDeviceError(InteropError, RuntimeError):
     """A CUDA device is needed but none is visible."""
+
+
+class CudaAfterForkError(NoDeviceError):
+    """A CUDA device is needed, but this process was forked after CUDA was
+    initialised in its parent, and CUDA cannot be used after ``fork``."""
 
 
 class TransferError(InteropError, RuntimeError):

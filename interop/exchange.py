@@ -37,6 +37,9 @@ from .arrays import (
     DL_CUDA_MANAGED,
     Target,
     check_strided_tensor,
+    cupy_from_dlpack,
+    dlpack_device,
+    host_from_dlpack,
     is_array,
     not_an_array,
     numpy_view_of_cpu_tensor,
@@ -46,6 +49,8 @@ from .arrays import (
 from .errors import (
     BackendUnavailableError,
     CopyRequiredError,
+    InvalidTypeError,
+    InvalidValueError,
     NoDeviceError,
     ReadOnlyWarning,
 )
@@ -64,7 +69,7 @@ __all__ = ["to_cupy", "to_numpy", "to_torch"]
 
 def _check_copy(copy: object) -> None:
     if copy is not None and not isinstance(copy, bool):
-        raise TypeError(f"expected copy to be None, True or False (got {copy!r})")
+        raise InvalidTypeError(f"expected copy to be None, True or False (got {copy!r})")
 
 
 def _copy_required(what: str, how: str = "pass copy=None or copy=True") -> CopyRequiredError:
@@ -75,18 +80,61 @@ def _negative_strides(strides: tuple[int, ...] | None) -> bool:
     return bool(strides) and min(strides or (0,)) < 0
 
 
+def _odd_strides(strides: tuple[int, ...] | None, itemsize: int) -> bool:
+    """True if a byte stride is not a multiple of the itemsize (a field of a
+    structured array, an ``as_strided`` view): PyTorch and DLPack count
+    strides in elements, so such a view cannot be shared with them."""
+    return bool(strides) and itemsize > 0 and any(st % itemsize for st in strides or ())
+
+
+def _misaligned(a: Any) -> bool:
+    """True if ``a``'s first element is not at a multiple of its itemsize.
+
+    PyTorch assumes element alignment (``complex128`` on 16 bytes) and its
+    kernels crash the interpreter on such memory (or fault the GPU), where
+    NumPy copes: a view at a byte offset into a buffer cannot be shared.
+    """
+    if not a.size or a.dtype.itemsize <= 1:
+        return False
+    address = int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
+    return address % a.dtype.itemsize != 0
+
+
+def _pytorch_cannot_share(a: Any) -> bool:
+    return (
+        _negative_strides(a.strides) or _odd_strides(a.strides, a.dtype.itemsize) or _misaligned(a)
+    )
+
+
+def _layout_in_words(a: Any) -> str:
+    """What PyTorch cannot take about ``a``'s layout, for a message."""
+    if _negative_strides(a.strides):
+        return f"negative strides {a.strides} (PyTorch has none)"
+    if _odd_strides(a.strides, a.dtype.itemsize):
+        return (
+            f"byte strides {a.strides} that are not multiples of its itemsize "
+            f"{a.dtype.itemsize} (PyTorch counts strides in elements)"
+        )
+    return (
+        f"data at a byte offset that is not a multiple of its itemsize {a.dtype.itemsize} "
+        "(PyTorch needs aligned elements)"
+    )
+
+
 def _normalise_strides(a: np.ndarray) -> np.ndarray:
-    """A zero-copy view whose size-1 axes have stride 0 (a negative stride on an
-    axis of length 1 is meaningless, but PyTorch refuses it); a zero-size array
-    becomes a fresh empty one (there is no data to share)."""
-    if a.size == 0:
-        return a if not _negative_strides(a.strides) else np.empty(a.shape, a.dtype)
-    if not _negative_strides(a.strides):
+    """A zero-copy view whose size-1 axes have stride 0 (a negative or odd
+    stride on an axis of length 1 is never used, but PyTorch refuses it); a
+    zero-size array becomes a fresh empty one (there is no data to share)."""
+    if not _pytorch_cannot_share(a):
         return a
+    if a.size == 0:
+        return np.empty(a.shape, a.dtype)
     fixed = tuple(0 if n == 1 else st for st, n in zip(a.strides, a.shape, strict=True))
     if fixed == a.strides:
         return a
-    return np.lib.stride_tricks.as_strided(a, a.shape, fixed, subok=True)
+    # through a same-sized integer view: as_strided cannot spell ml_dtypes types
+    bits = a.view(dtypes.int_view_of_numpy(a.dtype))
+    return np.lib.stride_tricks.as_strided(bits, a.shape, fixed, subok=True).view(a.dtype)
 
 
 def _readonly_if_broadcast(arr: np.ndarray) -> np.ndarray:
@@ -225,9 +273,14 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``copy=False`` and the right values need a copy (device data,
         conjugate/negative bit).
     UnsupportedDtypeError
-        NumPy and ``ml_dtypes`` cannot hold the dtype (``torch.complex32``).
-    TypeError
-        ``x`` is not an array, or ``copy`` is not None/bool.
+        NumPy and ``ml_dtypes`` cannot hold the dtype (``torch.complex32``,
+        quantized tensors).
+    InvalidTypeError
+        ``x`` is not an array (or a nested or sparse tensor), or ``copy`` is
+        not None/bool (a ``TypeError``).
+    InvalidValueError
+        ``x`` is a meta tensor or on a device other than CPU or CUDA, or a
+        foreign producer's export fails (a ``ValueError``).
     """
     _check_copy(copy)
     if isinstance(x, np.ndarray):
@@ -237,14 +290,14 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     if _backends.is_cupy_array(x):
         return _numpy_from_cupy(x, copy)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        kind, index = x.__dlpack_device__()
+        kind, index = dlpack_device(x, "to_numpy")
         if kind in (DL_CPU, DL_CUDA_HOST):
-            return _numpy_from_numpy(np.from_dlpack(x), copy)
+            return _numpy_from_numpy(host_from_dlpack(x, "to_numpy"), copy)
         if kind in (DL_CUDA, DL_CUDA_MANAGED):
-            return _numpy_from_cupy(_cupy_from_foreign_cuda(x, int(index)), copy)
-        raise ValueError(f"to_numpy expected CPU or CUDA data (got DLPack device {kind!r})")
+            return _numpy_from_cupy(cupy_from_dlpack(x, index, "to_numpy"), copy)
+        raise InvalidValueError(f"to_numpy expected CPU or CUDA data (got DLPack device {kind!r})")
     if hasattr(x, "__cuda_array_interface__"):
-        return _numpy_from_cupy(_backends.require_cupy_device().asarray(x), copy)
+        return _numpy_from_cupy(cupy_from_dlpack(x, None, "to_numpy"), copy)
     raise not_an_array("to_numpy", x)
 
 
@@ -253,22 +306,27 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
 
 def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
     th = _backends.torch()
+    native = a.dtype.newbyteorder("=")
+    dtypes.torch_dtype_of_numpy(native)  # UnsupportedDtypeError before any copy
     copied = False
     if not a.dtype.isnative:
-        if copy is False:
-            raise _copy_required(f"an array in non-native byte order ({a.dtype.str!r})")
-        a = a.astype(a.dtype.newbyteorder("="))
-        copied = True
+        if a.dtype.itemsize == 1:
+            a = a.view(native)  # one byte has no byte order (ml_dtypes' float8 keep a flag)
+        elif copy is False:
+            shown = a.dtype.str if dtypes.is_standard(native) else a.dtype.byteorder + native.name
+            raise _copy_required(f"an array in non-native byte order ({shown!r})")
+        else:
+            a = a.astype(native)
+            copied = True
     a = _normalise_strides(a)
-    if _negative_strides(a.strides):
+    if _pytorch_cannot_share(a):
         if copy is False:
-            raise _copy_required(f"an array with negative strides {a.strides} (PyTorch has none)")
-        a = np.ascontiguousarray(a)
+            raise _copy_required(f"an array with {_layout_in_words(a)}")
+        a = a.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
         copied = True
     if copy and not copied:
         a = a.copy(order="K")
         copied = True
-    dtypes.torch_dtype_of_numpy(a.dtype)  # raises UnsupportedDtypeError
     ml = dtypes.ml_view_of_numpy(a.dtype)
     src = a if ml is None else a.view(ml[1])
     if src.flags.writeable:
@@ -290,22 +348,27 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
 def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     th = _backends.require_torch_cuda()
     index = int(c.device.id)
-    if _negative_strides(c.strides):
-        if copy is False:
-            raise _copy_required(f"an array with negative strides {c.strides} (PyTorch has none)")
-        copy = True
+    pack = c.size > 0 and _pytorch_cannot_share(c)
+    if pack and copy is False:
+        raise _copy_required(f"an array with {_layout_in_words(c)}")
     with _cuda_context(index):
-        # A copy (packing a negative-stride array) runs on CuPy's current
-        # stream, after the producer's work; CuPy's __dlpack__ then orders
-        # PyTorch's current stream after CuPy's current stream.
-        if copy:
-            cp = _backends.cupy()
-            c = cp.ascontiguousarray(c) if _negative_strides(c.strides) else c.copy()
+        # A copy (packing a negative- or odd-stride array) runs on CuPy's
+        # current stream, after the producer's work; CuPy's __dlpack__ then
+        # orders PyTorch's current stream after CuPy's current stream.
+        cp = _backends.cupy()
+        if c.size == 0 and _pytorch_cannot_share(c):
+            c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
+        elif pack:
+            c = c.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
+        elif copy:
+            c = c.copy()
         return th.from_dlpack(c)
 
 
 def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None) -> torch.Tensor:
     check_strided_tensor(t, "to_torch")
+    if t.is_cuda or (target is not None and target[0] == "cuda"):
+        _backends.check_not_forked()  # PyTorch's own error would not say what to do
     t = t.detach() if t.requires_grad else t
     if target is None or _same_torch_device(t, target):
         return t.clone() if copy else t
@@ -356,24 +419,35 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     Stream order: a CUDA source is exported with PyTorch's current stream on
     the data's device, so the result can be used at once on that stream, even
     while the producer's kernels are still running; the host is not blocked.
-    Copy semantics: arrays with negative strides or non-native byte order are
-    copied (PyTorch cannot represent them; ``torch.from_dlpack`` aborts the
-    process on negative strides). A read-only NumPy array is shared with an
+    Copy semantics: arrays PyTorch cannot represent as they are are copied:
+    negative strides (``torch.from_dlpack`` aborts the process on them), byte
+    strides that are not multiples of the itemsize (a field of a structured
+    array), a first element that is not at a multiple of the itemsize (a view
+    at a byte offset into a buffer, on which PyTorch's kernels crash), and
+    non-native byte order. A stride on an axis of length 1 is never used and
+    does not force a copy. A read-only NumPy array is shared with an
     :class:`interop.ReadOnlyWarning`, as ``torch.from_numpy`` warns.
 
     Raises
     ------
     CopyRequiredError
-        ``copy=False`` and a copy is needed (negative strides, byte order,
-        another device).
+        ``copy=False`` and a copy is needed (negative or odd strides, a
+        misaligned array, byte order, another device).
     UnsupportedDtypeError
         PyTorch has no such dtype (object, string, datetime arrays).
     BackendUnavailableError
         PyTorch (or, for CUDA data, CuPy) is not installed.
     NoDeviceError
         CUDA data or ``device='cuda'`` without a usable CUDA device.
-    TypeError
-        ``x`` is not an array, or ``device``/``copy`` have the wrong type.
+    InvalidTypeError
+        ``x`` is not an array (or a nested or sparse tensor), or
+        ``device``/``copy`` have the wrong type (a ``TypeError``).
+    InvalidValueError
+        ``device`` names no device, ``x`` is a meta tensor, or a foreign
+        producer's export fails (a ``ValueError``).
+    CudaAfterForkError
+        CUDA data or ``device='cuda'`` in a process forked after its parent
+        initialised CUDA.
     """
     _check_copy(copy)
     target = parse_device(device)
@@ -397,19 +471,18 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
             return _torch_from_torch(_torch_from_cupy(x, None), None, target)
         return _torch_from_cupy(x, copy)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        kind, index = x.__dlpack_device__()
+        kind, index = dlpack_device(x, "to_torch")
         if kind in (DL_CPU, DL_CUDA_HOST):
             # Through NumPy: torch.from_dlpack aborts on negative strides.
-            return to_torch(np.from_dlpack(x), device=device, copy=copy)
+            return to_torch(host_from_dlpack(x, "to_torch"), device=device, copy=copy)
         if kind in (DL_CUDA, DL_CUDA_MANAGED):
-            with _cuda_context(int(index)):
-                cp = _backends.require_cupy_device()
-                stream = cupy_stream(torch_stream_handle(int(index)), int(index))
-                with stream:
-                    c = cp.from_dlpack(x)
+            _backends.require_cupy_device()
+            # imported on PyTorch's current stream: the producer orders it
+            with _cuda_context(index), cupy_stream(torch_stream_handle(index), index):
+                c = cupy_from_dlpack(x, index, "to_torch")
             return to_torch(c, device=device, copy=copy)
-        raise ValueError(f"to_torch expected CPU or CUDA data (got DLPack device {kind!r})")
-    return to_torch(_backends.require_cupy_device().asarray(x), device=device, copy=copy)
+        raise InvalidValueError(f"to_torch expected CPU or CUDA data (got DLPack device {kind!r})")
+    return to_torch(cupy_from_dlpack(x, None, "to_torch"), device=device, copy=copy)
 
 
 def _same_cuda(index: int, target: Target) -> bool:
@@ -422,13 +495,6 @@ def _same_cuda(index: int, target: Target) -> bool:
 
 
 # --------------------------------------------------------------------------- to_cupy
-
-
-def _cupy_from_foreign_cuda(x: Any, index: int) -> cupy.ndarray:
-    """Import CUDA data of another library, ordered on CuPy's current stream."""
-    cp = _backends.require_cupy_device()
-    with cp.cuda.Device(index):
-        return cp.from_dlpack(x)
 
 
 def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
@@ -507,24 +573,30 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     BackendUnavailableError
         CuPy is not installed.
     NoDeviceError
-        No CUDA device is visible.
-    TypeError
-        ``x`` is not an array, or ``device``/``copy`` have the wrong type.
+        No CUDA device is visible (:class:`~interop.CudaAfterForkError` in a
+        process forked after its parent initialised CUDA).
+    InvalidTypeError
+        ``x`` is not an array (or a nested or sparse tensor), or
+        ``device``/``copy`` have the wrong type (a ``TypeError``).
+    InvalidValueError
+        ``device='cpu'``, a meta tensor, or a foreign producer's export fails
+        (a ``ValueError``).
     """
     _check_copy(copy)
     target = parse_device(device)
     if target is not None and target[0] == "cpu":
-        raise ValueError(
+        raise InvalidValueError(
             "to_cupy expected a CUDA device (got 'cpu'); CuPy arrays live on a GPU: "
             "use interop.to_numpy for host data"
         )
     if not is_array(x):
         raise not_an_array("to_cupy", x)
+    if _backends.is_torch_tensor(x):
+        check_strided_tensor(x, "to_cupy")  # before the device: a bad argument on any machine
     cp = _backends.require_cupy_device()
     want = None if target is None else target[1]
 
     if _backends.is_torch_tensor(x):
-        check_strided_tensor(x, "to_cupy")
         t = x.detach()
         if t.device.type == "cuda":
             if target is not None and not _same_cuda(t.device.index, target):
@@ -544,14 +616,16 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     if _backends.is_cupy_array(x):
         c = x
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        kind, index = x.__dlpack_device__()
+        kind, index = dlpack_device(x, "to_cupy")
         if kind in (DL_CPU, DL_CUDA_HOST):
-            return to_cupy(np.from_dlpack(x), device=device, copy=copy)
+            return to_cupy(host_from_dlpack(x, "to_cupy"), device=device, copy=copy)
         if kind not in (DL_CUDA, DL_CUDA_MANAGED):
-            raise ValueError(f"to_cupy expected CPU or CUDA data (got DLPack device {kind!r})")
-        c = _cupy_from_foreign_cuda(x, int(index))
+            raise InvalidValueError(
+                f"to_cupy expected CPU or CUDA data (got DLPack device {kind!r})"
+            )
+        c = cupy_from_dlpack(x, index, "to_cupy")
     else:
-        c = cp.asarray(x)  # __cuda_array_interface__: zero-copy
+        c = cupy_from_dlpack(x, None, "to_cupy")  # __cuda_array_interface__: zero-copy
     if target is not None and not _same_cuda(int(c.device.id), target):
         if copy is False:
             raise _copy_required(f"moving a CuPy array to {target_str(target)}")

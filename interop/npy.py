@@ -42,7 +42,16 @@ from .arrays import (
 )
 from .config import chunk_bytes_or_default, config
 from .destination import prepare_destination
-from .errors import BackendUnavailableError, NoDeviceError, TransferError
+from .errors import (
+    BackendUnavailableError,
+    InteropError,
+    InvalidTypeError,
+    InvalidValueError,
+    NoDeviceError,
+    NpyFormatError,
+    TransferError,
+    path_error,
+)
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.progress import Progress, check_progress
 from .pipeline.schedule import HostTask
@@ -88,6 +97,13 @@ def _descr(dtype: np.dtype) -> Any:
     return npformat.dtype_to_descr(dtype)
 
 
+def _file_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a file stores ``dtype``'s values in: itself, but bfloat16 and
+    float8 in native byte order (a header names them, with no byte order)."""
+    native = dtype.newbyteorder("=")
+    return native if dtypes.is_ml_dtype(native) else dtype
+
+
 def _header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     header = {"descr": _descr(dtype), "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
@@ -118,6 +134,16 @@ def _read_array_header_3_0(f: BinaryIO) -> tuple[Any, bool, np.dtype]:
     return npformat.read_array_header_2_0(io.BytesIO(struct.pack("<I", len(escaped)) + escaped))
 
 
+def _path_of(path: object, func: str) -> Path:
+    """``path`` as a ``Path``, or an :class:`~interop.errors.InvalidTypeError`."""
+    try:
+        return Path(os.fsdecode(os.fspath(path)))  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTypeError(
+            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
+        ) from None
+
+
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
     """Read and check the header of a ``.npy`` file without reading its data.
 
@@ -125,17 +151,30 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
 
     Raises
     ------
-    ValueError
+    NpyFormatError
         The file is not a ``.npy`` file, its header is corrupt or gives an
         impossible shape (a negative dimension, or more bytes than this
         machine can address), it holds Python objects (never unpickled), or
         its size does not match the header (truncated or with trailing
-        bytes). The message names the file.
-    FileNotFoundError
-        No such file.
+        bytes). The message names the file. A ``ValueError``.
+    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
+        No such file, a file this process may not read, a directory, or
+        another reason the file cannot be opened (also ``FileNotFoundError``,
+        ``PermissionError``, ``IsADirectoryError``, ``OSError``).
+    InvalidTypeError
+        ``path`` is not a str or ``os.PathLike`` (a ``TypeError``).
     """
-    path = Path(os.fspath(path))
-    with open(path, "rb") as f:
+    path = _path_of(path, "load_npy")
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed by the with block below)
+    except OSError as exc:
+        where = ""
+        if not path.is_absolute() and isinstance(exc, FileNotFoundError):
+            where = f" (relative to the current directory {os.getcwd()!r})"
+        raise path_error(
+            exc.errno, f"load_npy cannot read {str(path)!r}{where}: {exc.strerror}", str(path)
+        ) from exc
+    with f:
         try:
             version = npformat.read_magic(f)
             if version == (1, 0):
@@ -150,24 +189,24 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
                     "(expected 1.0, 2.0 or 3.0)"
                 )
         except (ValueError, SyntaxError, OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{str(path)!r} is not a readable .npy file: {exc}") from exc
+            raise NpyFormatError(f"{str(path)!r} is not a readable .npy file: {exc}") from exc
         offset = f.tell()
     dtype = np.dtype(dtype)
     shape = tuple(shape)
     if dtype.hasobject:
-        raise ValueError(
+        raise NpyFormatError(
             f"{str(path)!r} holds Python objects (dtype {dtype!r}); interop never unpickles: "
             "use numpy.load(path, allow_pickle=True) if you trust the file"
         )
     if any(n < 0 for n in shape):
-        raise ValueError(
+        raise NpyFormatError(
             f"{str(path)!r} is not a readable .npy file: its header gives shape {shape}, "
             "with a negative dimension"
         )
     # NumPy's own limit: the size with zero dimensions counted as 1 must fit
     # (so a zero-size shape with huge dimensions is refused as well).
     if math.prod(max(n, 1) for n in shape) * dtype.itemsize > sys.maxsize:
-        raise ValueError(
+        raise NpyFormatError(
             f"{str(path)!r} is not a readable .npy file: its header gives shape {shape} of "
             f"{dtype}, more than the {sys.maxsize} bytes an array can have on this machine"
         )
@@ -175,7 +214,7 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
     size = path.stat().st_size
     if size != offset + nbytes:
         state = "truncated" if size < offset + nbytes else "longer than its header says"
-        raise ValueError(
+        raise NpyFormatError(
             f"{str(path)!r} is {state}: expected {offset + nbytes} bytes "
             f"({offset} header + {nbytes} data for shape {shape} {dtype}), got {size}"
         )
@@ -196,15 +235,16 @@ def _host_chunks(
     """Yield C-contiguous host arrays covering host data ``x`` in C order.
 
     Each chunk is converted on its own (a tensor's conjugate/negative bit is
-    applied chunk by chunk); a contiguous chunk is yielded without a copy, any
-    other through one chunk buffer, valid until the next one is requested.
+    applied chunk by chunk, the byte order converted to ``dtype``'s); a
+    contiguous chunk of ``dtype`` is yielded without a copy, any other through
+    one chunk buffer, valid until the next one is requested.
     """
     if not nbytes_of(shape, dtype.itemsize):
         return
     buffer = np.empty(max(chunk, dtype.itemsize), np.uint8)
     for idx in c_order_chunks(shape, dtype.itemsize, chunk):
         part = host_values(x[idx])
-        if part.flags.c_contiguous:
+        if part.flags.c_contiguous and part.dtype == dtype:
             yield part
         else:
             out = buffer[: part.nbytes].view(dtype).reshape(part.shape)
@@ -254,7 +294,7 @@ def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
     if not src.on_device:
         bar = Progress(progress, nbytes, "save_npy")
         try:
-            for part in _host_chunks(src.obj, src.shape, src.dtype, chunk):
+            for part in _host_chunks(src.obj, src.shape, _file_dtype(src.dtype), chunk):
                 f.write(_as_bytes(part))
                 bar.add(part.nbytes)
             if not nbytes:
@@ -350,29 +390,64 @@ def save_npy(
 
     Raises
     ------
-    TypeError
-        ``x`` is not an array, or ``path`` is not a path.
+    InvalidTypeError
+        ``x`` is not an array, or a masked array (a ``.npy`` file has no room
+        for the mask: save ``x.filled(...)``, or ``x.data`` and its mask
+        apart), a nested or sparse tensor, object data; or ``path`` is not a
+        path. A ``TypeError``, raised before any data moves.
+    InvalidValueError
+        A meta tensor, an empty ``path``, or a ``chunk_bytes`` out of bounds
+        (a ``ValueError``, before any data moves).
     UnsupportedDtypeError
-        ``x``'s dtype has no NumPy equivalent (``torch.complex32``).
-    IsADirectoryError, FileNotFoundError, NotADirectoryError, PermissionError
-        The destination is refused (see ``path``), before any data moves.
+        ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
+    PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
+        The destination is refused (see ``path``), before any data moves; each
+        is also the ``OSError`` subclass of its name (``IsADirectoryError``, ...).
     TransferError
         A device chunk failed; no file is left under ``path``.
-    OSError
-        The file cannot be written; no file is left under ``path`` (for a
-        FIFO or device, what was written stays written).
+    PathError
+        The file cannot be written (a full disk, a size limit): an ``OSError``
+        with the failure's ``errno`` and the path; no file is left under
+        ``path`` (for a FIFO or device, what was written stays written).
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
+    _refuse_masked(x)
     src = array_source(x, "save_npy")
     if src.dtype.hasobject:
-        raise TypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
-    header = _header_bytes(src.shape, src.dtype)
+        raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
+    header = _header_bytes(src.shape, _file_dtype(src.dtype))
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
-    with dest.open() as f:  # commit when complete, discard on any error
-        f.write(header)
-        _write_data(f, src, chunk, progress)
+    try:
+        with dest.open() as f:  # commit when complete, discard on any error
+            f.write(header)
+            _write_data(f, src, chunk, progress)
+    except OSError as exc:
+        if isinstance(exc, InteropError):
+            raise
+        left = (
+            "what was written before the error stays written"
+            if dest.streaming
+            else f"no file was left under {str(dest.path)!r}"
+        )
+        raise path_error(
+            exc.errno,
+            f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; {left}",
+            str(dest.path),
+        ) from exc
     return dest.path
+
+
+def _refuse_masked(x: Any) -> None:
+    """Refuse a ``numpy.ma.MaskedArray``: a ``.npy`` file has no room for its mask."""
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        raise InvalidTypeError(
+            "save_npy expected an array without a mask (got a numpy.ma.MaskedArray: a .npy "
+            "file holds no mask, and numpy.save refuses it too); save x.filled(fill_value) "
+            "for the values with the masked ones replaced, or x.data and "
+            "numpy.ma.getmaskarray(x) as two files"
+        )
 
 
 # ----------------------------------------------------------------------- load
@@ -418,7 +493,7 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         host = True
         shape, dtype = out.shape, out.dtype
         if not out.flags.writeable:
-            raise ValueError(f"expected a writable out {where} (got a read-only array)")
+            raise InvalidValueError(f"expected a writable out {where} (got a read-only array)")
     elif (
         _backends.is_cupy_array(out)
         or _backends.is_torch_tensor(out)
@@ -427,7 +502,7 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         _, shape, dtype, on_device = array_source(out, "load_npy")
         host = not on_device
     else:
-        raise TypeError(
+        raise InvalidTypeError(
             f"expected out {where} to be a NumPy array, a CuPy array or a torch tensor "
             f"(got {type(out).__module__}.{type(out).__qualname__})"
         )
@@ -435,14 +510,14 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         place = _out_place(out, host)
         if target[0] != place[0] or target[1] not in (None, place[1]):
             shown = "cpu" if place[0] == "cpu" else f"cuda:{place[1]}"
-            raise ValueError(
+            raise InvalidValueError(
                 f"expected device to match out {where} (got device={target[0]}"
                 f"{'' if target[1] is None else f':{target[1]}'} and out on {shown}); "
                 "out decides where the data goes: pass out or device, not both"
             )
     want = header.dtype if host else header.dtype.newbyteorder("=")
     if tuple(shape) != header.shape or np.dtype(dtype) != want:
-        raise ValueError(
+        raise InvalidValueError(
             f"expected out {where} with shape {header.shape} and dtype {want} "
             f"(got shape {tuple(shape)} and dtype {np.dtype(dtype)})"
         )
@@ -601,19 +676,24 @@ def load_npy(
 
     Raises
     ------
-    ValueError
+    NpyFormatError
         Corrupt, truncated or object-dtype file, or a header with an
-        impossible shape (the message names the file); an ``out`` of the wrong
-        shape/dtype or read-only, or a ``device`` that is not where ``out``
-        is; a ``device`` string that is not ``"cpu"``, ``"cuda"`` or
-        ``"cuda:N"`` (the message lists what to pass). Nothing is written.
-    TypeError
-        ``out`` is not an array, or ``device`` is not a device.
+        impossible shape (the message names the file). A ``ValueError``;
+        nothing is written.
+    InvalidValueError
+        An ``out`` of the wrong shape/dtype or read-only, or a ``device`` that
+        is not where ``out`` is; a ``device`` string that is not ``"cpu"``,
+        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass). A
+        ``ValueError``; nothing is written.
+    InvalidTypeError
+        ``out`` is not an array, ``device`` is not a device, or ``path`` is
+        not a path (a ``TypeError``).
     BackendUnavailableError, NoDeviceError
         A CUDA ``device`` without CuPy or without a visible GPU; the message
         says that ``device="cpu"`` (or no ``device``) reads into NumPy.
-    FileNotFoundError
-        No such file.
+    PathNotFoundError, PathPermissionError, PathIsADirectoryError
+        No such file, a file this process may not read, or a directory (also
+        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``).
     TransferError
         Reading or copying failed part-way; the message says which byte range
         of ``out`` (in file order) is complete. The call never reports a

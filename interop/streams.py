@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _backends
+from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["stream"]
 
@@ -97,7 +98,7 @@ def resolve_stream(s: Any) -> tuple[int, int | None]:
         raise _not_a_stream(s)
     if isinstance(s, int):
         if s < 0:
-            raise ValueError(f"expected a stream handle >= 0 (got {s!r})")
+            raise InvalidValueError(f"expected a stream handle >= 0 (got {s!r})")
         return s, None
     module = type(s).__module__
     if module.startswith("torch") and hasattr(s, "cuda_stream") and hasattr(s, "device"):
@@ -113,15 +114,15 @@ def resolve_stream(s: Any) -> tuple[int, int | None]:
             or len(value) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
         ):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"expected __cuda_stream__() to return (version, handle) ints (got {value!r})"
             )
         return resolve_stream(value[1])[0], None
     raise _not_a_stream(s)
 
 
-def _not_a_stream(s: Any) -> TypeError:
-    return TypeError(
+def _not_a_stream(s: Any) -> InvalidTypeError:
+    return InvalidTypeError(
         "expected a torch.cuda.Stream, a cupy.cuda.Stream, an object with __cuda_stream__ "
         f"or a raw stream handle (int) (got {type(s).__module__}.{type(s).__qualname__}: {s!r})"
     )
@@ -179,12 +180,14 @@ def stream(s: Any) -> Iterator[Any]:
 
     Raises
     ------
-    TypeError, ValueError
-        ``s`` is not a stream-like (checked before anything else).
+    InvalidTypeError, InvalidValueError
+        ``s`` is not a stream-like (a ``TypeError``), or a negative handle (a
+        ``ValueError``); checked before anything else.
     BackendUnavailableError
         PyTorch or CuPy is not installed.
     NoDeviceError
-        No CUDA device is visible.
+        No CUDA device is visible (:class:`~interop.CudaAfterForkError` in a
+        process forked after its parent initialised CUDA).
     """
     handle, device = resolve_stream(s)
     th = _backends.require_torch_cuda()

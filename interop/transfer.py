@@ -28,6 +28,7 @@ from .arrays import (
     raw_host_memory,
 )
 from .config import chunk_bytes_or_default, config
+from .errors import InvalidTypeError, InvalidValueError
 from .pipeline.backend import Backend, DeviceData
 from .pipeline.future import Transfer
 from .pipeline.hostcopy import host_chunk_bytes, host_copy
@@ -68,7 +69,9 @@ def backend_of(x: Any) -> Backend:
         return cuda_backend(int(x.device.id))
     if _backends.is_torch_tensor(x) and x.device.type == "cuda":
         return cuda_backend(int(x.device.index))
-    raise TypeError(f"expected device data (got {type(x).__module__}.{type(x).__qualname__})")
+    raise InvalidTypeError(
+        f"expected device data (got {type(x).__module__}.{type(x).__qualname__})"
+    )
 
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
@@ -206,19 +209,21 @@ def _from_host(src: Any, dtype: np.dtype, threads: int) -> HostStep:
 
 def _check_host_out(out: Any, src: Source) -> None:
     if not isinstance(out, np.ndarray):
-        raise TypeError(
+        raise InvalidTypeError(
             "copy_to_host expected out to be a writable NumPy array (numpy.memmap included) "
             f"(got {type(out).__module__}.{type(out).__qualname__}); use interop.copy_to_device "
             "for device destinations"
         )
     if out.shape != tuple(src.shape):
-        raise ValueError(f"copy_to_host expected out of shape {tuple(src.shape)} (got {out.shape})")
+        raise InvalidValueError(
+            f"copy_to_host expected out of shape {tuple(src.shape)} (got {out.shape})"
+        )
     if out.dtype != src.dtype:
-        raise ValueError(_dtype_mismatch("copy_to_host", src.dtype, out.dtype))
+        raise InvalidValueError(_dtype_mismatch("copy_to_host", src.dtype, out.dtype))
     if not out.flags.writeable:
-        raise ValueError("copy_to_host expected a writable out (got a read-only array)")
+        raise InvalidValueError("copy_to_host expected a writable out (got a read-only array)")
     if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
-        raise ValueError(
+        raise InvalidValueError(
             "copy_to_host expected out not to overlap the source (got overlapping "
             "memory); copy into a separate array"
         )
@@ -243,14 +248,14 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
     elif getattr(type(out), "__interop_backend__", None) is not None:
         got_shape, got = tuple(out.shape), np.dtype(out.dtype)
     else:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{func} expected out to be a CuPy array or a CUDA torch tensor "
             f"(got {type(out).__module__}.{type(out).__qualname__})"
         )
     if got_shape != tuple(shape):
-        raise ValueError(f"{func} expected out of shape {tuple(shape)} (got {got_shape})")
+        raise InvalidValueError(f"{func} expected out of shape {tuple(shape)} (got {got_shape})")
     if got != dtype:
-        raise ValueError(_dtype_mismatch(func, dtype, got))
+        raise InvalidValueError(_dtype_mismatch(func, dtype, got))
 
 
 def empty_device(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) -> Any:
@@ -264,7 +269,7 @@ def empty_device(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) ->
     """
     target = parse_device(device)
     if target is not None and target[0] != "cuda":
-        raise ValueError(
+        raise InvalidValueError(
             f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
             "use interop.copy_to_host for host destinations"
         )
@@ -324,10 +329,11 @@ def copy_to_host_async(
 
     Raises
     ------
-    TypeError, ValueError
-        ``x`` is not an array, or ``out`` has the wrong type, shape or dtype,
-        is read-only or overlaps the source. Raised here, before anything is
-        written.
+    InvalidTypeError, InvalidValueError
+        ``x`` is not an array (or a nested, sparse or meta tensor), or ``out``
+        has the wrong type, shape or dtype, is read-only or overlaps the
+        source, or ``chunk_bytes``/``progress`` are refused. A ``TypeError``
+        or ``ValueError``, raised here, before anything is written.
     UnsupportedDtypeError
         The dtype has no NumPy equivalent (``torch.complex32``).
     NoDeviceError, BackendUnavailableError
@@ -380,8 +386,9 @@ def copy_to_host(
 
     Raises
     ------
-    TypeError, ValueError
-        Bad ``x`` or ``out`` (before anything is written).
+    InvalidTypeError, InvalidValueError
+        Bad ``x`` or ``out`` (a ``TypeError`` or ``ValueError``, before
+        anything is written).
     TransferError
         A chunk failed or the copy was cancelled; the message says which byte
         range is complete. The error keeps neither ``x`` nor ``out`` alive.
@@ -508,10 +515,12 @@ def copy_to_device(
 
     Raises
     ------
-    ValueError, TypeError
-        Wrong ``out`` (type, shape, dtype) or ``device``; nothing is written.
+    InvalidValueError, InvalidTypeError
+        Wrong ``out`` (type, shape, dtype) or ``device`` (a ``ValueError`` or
+        ``TypeError``); nothing is written.
     NoDeviceError, BackendUnavailableError
-        No CUDA device, or CuPy missing.
+        No CUDA device, or CuPy missing (:class:`~interop.CudaAfterForkError`
+        in a process forked after its parent initialised CUDA).
     TransferError
         A chunk failed; the message says which byte range is complete. Every
         staging buffer and stream is released.
@@ -528,7 +537,7 @@ def _device_to_device(x: Any, out: Any) -> None:
     event on ``x``'s library's current stream (both read in this thread)."""
     producer, backend = backend_of(x), backend_of(out)
     if type(producer) is not type(backend):
-        raise TypeError(
+        raise InvalidTypeError(
             f"copy_to_device expected x and out on the same kind of device (got {type(x).__name__} "
             f"and {type(out).__name__})"
         )

@@ -196,7 +196,7 @@ def test_an_absurd_environment_variable_is_refused_at_import(variable, raw, patt
     proc = run_python("import interop", env={variable: raw})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ValueError: expected")
+    assert last.startswith("interop.errors.InvalidValueError: expected")  # a ValueError
     assert re.search(pattern, last), last
     assert last.endswith("unset it or fix it")
 

@@ -350,14 +350,14 @@ def test_files_and_directories_this_process_may_not_write_are_refused_first(tmp_
     assert proc.returncode == 0, proc.stderr
     numpy_said, ro, new, mine = proc.stdout.splitlines()
     assert numpy_said.startswith("PermissionError")  # numpy.save refuses the file ...
-    assert ro.startswith("PermissionError: [Errno 13] save_npy expected a writable file")
+    assert ro.startswith("PathPermissionError: [Errno 13] save_npy expected a writable file")
     assert "mode -r--r--r--" in ro
     assert "chmod u+w" in ro
-    assert new.startswith("PermissionError: [Errno 13] save_npy cannot create")
+    assert new.startswith("PathPermissionError: [Errno 13] save_npy cannot create")
     assert "its directory" in new
     # a writable file in a locked directory: numpy.save would overwrite it in
     # place; it cannot be replaced atomically, so it is refused
-    assert mine.startswith("PermissionError: [Errno 13] save_npy cannot replace")
+    assert mine.startswith("PathPermissionError: [Errno 13] save_npy cannot replace")
     assert (tmp_path / "ro.npy").read_bytes() == b"old"
     assert (locked / "mine.npy").read_bytes() == b"mine"
     assert sorted(os.listdir(locked)) == ["mine.npy"]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import _backends, dtypes
+from ..errors import InvalidValueError
 from ..streams import cupy_stream
 from .backend import DeviceChunk, DeviceData
 from .plan import STAGING_ALIGN, round_up
@@ -175,12 +176,12 @@ class CudaBackend:
 
         Raises
         ------
-        ValueError
+        InvalidValueError
             A tensor with the conjugate/negative bit (writes would be transformed).
         """
         if _backends.is_torch_tensor(out):
             if out.is_conj() or out.is_neg():
-                raise ValueError(
+                raise InvalidValueError(
                     f"{func} expected an out without the conjugate/negative bit "
                     "(writes through such a view would be transformed); resolve it first"
                 )
@@ -215,7 +216,11 @@ def cuda_backend(index: int) -> CudaBackend:
     ------
     NoDeviceError, BackendUnavailableError
         No usable CUDA device or CuPy.
+    CudaAfterForkError
+        This process was forked after CUDA was initialised in its parent (a
+        backend made there is unusable here).
     """
+    _backends.check_not_forked()
     backend = _backends_by_index.get(index)
     if backend is None:
         backend = _backends_by_index.setdefault(index, CudaBackend(index))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidTypeError
+
 __all__ = ["Progress", "check_progress"]
 
 
@@ -13,12 +15,12 @@ def check_progress(progress: Any) -> None:
 
     Raises
     ------
-    TypeError
-        Anything else (checked before a transfer starts).
+    InvalidTypeError
+        Anything else (checked before a transfer starts); a ``TypeError``.
     """
     if progress is None or isinstance(progress, bool) or callable(progress):
         return
-    raise TypeError(
+    raise InvalidTypeError(
         "expected progress to be True, False or a callable progress(bytes_done, bytes_total) "
         f"(got {progress!r})"
     )

@@ -1,0 +1,145 @@
+"""A process forked after CUDA was initialised in its parent cannot use CUDA:
+interop says so, with what to do, on the first call that needs CUDA.
+
+Forking happens in a subprocess (never in pytest's own process, whose threads
+the child would inherit).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from .helpers import run_python
+
+# One interpreter forks twice: before interop has initialised CUDA ("early"),
+# and after ("late", with a grandchild). Without a GPU here interop never
+# initialises CUDA itself, so the script records it as interop does where it
+# first finds a usable device. Each process reports what the calls that need
+# CUDA raise.
+_SCRIPT = """
+import os, sys, numpy as np, torch, interop
+from interop import _backends
+
+CALLS = {
+    "to_cupy": lambda: interop.to_cupy(np.arange(3)),
+    "copy_to_device": lambda: interop.copy_to_device(np.arange(3)),
+    "to_torch(device='cuda')": lambda: interop.to_torch(np.arange(3), device="cuda"),
+    "stream": lambda: interop.stream(0).__enter__(),
+    "use_torch_allocator": lambda: interop.use_torch_allocator().__enter__(),
+}
+
+def report(who):
+    for name, call in CALLS.items():
+        try:
+            call()
+            print(who, "|", name, "|", "ok")
+        except interop.InteropError as exc:
+            runtime = isinstance(exc, RuntimeError)
+            print(who, "|", name, "|", type(exc).__name__, runtime, "|", exc)
+    sys.stdout.flush()
+
+def fork(who, grandchild=False):
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        report(who)
+        if grandchild:
+            fork("grandchild")
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+fork("early")
+_backends.note_cuda_initialised()
+fork("late", grandchild=True)
+report("parent")
+"""
+
+
+@functools.cache
+def _reports() -> dict[str, dict[str, tuple[str, str]]]:
+    proc = run_python(_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for line in proc.stdout.splitlines():
+        who, name, kind, *message = line.split(" | ")
+        out.setdefault(who, {})[name] = (kind, " | ".join(message))
+    return out
+
+
+def test_a_child_forked_after_cuda_was_initialised_gets_a_clear_error():
+    for who in ("late", "grandchild"):
+        calls = _reports()[who]
+        assert len(calls) == 5
+        for name, (kind, message) in calls.items():
+            assert kind == "CudaAfterForkError True", (who, name)
+            assert "CUDA cannot be used after fork" in message
+            assert "multiprocessing's 'spawn' start method" in message
+            assert "multiprocessing.get_context('spawn')" in message
+            assert "forked after CUDA was initialised in process " in message
+
+
+def test_forking_before_cuda_is_used_is_harmless_and_the_parent_unaffected():
+    reports = _reports()
+    # the early child answers exactly as the parent does (here: no device)
+    assert reports["early"] == reports["parent"]
+    assert len(reports["parent"]) == 5
+    assert all(kind != "CudaAfterForkError True" for kind, _ in reports["parent"].values())
+
+
+def test_pytorchs_own_bad_fork_flag_counts_too():
+    # CUDA initialised by the user through PyTorch, outside interop.
+    proc = run_python(
+        """
+        import numpy as np, torch, interop
+        torch.cuda._is_in_bad_fork = lambda: True  # what PyTorch reports in such a child
+        try:
+            interop.to_cupy(np.arange(3))
+        except interop.CudaAfterForkError as exc:
+            print("refused:", "forked after CUDA was initialised in its parent" in str(exc))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "refused: True"
+
+
+_GPU_SCRIPT = """
+import multiprocessing, os, sys
+import numpy as np, interop
+
+
+def work(n):
+    return int(interop.to_numpy(interop.to_cupy(np.arange(n))).sum())
+
+
+if __name__ == "__main__":
+    assert work(4) == 6  # CUDA initialised here, through interop
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            interop.to_cupy(np.arange(3))
+            code = 1
+        except interop.CudaAfterForkError:
+            code = 0
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("fork", os.waitstatus_to_exitcode(status))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # what the message advises
+        print("spawn", pool.apply(work, (5,)))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_forked_child_is_refused_and_spawn_works(tmp_path):
+    script = tmp_path / "fork_then_spawn.py"  # a file: spawn imports the main module
+    script.write_text(textwrap.dedent(_GPU_SCRIPT))
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["fork", "0", "spawn", "10"]
