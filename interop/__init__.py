@@ -26,6 +26,7 @@ from .errors import (
     PathPermissionError,
     ReadOnlyWarning,
     TransferError,
+    TransferTimeoutError,
     UnknownSettingError,
     UnsupportedDtypeError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "StreamMismatchError",
     "Transfer",
     "TransferError",
+    "TransferTimeoutError",
     "UnknownSettingError",
     "UnsupportedDtypeError",
     "__version__",

@@ -25,6 +25,7 @@ leading axes. Runs are as long as the layout allows (adjacent ones are merged).
 
 from __future__ import annotations
 
+import errno as _errno
 import os
 import socket
 import sys
@@ -41,7 +42,13 @@ from ._backends import DISTRIBUTION
 from .arrays import array_source, host_values, parse_device
 from .config import chunk_bytes_or_default, config
 from .destination import Destination, prepare_destination
-from .errors import BackendUnavailableError, TransferError
+from .errors import (
+    BackendUnavailableError,
+    InvalidTypeError,
+    InvalidValueError,
+    PathNotFoundError,
+    TransferError,
+)
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.schedule import HostTask
 from .transfer import HostStep, device_to_host, empty_device, host_to_device
@@ -268,7 +275,7 @@ def _write_block(
     _, got_shape, got_dtype, _ = array_source(block, "interop.dask.save_npy")
     got_shape = tuple(int(n) for n in got_shape)
     if got_shape != shape or got_dtype != layout.dtype:
-        raise ValueError(
+        raise InvalidValueError(
             f"{what}: expected a block of shape {shape} and dtype {layout.dtype} "
             f"(got shape {got_shape} and dtype {got_dtype}); the dask array's chunks or dtype "
             "do not describe its blocks: fix the function that makes them"
@@ -281,9 +288,10 @@ def _write_block(
     try:
         fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
     except FileNotFoundError as exc:
-        raise FileNotFoundError(
+        raise PathNotFoundError(
+            _errno.ENOENT,
             f"{what}: the temporary file is gone (the save failed or was cancelled), or this "
-            "worker does not share the client's file system"
+            "worker does not share the client's file system",
         ) from exc
     src = array_source(block, "interop.dask.save_npy")
     try:
@@ -510,15 +518,15 @@ def save_npy(
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
-        raise TypeError(
+        raise InvalidTypeError(
             f"{func} expected a dask.array.Array (got {type(darr).__module__}."
             f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
     dtype = np.dtype(darr.dtype)
     if dtype.hasobject:
-        raise TypeError(f"{func} expected numeric data (got dtype {dtype!r})")
+        raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
     if any(np.isnan(c) for sizes in darr.chunks for c in sizes):
-        raise ValueError(
+        raise InvalidValueError(
             f"{func} expected known chunk sizes (got {darr.chunks!r}); "
             "call darr.compute_chunk_sizes() first"
         )
@@ -528,7 +536,7 @@ def save_npy(
 
     destination = prepare_destination(path, func)
     if destination.streaming:
-        raise ValueError(
+        raise InvalidValueError(
             f"{func} expected a regular file or a new path (got {str(destination.path)!r}, a "
             "FIFO or character device); the blocks are written at their offsets, which needs a "
             "regular file: save to a file and copy it, or use interop.save_npy"
@@ -589,7 +597,7 @@ def _check_source(source: _Source, what: str) -> None:
     fortran_shape = source.layout.shape[::-1] if source.fortran else source.layout.shape
     then = (fortran_shape, source.layout.dtype, source.layout.offset, source.fortran)
     if now != then:
-        raise ValueError(
+        raise InvalidValueError(
             f"{what}: expected the file load_npy described (shape {then[0]}, dtype {then[1]}) "
             f"(got shape {now[0]}, dtype {now[1]}); it was replaced: call load_npy again"
         )
@@ -746,7 +754,7 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
     try:
         normalized = da.core.normalize_chunks(chunks, header.shape, dtype=header.dtype)
     except (ValueError, TypeError) as exc:
-        raise ValueError(
+        raise InvalidValueError(
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}): "
             f"{exc}"
         ) from exc

@@ -28,6 +28,7 @@ __all__ = [
     "PathPermissionError",
     "ReadOnlyWarning",
     "TransferError",
+    "TransferTimeoutError",
     "UnknownSettingError",
     "UnsupportedDtypeError",
 ]
@@ -148,6 +149,11 @@ class TransferError(InteropError, RuntimeError):
         super().__init__(message)
         self.bytes_done = bytes_done
         self.nbytes = nbytes
+
+
+class TransferTimeoutError(InteropError, TimeoutError):
+    """``Transfer.result(timeout=...)`` returned before the transfer finished
+    (the transfer goes on)."""
 
 
 class ReadOnlyWarning(UserWarning):

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import TransferError
+from ..errors import TransferError, TransferTimeoutError
 from .progress import Progress
 
 __all__ = ["Cancelled", "Transfer"]
@@ -148,8 +148,9 @@ class Transfer:
 
         Raises
         ------
-        TimeoutError
-            Not finished within ``timeout`` seconds (the transfer goes on).
+        TransferTimeoutError
+            Not finished within ``timeout`` seconds (a ``TimeoutError``; the
+            transfer goes on).
         TransferError
             A chunk failed or the transfer was cancelled; the message says
             which byte range is complete. Every staging buffer, stream and
@@ -161,7 +162,7 @@ class Transfer:
         """
         try:
             if not self._finished.wait(timeout):
-                raise TimeoutError(
+                raise TransferTimeoutError(
                     f"{self._func} not finished after {timeout} s "
                     f"({self.bytes_done} of {self.nbytes} bytes done)"
                 )
