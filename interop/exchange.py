@@ -1,7 +1,7 @@
 """Zero-copy exchange between NumPy, PyTorch and CuPy: ``to_numpy``,
 ``to_torch``, ``to_cupy``.
 
-The rules (SPEC §1.1), in one place:
+The rules (docs/exchange.md), in one place:
 
 * Memory is shared whenever sharing gives the right values. Where it cannot
   (conjugate/negative bits, negative strides into PyTorch, non-native byte
@@ -13,7 +13,7 @@ The rules (SPEC §1.1), in one place:
   (which ignores the bit and returns wrong values).
 * ``bfloat16``/``float8`` cross to NumPy as ``ml_dtypes`` dtypes through a
   same-sized integer view, without a copy.
-* Stream order (SPEC §1.2): device exports go through ``__dlpack__(stream=...)``
+* Stream order (docs/streams.md): device exports go through ``__dlpack__(stream=...)``
   with the consumer's current stream, in the data's device context, so the
   consumer may use the result at once on its current stream. Nothing here calls
   ``cudaDeviceSynchronize``.
