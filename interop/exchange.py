@@ -84,7 +84,12 @@ def _odd_strides(strides: tuple[int, ...] | None, itemsize: int) -> bool:
     """True if a byte stride is not a multiple of the itemsize (a field of a
     structured array, an ``as_strided`` view): PyTorch and DLPack count
     strides in elements, so such a view cannot be shared with them."""
-    return bool(strides) and itemsize > 0 and any(st % itemsize for st in strides or ())
+    if not strides or itemsize <= 1:
+        return False
+    for st in strides:  # noqa: SIM110 (a loop: any() with a generator costs twice as much here)
+        if st % itemsize:
+            return True
+    return False
 
 
 def _misaligned(a: Any) -> bool:
@@ -101,9 +106,12 @@ def _misaligned(a: Any) -> bool:
 
 
 def _pytorch_cannot_share(a: Any) -> bool:
-    return (
-        _negative_strides(a.strides) or _odd_strides(a.strides, a.dtype.itemsize) or _misaligned(a)
-    )
+    strides, itemsize = a.strides, a.dtype.itemsize
+    if _negative_strides(strides) or _odd_strides(strides, itemsize):
+        return True
+    if isinstance(a, np.ndarray) and a.dtype.alignment == itemsize and a.flags.aligned:
+        return False  # NumPy checked the address already (the common, fast case)
+    return _misaligned(a)
 
 
 def _layout_in_words(a: Any) -> str:
@@ -306,7 +314,7 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
 
 def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
     th = _backends.torch()
-    native = a.dtype.newbyteorder("=")
+    native = a.dtype if a.dtype.isnative else a.dtype.newbyteorder("=")
     dtypes.torch_dtype_of_numpy(native)  # UnsupportedDtypeError before any copy
     copied = False
     if not a.dtype.isnative:
@@ -318,12 +326,13 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
         else:
             a = a.astype(native)
             copied = True
-    a = _normalise_strides(a)
-    if _pytorch_cannot_share(a):
-        if copy is False:
-            raise _copy_required(f"an array with {_layout_in_words(a)}")
-        a = a.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
-        copied = True
+    if _pytorch_cannot_share(a):  # rare: checked once in the common case
+        a = _normalise_strides(a)
+        if _pytorch_cannot_share(a):
+            if copy is False:
+                raise _copy_required(f"an array with {_layout_in_words(a)}")
+            a = a.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
+            copied = True
     if copy and not copied:
         a = a.copy(order="K")
         copied = True
