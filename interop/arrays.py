@@ -9,7 +9,6 @@ arrays overlap?" have one answer each. Nothing here moves data between devices.
 from __future__ import annotations
 
 import operator
-import sys
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
@@ -353,8 +352,3 @@ def array_source(x: Any, func: str) -> Source:
     if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
         return array_source(import_foreign(x, func), func)
     raise not_an_array(func, x)
-
-
-def torch_imported() -> bool:
-    """True once some code imported torch (no tensor can exist before)."""
-    return "torch" in sys.modules

@@ -49,6 +49,7 @@ from .errors import (
     PathNotFoundError,
     TransferError,
 )
+from .npy import _header_bytes, _write_all, read_npy_header
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.schedule import HostTask
 from .transfer import HostStep, device_to_host, empty_device, host_to_device
@@ -162,13 +163,6 @@ class _Layout:
         return _Runs(offsets.reshape(-1), int(run))
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        written = os.pwritev(fd, [data], offset)
-        data = data[written:]
-        offset += written
-
-
 def _pread_all(fd: int, view: memoryview, offset: int, what: str) -> None:
     got = 0
     while got < len(view):
@@ -224,7 +218,7 @@ def _into_runs(fd: int, runs: _Runs, threads: int) -> HostStep:
             def piece(lo: int, hi: int) -> HostTask:
                 def write(buf: np.ndarray) -> None:
                     for offset, at, length in runs.segments(plan.starts[i] + lo, hi - lo):
-                        _pwrite_all(fd, buf[lo + at : lo + at + length].data, offset)
+                        _write_all(fd, buf[lo + at : lo + at + length].data, offset)
 
                 return write
 
@@ -300,7 +294,7 @@ def _write_block(
         else:
             for position, data in _host_pieces(src, chunk):
                 for offset, at, length in runs.segments(position, len(data)):
-                    _pwrite_all(fd, data[at : at + length], offset)
+                    _write_all(fd, data[at : at + length], offset)
     finally:
         os.close(fd)
     result[...] = nbytes_of(shape, layout.dtype.itemsize)
@@ -312,7 +306,7 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
     sized to ``size``. Never a task: Dask may run a task more than once."""
     fd = destination.create()
     try:
-        _pwrite_all(fd, memoryview(header), 0)
+        _write_all(fd, memoryview(header), 0)
         os.ftruncate(fd, size)
     except BaseException:
         os.close(fd)
@@ -532,8 +526,6 @@ def save_npy(
         )
     if chunk_bytes is not None:
         chunk_bytes_or_default(chunk_bytes)  # validated here, used on the workers
-    from .npy import _header_bytes
-
     destination = prepare_destination(path, func)
     if destination.streaming:
         raise InvalidValueError(
@@ -590,8 +582,6 @@ class _Source:
 
 
 def _check_source(source: _Source, what: str) -> None:
-    from .npy import read_npy_header
-
     header = read_npy_header(source.layout.path)
     now = (header.shape, header.dtype, header.offset, header.fortran_order)
     fortran_shape = source.layout.shape[::-1] if source.fortran else source.layout.shape
@@ -747,8 +737,6 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
     TransferError
         From a task: the file came up short.
     """
-    from .npy import read_npy_header
-
     header = read_npy_header(path)
     target = parse_device(device)
     try:

@@ -132,9 +132,8 @@ def _layout_in_words(a: Any) -> str:
 def _normalise_strides(a: np.ndarray) -> np.ndarray:
     """A zero-copy view whose size-1 axes have stride 0 (a negative or odd
     stride on an axis of length 1 is never used, but PyTorch refuses it); a
-    zero-size array becomes a fresh empty one (there is no data to share)."""
-    if not _pytorch_cannot_share(a):
-        return a
+    zero-size array becomes a fresh empty one (there is no data to share).
+    Called for arrays PyTorch cannot share as they are."""
     if a.size == 0:
         return np.empty(a.shape, a.dtype)
     fixed = tuple(0 if n == 1 else st for st, n in zip(a.strides, a.shape, strict=True))

@@ -245,7 +245,7 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
         got_shape, got = tuple(out.shape), np.dtype(out.dtype)
     elif _backends.is_torch_tensor(out) and out.device.type == "cuda":
         got_shape, got = tuple(out.shape), dtypes.numpy_dtype_of_torch(out.dtype)
-    elif getattr(type(out), "__interop_backend__", None) is not None:
+    elif is_emulated_device_array(out):
         got_shape, got = tuple(out.shape), np.dtype(out.dtype)
     else:
         raise InvalidTypeError(
@@ -440,7 +440,7 @@ def copy_to_device_async(
     if out is not None:
         _device_out(out, src.shape, native, "copy_to_device")
         result = out
-    elif src.on_device and getattr(type(src.obj), "__interop_backend__", None) is not None:
+    elif src.on_device and is_emulated_device_array(src.obj):
         result = src.obj.backend.empty(src.shape, native)
     else:
         result = empty_device(src.shape, native, device)
