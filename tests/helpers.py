@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # dtype names PyTorch and NumPy share (SPEC 1.1: every int, bool, float, complex)
 STANDARD = [
@@ -63,6 +66,11 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
+    # The repository first, and whatever PYTHONPATH already holds after it (a GPU runner
+    # finds its carried packages there), so the child imports this checkout's interop.
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")])
+    )
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,

@@ -360,7 +360,7 @@ def test_interrupted_save_cancels_and_removes_the_temporary(tmp_path):
             print("interrupted", sorted(p.name for p in d.iterdir()))
         Path(gate).touch()
     """
-    proc = run_python(code, env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "interrupted []"
 
