@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-__all__ = ["Backend", "DeviceChunk", "DeviceData", "Event", "Staging", "Stream"]
+__all__ = ["Backend", "DeviceChunk", "DeviceData", "Event", "Staging", "Stream", "Timer"]
 
 
 class Stream(Protocol):
@@ -42,6 +42,17 @@ class Event(Protocol):
 
     def query(self) -> bool:
         """True once the recorded point was reached (never blocks)."""
+
+
+class Timer(Protocol):
+    """A timing event: a point in a stream's work whose time can be read."""
+
+    def record(self, stream: Any) -> None:
+        """Mark the current end of ``stream``'s queue."""
+
+    def seconds_since(self, start: Any) -> float:
+        """Seconds between ``start`` and this timer, both recorded on one stream
+        and reached (after that stream was synchronised)."""
 
 
 class Staging(Protocol):
@@ -85,6 +96,9 @@ class Backend(Protocol):
 
     def event(self) -> Event:
         """A new event whose host synchronisation blocks instead of spinning."""
+
+    def timer(self) -> Timer:
+        """A new timing event (used only when a transfer is traced)."""
 
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         """A page-locked host buffer: its address and a ``uint8`` view."""

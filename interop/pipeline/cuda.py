@@ -70,6 +70,20 @@ class CudaEvent:
         return bool(self.cupy.done)
 
 
+class CudaTimer:
+    """A CuPy event with timing, for tracing a transfer."""
+
+    def __init__(self, cp: Any) -> None:
+        self._cp = cp
+        self.cupy = cp.cuda.Event(block=True, disable_timing=False)
+
+    def record(self, stream: CudaStream) -> None:
+        self.cupy.record(stream.cupy)
+
+    def seconds_since(self, start: CudaTimer) -> float:
+        return float(self._cp.cuda.get_elapsed_time(start.cupy, self.cupy)) / 1e3
+
+
 class CudaStaging:
     """Rows of one CuPy ``uint8`` block, ``stride`` bytes apart (a multiple of 256)."""
 
@@ -104,6 +118,10 @@ class CudaBackend:
     def event(self) -> CudaEvent:
         with self.activate():
             return CudaEvent(self._cp)
+
+    def timer(self) -> CudaTimer:
+        with self.activate():
+            return CudaTimer(self._cp)
 
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         ptr = int(self._cp.cuda.runtime.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE))

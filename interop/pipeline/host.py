@@ -157,6 +157,9 @@ class HostBackend:
     def event(self) -> HostEvent:
         return HostEvent(self)
 
+    def timer(self) -> HostTimer:
+        return HostTimer(self)
+
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         self._check_alive()
         if self._fault("host_alloc"):
@@ -331,7 +334,9 @@ class HostStream:
         self.clock: dict[int, int] = {self.id: 0}  # what queued work is ordered after
         self._done = 0
         self._cond = threading.Condition()
-        self._queue: queue.SimpleQueue[tuple[int, Callable[[], None]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, str, Callable[[], None]] | None] = (
+            queue.SimpleQueue()
+        )
         self._closed = False
         self._thread = threading.Thread(
             target=self._work, name=f"host-stream-{self.id}", daemon=True
@@ -363,13 +368,13 @@ class HostStream:
             for region in writes:
                 region.last_write, region.reads = (self.id, seq), {}
             self._queue.put(
-                (seq, _failing(kind) if fails else _guarded(b, kind, op, (*reads, *writes)))
+                (seq, kind, _failing(kind) if fails else _guarded(b, kind, op, (*reads, *writes)))
             )
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
-            seq, op = item
-            if self.backend.delay:
+            seq, kind, op = item
+            if self.backend.delay and kind != "timer":  # a timing event takes no stream time
                 time.sleep(self.backend.delay)
             try:
                 if self.backend._sticky is None:
@@ -461,6 +466,28 @@ class HostEvent:
         stream.reached(seq)
         self.backend._observed(clock)
         self.backend._check_alive()
+
+
+class HostTimer:
+    """A timing event: the time the stream's worker reached it."""
+
+    def __init__(self, backend: HostBackend) -> None:
+        self.backend = backend
+        self.at: float | None = None
+
+    def record(self, stream: HostStream) -> None:
+        self.at = None
+        stream.enqueue("timer", self._stamp)
+
+    def _stamp(self) -> None:
+        self.at = time.perf_counter()
+
+    def seconds_since(self, start: HostTimer) -> float:
+        if self.at is None or start.at is None:
+            raise self.backend.violation(
+                "a timer read before its stream reached it (synchronise the stream first)"
+            )
+        return self.at - start.at
 
 
 class HostStaging:

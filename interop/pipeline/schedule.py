@@ -40,7 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .backend import Backend, DeviceData, Event, Staging, Stream
+from . import trace
+from .backend import Backend, DeviceData, Event, Staging, Stream, Timer
 from .future import Transfer
 from .plan import Plan
 from .ring import StagingRing, borrow_ring, note, return_ring
@@ -113,6 +114,9 @@ class _Run:
         self.pool = ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="interop-host")
         self.ring: StagingRing | None = None
         self.staging: Staging | None = None
+        # diagnosis only (interop.pipeline.trace): timing events around each device step
+        self.trace = trace.SlotTrace(job.direction, job.threads) if trace.active() else None
+        self.timers: list[tuple[Timer, Timer]] = []
 
     # -- steps
     def submit(self, i: int, k: int, after: Event | None) -> None:
@@ -120,20 +124,28 @@ class _Run:
         ring = self.ring
         assert ring is not None
         n = self.plan.sizes[i]
+        pieces = self.trace.pieces if self.trace is not None else None
 
         def piece(task: HostTask) -> None:
+            submitted = trace.now()
             if after is not None:
                 after.synchronize()
+            waited = trace.now()
             with ring.host(k, n) as buf:
                 task(buf)
+            if pieces is not None:
+                pieces.append((i, submitted, waited, trace.now()))
 
         self.pending[k] = [self.pool.submit(piece, task) for task in self.job.host_tasks(i)]
 
     def wait_host(self, k: int) -> None:
         """Wait for the host pieces in slot ``k``; re-raise the first failure."""
         futures, self.pending[k] = self.pending[k], []
+        start = trace.now()
         for f in futures:
             f.result()
+        if self.trace is not None:
+            self.trace.issuer_wait_seconds += trace.now() - start
 
     def device_step(self, i: int, k: int) -> None:
         ring = self.ring
@@ -146,6 +158,9 @@ class _Run:
             ready.record(chunk.produced_on)
             stream.wait(ready)
         n = self.plan.sizes[i]
+        timers = (backend.timer(), backend.timer()) if self.trace is not None else None
+        if timers is not None:
+            timers[0].record(stream)
         if backend.is_contiguous(chunk.view):
             if self.job.direction == "d2h":
                 backend.copy_to_host(ring, k, chunk.view, n, stream)
@@ -164,6 +179,9 @@ class _Run:
             else:
                 backend.copy_to_device(row, ring, k, n, stream)
                 backend.copy_on_device(chunk.view, row, stream)  # unpack
+        if timers is not None:
+            timers[1].record(stream)  # before the event: the host sees both reached
+            self.timers.append(timers)
         self.events[k].record(stream)
 
     # -- the two directions
@@ -215,6 +233,14 @@ class _Run:
             errors.attempt("returning the staging ring", lambda: return_ring(ring, errors.first))
         errors.attempt("closing the copy stream", self.stream.close)
 
+    def publish_trace(self) -> None:
+        """Read the timers (the copy stream was synchronised) and hand the trace on."""
+        if self.trace is None:
+            return
+        self.trace.chunk_bytes = list(self.plan.sizes)
+        self.trace.device_seconds = [end.seconds_since(start) for start, end in self.timers]
+        trace.publish(self.trace)
+
 
 def run_slots(transfer: Transfer, job: SlotJob) -> None:
     """Run ``job`` on the calling (transfer) thread; raise its first error
@@ -224,16 +250,22 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
         run: _Run | None = None
         try:
             run = _Run(transfer, job)
+            if run.trace is not None:
+                run.trace.start = trace.now()
             run.ring = borrow_ring(job.backend, job.plan.nslots, job.plan.slot_bytes)
             if job.direction == "d2h":
                 run.device_to_host()
             else:
                 run.host_to_device()
+            if run.trace is not None:
+                run.trace.end = trace.now()
         except BaseException as exc:
             errors.add(exc)
         finally:
             if run is not None:
                 run.release(errors)
+                if errors.first is None:
+                    errors.attempt("reading the transfer's trace", run.publish_trace)
             else:
                 errors.attempt("closing the copy stream", job.stream.close)
     if errors.first is not None:
