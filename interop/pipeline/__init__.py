@@ -9,6 +9,7 @@
 ``cuda``      the CUDA backend (CuPy runtime calls)
 ``host``      the host backend: a CPU stream that enforces CUDA's rules
 ``hostcopy``  the host engine: host-to-host copies on a thread pool
+``trace``     where a transfer's time goes (device steps against host steps)
 """
 
 from __future__ import annotations
