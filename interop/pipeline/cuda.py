@@ -135,9 +135,11 @@ class CudaBackend:
         self._cp.cuda.runtime.memcpyAsync(dst.data.ptr, ring.ptrs[k], nbytes, _H2D, s.ptr)
 
     def copy_on_device(self, dst: Any, src: Any, s: CudaStream) -> None:
+        if not dst.size:
+            return
         with self._cp.cuda.Device(int(dst.device.id)), s.cupy:
             if int(src.device.id) != int(dst.device.id):
-                src = src.copy()  # a peer copy onto dst's device, on s
+                src = _peer_copy(self._cp, src, s)
             dst[...] = src
 
     # -- data, described in the caller's thread (current streams are per thread)
@@ -200,6 +202,24 @@ def _bit_view(x: Any) -> Any:
     """A CuPy array with bfloat16/float8 viewed as same-sized integers."""
     bits = dtypes.int_view_of_numpy(np.dtype(x.dtype))
     return x if bits == np.dtype(x.dtype) else x.view(bits)
+
+
+def _peer_copy(cp: Any, src: Any, s: CudaStream) -> Any:
+    """``src`` (on another device) on the current device with its strides:
+    one peer DMA on ``s`` of the bytes its elements span, and a view of them.
+
+    Not ``src.copy()``: for a strided ``src`` that packs on ``src``'s device,
+    on CuPy's current stream there, which is ordered neither after the
+    producer nor before ``s``. Here every step is queued on ``s`` (already
+    ordered after the producer), and the buffer comes from the pool on ``s``,
+    so its memory is never handed out again before ``s`` has used it.
+    """
+    lo = sum(st * (n - 1) for st, n in zip(src.strides, src.shape, strict=True) if st < 0)
+    hi = sum(st * (n - 1) for st, n in zip(src.strides, src.shape, strict=True) if st > 0)
+    span = hi - lo + src.itemsize
+    raw = cp.empty(span, cp.uint8)  # on the current stream: s
+    raw.data.copy_from_device_async(src.data + lo, span, s.cupy)
+    return cp.ndarray(src.shape, src.dtype, raw.data - lo, strides=src.strides)
 
 
 def _chunks_of(view: Any) -> Any:
