@@ -214,12 +214,18 @@ def _peer_copy(cp: Any, src: Any, s: CudaStream) -> Any:
     ordered after the producer), and the buffer comes from the pool on ``s``,
     so its memory is never handed out again before ``s`` has used it.
     """
-    lo = sum(st * (n - 1) for st, n in zip(src.strides, src.shape, strict=True) if st < 0)
-    hi = sum(st * (n - 1) for st, n in zip(src.strides, src.shape, strict=True) if st > 0)
-    span = hi - lo + src.itemsize
+    lo, span = byte_extent(src.shape, src.strides, src.itemsize)
     raw = cp.empty(span, cp.uint8)  # on the current stream: s
     raw.data.copy_from_device_async(src.data + lo, span, s.cupy)
     return cp.ndarray(src.shape, src.dtype, raw.data - lo, strides=src.strides)
+
+
+def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """``(lo, span)``: the bytes a non-empty strided array's elements occupy
+    start ``lo`` bytes from its data pointer (``lo <= 0``) and span ``span``."""
+    lo = sum(st * (n - 1) for st, n in zip(strides, shape, strict=True) if st < 0)
+    hi = sum(st * (n - 1) for st, n in zip(strides, shape, strict=True) if st > 0)
+    return lo, hi - lo + itemsize
 
 
 def _chunks_of(view: Any) -> Any:
