@@ -513,7 +513,11 @@ def copy_to_device(
     Device data: one device-side copy queued on the current stream of
     ``out``'s library, after an event on the current stream of ``x``'s
     library (no host synchronisation): the result is ready for work queued on
-    that stream, and the call returns without waiting for the copy.
+    that stream, and the call returns without waiting for the copy. A tensor
+    with the conjugate/negative bit is first resolved into a temporary on
+    ``x``'s library's stream, which then also waits for the copy. ``x`` on
+    another device is first moved whole (the bytes it spans, in one peer DMA
+    on ``out``'s stream) into a temporary of that size on ``out``'s device.
 
     Raises
     ------
