@@ -211,13 +211,15 @@ def _peer_copy(cp: Any, src: Any, s: CudaStream) -> Any:
     Not ``src.copy()``: for a strided ``src`` that packs on ``src``'s device,
     on CuPy's current stream there, which is ordered neither after the
     producer nor before ``s``. Here every step is queued on ``s`` (already
-    ordered after the producer), and the buffer comes from the pool on ``s``,
-    so its memory is never handed out again before ``s`` has used it.
+    ordered after the producer), and the buffer comes from CuPy's own pool on
+    ``s`` (not from an allocator the user installed, which may order its
+    memory on another stream), so it is never handed out again before ``s``
+    has used it.
     """
     lo, span = byte_extent(src.shape, src.strides, src.itemsize)
-    raw = cp.empty(span, cp.uint8)  # on the current stream: s
-    raw.data.copy_from_device_async(src.data + lo, span, s.cupy)
-    return cp.ndarray(src.shape, src.dtype, raw.data - lo, strides=src.strides)
+    memory = cp.get_default_memory_pool().malloc(span)  # on the current stream: s
+    memory.copy_from_device_async(src.data + lo, span, s.cupy)
+    return cp.ndarray(src.shape, src.dtype, memory - lo, strides=src.strides)
 
 
 def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
