@@ -77,11 +77,13 @@ def backend_of(x: Any) -> Backend:
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
     """A new copy stream that starts after the work queued so far on the data's
     own stream (an event recorded now, in the caller's thread: current streams
-    are per thread)."""
-    stream = backend.stream()
-    start = backend.event()
-    start.record(data.stream)
-    stream.wait(start)
+    are per thread). The record runs with the data's device current: a legacy
+    default stream handle (0) means the current device's."""
+    with backend.activate():
+        stream = backend.stream()
+        start = backend.event()
+        start.record(data.stream)
+        stream.wait(start)
     return stream
 
 
@@ -511,7 +513,11 @@ def copy_to_device(
     Device data: one device-side copy queued on the current stream of
     ``out``'s library, after an event on the current stream of ``x``'s
     library (no host synchronisation): the result is ready for work queued on
-    that stream, and the call returns without waiting for the copy.
+    that stream, and the call returns without waiting for the copy. A tensor
+    with the conjugate/negative bit is first resolved into a temporary on
+    ``x``'s library's stream, which then also waits for the copy. ``x`` on
+    another device is first moved whole (the bytes it spans, in one peer DMA
+    on ``out``'s stream) into a temporary of that size on ``out``'s device.
 
     Raises
     ------
@@ -534,7 +540,14 @@ def copy_to_device(
 
 def _device_to_device(x: Any, out: Any) -> None:
     """Queue ``out[...] = x`` on ``out``'s library's current stream, after an
-    event on ``x``'s library's current stream (both read in this thread)."""
+    event on ``x``'s library's current stream (both read in this thread).
+
+    A temporary made for the copy on the producer's stream (a tensor with the
+    conjugate/negative bit applied) goes back to that stream's caching
+    allocator when this returns, while the copy may still be queued: the
+    producer's stream is made to wait for the copy, so that memory is not
+    handed out again, and overwritten, before the copy has read it.
+    """
     producer, backend = backend_of(x), backend_of(out)
     if type(producer) is not type(backend):
         raise InvalidTypeError(
@@ -544,11 +557,18 @@ def _device_to_device(x: Any, out: Any) -> None:
     source = producer.source(x)
     target = backend.target(out, "copy_to_device")
     whole = (Ellipsis,)
-    chunk = source.chunk(whole)
-    # Events are made on the device whose stream records them.
+    # Events are made, recorded and waited on with their device current (a
+    # legacy default stream handle, 0, names the current device's).
     with producer.activate():
+        chunk = source.chunk(whole)
         ready = producer.event()
         ready.record(chunk.produced_on or source.stream)
-    target.stream.wait(ready)
     with backend.activate():
+        target.stream.wait(ready)
         backend.copy_on_device(target.chunk(whole).view, chunk.view, target.stream)
+        if chunk.produced_on is None:
+            return
+        done = backend.event()
+        done.record(target.stream)
+    with producer.activate():
+        chunk.produced_on.wait(done)

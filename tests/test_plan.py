@@ -103,3 +103,33 @@ def test_split_bytes_cover_the_range_once_on_aligned_starts(nbytes, threads, ali
     assert ranges[-1][1] == nbytes
     assert all(hi == lo for (_, hi), (lo, _) in itertools.pairwise(ranges))
     assert all(lo % align == 0 for lo, _ in ranges)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (...,),
+        (slice(None, None, -2), slice(1, 8, 3)),
+        (3,),
+        (slice(None), 2),
+        (slice(None, None, -1),),
+    ],
+    ids=["whole", "negative-and-step", "row", "column", "reversed"],
+)
+@pytest.mark.parametrize("transpose", [False, True], ids=["c", "t"])
+def test_byte_extent_covers_exactly_the_bytes_a_strided_view_uses(index, transpose):
+    """A cross-device copy moves these bytes in one DMA and views them with the
+    source's strides: they must be the view's own bounds, no more, no less."""
+    from numpy.lib.array_utils import byte_bounds
+
+    from interop.pipeline.cuda import byte_extent
+
+    base = np.arange(7 * 9 * 5, dtype=np.complex128).reshape(7, 9, 5)
+    view = (base.T if transpose else base)[index]
+    lo, span = byte_extent(view.shape, view.strides, view.itemsize)
+    low, high = byte_bounds(view)
+    assert (lo, span) == (low - view.ctypes.data, high - low)
+    start = low - base.ctypes.data
+    raw = base.reshape(-1).view(np.uint8)[start : start + span].copy()
+    again = np.ndarray(view.shape, view.dtype, raw.data, -lo, view.strides)
+    np.testing.assert_array_equal(again, view)

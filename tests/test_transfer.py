@@ -459,6 +459,42 @@ def test_gpu_device_to_device_waits_for_the_source_stream(cp, torch):
 
 
 @pytest.mark.gpu
+def test_gpu_device_to_device_keeps_a_resolved_temporary_until_the_copy_read_it(cp, torch):
+    """A conjugate tensor is resolved into a temporary on PyTorch's stream and
+    copied on CuPy's stream, which here runs later: PyTorch hands the freed
+    temporary out again on its stream, and that must not overwrite it first."""
+    n = 1 << 20
+    z = torch.randn(n, dtype=torch.complex64, device="cuda")
+    expect = z.cpu().numpy().conj()
+    out = cp.zeros(n, cp.complex64)
+    consumer = cp.cuda.Stream(non_blocking=True)
+    with torch.cuda.stream(torch.cuda.ExternalStream(consumer.ptr)):
+        torch.cuda._sleep(200_000_000)  # the copy queued on consumer waits for this
+    with consumer:
+        assert interop.copy_to_device(z.conj(), out) is out
+    reused = torch.empty(n, dtype=torch.complex64, device="cuda")  # the temporary's block
+    reused.fill_(7.0)
+    consumer.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(out), expect)
+
+
+@pytest.mark.multigpu
+def test_gpu_device_to_device_across_devices_is_ordered_after_the_producer(cp, torch):
+    """A strided source on another device is read on the copy's stream, after
+    the producer's work (not packed on an unordered stream of its device)."""
+    src = torch.zeros(2048, 2048, device="cuda:1")
+    with cp.cuda.Device(0):
+        out = cp.zeros((2048, 1024), cp.float32)
+    side = torch.cuda.Stream(device=1)
+    with torch.cuda.device(1), torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        src.fill_(3.0)
+        assert interop.copy_to_device(src[:, ::2], out) is out
+    with cp.cuda.Device(0):
+        assert float(out.sum()) == 3.0 * out.size
+
+
+@pytest.mark.gpu
 def test_gpu_waiting_threads_sleep_instead_of_spinning(torch):
     """Blocking-sync events: host threads waiting on a long kernel cost little
     CPU time (spinning threads would cost their wall time each)."""

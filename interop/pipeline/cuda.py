@@ -153,9 +153,11 @@ class CudaBackend:
         self._cp.cuda.runtime.memcpyAsync(dst.data.ptr, ring.ptrs[k], nbytes, _H2D, s.ptr)
 
     def copy_on_device(self, dst: Any, src: Any, s: CudaStream) -> None:
+        if not dst.size:
+            return
         with self._cp.cuda.Device(int(dst.device.id)), s.cupy:
             if int(src.device.id) != int(dst.device.id):
-                src = src.copy()  # a peer copy onto dst's device, on s
+                src = _peer_copy(self._cp, src, s)
             dst[...] = src
 
     # -- data, described in the caller's thread (current streams are per thread)
@@ -218,6 +220,32 @@ def _bit_view(x: Any) -> Any:
     """A CuPy array with bfloat16/float8 viewed as same-sized integers."""
     bits = dtypes.int_view_of_numpy(np.dtype(x.dtype))
     return x if bits == np.dtype(x.dtype) else x.view(bits)
+
+
+def _peer_copy(cp: Any, src: Any, s: CudaStream) -> Any:
+    """``src`` (on another device) on the current device with its strides:
+    one peer DMA on ``s`` of the bytes its elements span, and a view of them.
+
+    Not ``src.copy()``: for a strided ``src`` that packs on ``src``'s device,
+    on CuPy's current stream there, which is ordered neither after the
+    producer nor before ``s``. Here every step is queued on ``s`` (already
+    ordered after the producer), and the buffer comes from CuPy's own pool on
+    ``s`` (not from an allocator the user installed, which may order its
+    memory on another stream), so it is never handed out again before ``s``
+    has used it.
+    """
+    lo, span = byte_extent(src.shape, src.strides, src.itemsize)
+    memory = cp.get_default_memory_pool().malloc(span)  # on the current stream: s
+    memory.copy_from_device_async(src.data + lo, span, s.cupy)
+    return cp.ndarray(src.shape, src.dtype, memory - lo, strides=src.strides)
+
+
+def byte_extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """``(lo, span)``: the bytes a non-empty strided array's elements occupy
+    start ``lo`` bytes from its data pointer (``lo <= 0``) and span ``span``."""
+    lo = sum(st * (n - 1) for st, n in zip(strides, shape, strict=True) if st < 0)
+    hi = sum(st * (n - 1) for st, n in zip(strides, shape, strict=True) if st > 0)
+    return lo, hi - lo + itemsize
 
 
 def _chunks_of(view: Any) -> Any:
