@@ -537,14 +537,16 @@ def test_gpu_stream_order_without_explicit_sync(torch):
 def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
     a = cp.arange(1 << 22, dtype=cp.float32)
     holder = {}
+    started = threading.Event()
 
     def progress(done, total):
-        if "t" in holder:
-            holder["t"].cancel()
+        started.wait(30)  # the first chunk's callback cancels, never after the last one
+        holder["t"].cancel()
 
     out = np.zeros(a.shape, np.float32)
     transfer = interop.copy_to_host_async(a, out, chunk_bytes=1 << 16, progress=progress)
     holder["t"] = transfer
+    started.set()
     with pytest.raises(interop.TransferError) as info:
         transfer.result(timeout=60)
     n = info.value.bytes_done // 4
