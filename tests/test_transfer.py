@@ -534,6 +534,32 @@ def test_gpu_stream_order_without_explicit_sync(torch):
 
 
 @pytest.mark.gpu
+def test_gpu_transfers_of_tensors_under_cupys_per_thread_default_stream():
+    """CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1: CuPy would name the per-thread
+    default stream to PyTorch's __dlpack__, which refuses it; the pipeline
+    orders its copy stream itself and gets the values after the producer."""
+    proc = run_python(
+        """
+        import numpy as np, torch, interop
+        t = torch.zeros(1 << 22, device="cuda")
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)
+            t.fill_(3.0)
+            print("d2h", bool((interop.copy_to_host(t, chunk_bytes=1 << 20) == 3.0).all()))
+        print("default", bool((interop.copy_to_host(t) == 3.0).all()))
+        out = torch.empty(1 << 22, device="cuda")
+        host = np.arange(1 << 22, dtype=np.float32)
+        interop.copy_to_device(host, out, chunk_bytes=1 << 20)
+        print("h2d", bool(np.array_equal(out.cpu().numpy(), host)))
+        """,
+        env={"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["d2h", "True", "default", "True", "h2d", "True"]
+
+
+@pytest.mark.gpu
 def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
     a = cp.arange(1 << 22, dtype=cp.float32)
     holder = {}

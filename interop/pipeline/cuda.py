@@ -213,7 +213,29 @@ class CudaBackend:
         ml = dtypes.ml_view_of_torch(t.dtype)
         bits = t if ml is None else t.view(ml[1])
         with self.activate(), th.cuda.device(self.index), producer.cupy:
-            return self._cp.from_dlpack(bits)
+            return self._cp.from_dlpack(_Unsynchronised(bits))
+
+
+class _Unsynchronised:
+    """A CUDA tensor exported with ``stream=-1`` (no synchronisation by PyTorch).
+
+    The schedule orders its copy stream after the producer itself (an event
+    recorded on PyTorch's stream when the transfer starts, or on the stream a
+    resolved chunk was made on), so the consumer stream CuPy would name adds
+    nothing; and with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` CuPy names the
+    per-thread default stream, which PyTorch's ``__dlpack__`` refuses
+    (``BufferError``).
+    """
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        kwargs["stream"] = -1
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()
 
 
 def _bit_view(x: Any) -> Any:
