@@ -202,6 +202,7 @@ def test_to_cupy_is_ordered_after_torch_side_stream_work(cp, torch):
     and to_cupy itself does not block the host."""
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 20, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())  # x's zeros come first
     cupy_stream = cp.cuda.Stream(non_blocking=True)
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # a long kernel
@@ -218,6 +219,7 @@ def test_to_torch_is_ordered_after_cupy_stream_work(cp, torch):
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         a = cp.zeros(1 << 20, dtype=cp.float32)
+        a += 2.0  # compiles CuPy's kernel now, not while the sleep below runs
         ext = torch.cuda.ExternalStream(s.ptr)  # torch's sleep kernel, on CuPy's stream
         with torch.cuda.stream(ext):
             torch.cuda._sleep(200_000_000)
@@ -225,4 +227,4 @@ def test_to_torch_is_ordered_after_cupy_stream_work(cp, torch):
         t = interop.to_torch(a)  # torch's current stream waits on CuPy's stream
         assert not s.done
     total = t.sum()  # on torch's current (default) stream
-    assert total.item() == 2.0 * (1 << 20)
+    assert total.item() == 4.0 * (1 << 20)

@@ -123,6 +123,7 @@ def test_restored_after_exceptions_and_nesting(cp, torch):
 
 @pytest.mark.gpu
 def test_side_stream_work_consumed_by_cupy_without_sync(cp, torch):
+    float(cp.zeros(1 << 20, dtype=cp.float32).sum())  # compile the sum before the sleep
     side = torch.cuda.Stream()
     with interop.stream(side):
         x = torch.zeros(1 << 20, device="cuda")
