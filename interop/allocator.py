@@ -23,7 +23,7 @@ from typing import Any
 
 from . import _backends, streams
 from .errors import InteropError
-from .streams import PER_THREAD_DEFAULT, cupy_stream
+from .streams import PER_THREAD_DEFAULT, cupy_stream, same_stream
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
 
@@ -123,7 +123,7 @@ def _malloc(size: int, device: int) -> int:
             "inside `with interop.stream(s):` with an explicit stream, or unset "
             "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
         )
-    if cupy_handle != torch_handle:
+    if not same_stream(cupy_handle, torch_handle):
         raise StreamMismatchError(
             f"expected CuPy and PyTorch to share the current stream on cuda:{device} while "
             f"CuPy allocates from PyTorch's pool (got CuPy stream {cupy_handle:#x}, PyTorch "
