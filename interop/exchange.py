@@ -645,8 +645,30 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
 
 
 def _cupy_move(c: cupy.ndarray, index: int | None) -> cupy.ndarray:
-    """Copy a CuPy array to device ``index`` (peer copy, on that device's stream)."""
+    """Copy a CuPy array to device ``index`` (peer copy, on that device's
+    current stream).
+
+    CuPy's peer copy runs on the destination's current stream alone, so the
+    copy is ordered here: it waits for the work queued on the source device's
+    current stream, and that stream waits for the copy before it may reuse
+    the source's memory (a temporary freed to CuPy's pool).
+    """
     cp = _backends.cupy()
     index = cp.cuda.runtime.getDevice() if index is None else index
+    src = int(c.device.id)
+    if src == index:
+        with cp.cuda.Device(index):
+            return c.copy()
+    with cp.cuda.Device(src):
+        src_stream = cp.cuda.get_current_stream()
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(src_stream)
     with cp.cuda.Device(index):
-        return c.copy()
+        dst_stream = cp.cuda.get_current_stream()
+        dst_stream.wait_event(ready)
+        out = c.copy()
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(dst_stream)
+    with cp.cuda.Device(src):
+        src_stream.wait_event(done)
+    return out

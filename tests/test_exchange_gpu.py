@@ -178,6 +178,25 @@ def test_data_on_another_device_stays_there(cp, torch):
     assert cp.asnumpy(moved).tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.multigpu
+def test_a_move_to_another_device_waits_for_the_source_devices_stream(cp, torch):
+    """CuPy's peer copy runs on the destination's stream only: the move must
+    still see the kernels queued on the source device's current stream."""
+    with cp.cuda.Device(1):
+        a = cp.zeros(1 << 20, dtype=cp.float32)
+        a += 1.0  # compile before the sleep
+        torch.cuda.synchronize(1)
+        src = cp.cuda.Stream(non_blocking=True)
+        with src:
+            with torch.cuda.device(1), torch.cuda.stream(torch.cuda.ExternalStream(src.ptr)):
+                torch.cuda._sleep(200_000_000)
+            a += 1.0  # 2.0 once the sleep is over
+            moved = interop.to_cupy(a, device=0)
+    assert int(moved.device.id) == 0
+    with cp.cuda.Device(0):
+        assert float(moved.sum()) == 2.0 * (1 << 20)
+
+
 def test_lifetime(cp, torch):
     t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
     c = interop.to_cupy(t)
