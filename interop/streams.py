@@ -148,6 +148,15 @@ def cupy_stream(handle: int, device: int) -> Any:
     return cp.cuda.ExternalStream(handle, device)
 
 
+def torch_stream(handle: int, device: int) -> Any:
+    """A PyTorch stream object for a raw handle on device ``device`` (the
+    default stream for 0 and 1, which PyTorch refuses as an external stream)."""
+    th = _backends.torch()
+    if handle in (0, LEGACY_DEFAULT):
+        return th.cuda.default_stream(device)
+    return th.cuda.ExternalStream(handle, device=th.device("cuda", device))
+
+
 def torch_stream_handle(index: int) -> int:
     """The handle of PyTorch's current stream on device ``index``."""
     th = _backends.torch()
@@ -204,10 +213,8 @@ def stream(s: Any) -> Iterator[Any]:
         device = int(cp.cuda.runtime.getDevice())
     if type(s).__module__.startswith("torch") and hasattr(s, "cuda_stream"):
         torch_side = s
-    elif handle in (0, LEGACY_DEFAULT):
-        torch_side = th.cuda.default_stream(device)
     else:
-        torch_side = th.cuda.ExternalStream(handle, device=th.device("cuda", device))
+        torch_side = torch_stream(handle, device)
     if type(s).__module__.startswith("cupy") and hasattr(s, "ptr"):
         cupy_side = s
     else:

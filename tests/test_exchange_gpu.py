@@ -54,6 +54,10 @@ def test_conj_and_neg_bits(cp, torch):
     with pytest.raises(interop.CopyRequiredError, match="negative bit"):
         interop.to_cupy(z.conj().imag, copy=False)
     assert interop.to_numpy(z.conj().imag).tolist() == [-2.0, 4.0]
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:  # the resolved copy is marked as used on CuPy's own stream
+        c = interop.to_cupy(z.conj())
+        assert cp.asnumpy(c, stream=s).tolist() == [1 - 2j, 3 + 4j]
 
 
 def test_negative_strides_cupy_to_torch(cp, torch):
@@ -63,6 +67,27 @@ def test_negative_strides_cupy_to_torch(cp, torch):
     assert t.data_ptr() != cptr(a)
     with pytest.raises(interop.CopyRequiredError, match="negative strides"):
         interop.to_torch(a[::-1], copy=False)
+
+
+def test_a_packed_copy_waits_for_cupy_and_runs_on_torchs_stream(cp, torch):
+    """to_torch of a reversed view copies it on PyTorch's current stream, after
+    the kernels still queued on CuPy's stream, without blocking the host."""
+    s = cp.cuda.Stream(non_blocking=True)
+    side = torch.cuda.Stream()
+    with s:
+        a = cp.zeros(1 << 20, dtype=cp.float32)
+        a += 2.0
+        a[::-1].copy()  # compile both kernels before the sleep
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+            torch.cuda._sleep(200_000_000)
+        a += 2.0
+        with torch.cuda.stream(side):
+            t = interop.to_torch(a[::-1])
+            assert not s.done
+            total = t.sum()
+    side.synchronize()
+    assert total.item() == 4.0 * (1 << 20)
+    assert t.data_ptr() != cptr(a)
 
 
 def test_broadcast_to_numpy_is_read_only(cp, torch):
