@@ -422,3 +422,17 @@ def test_cupy_refuses_numpy_dtypes_it_cannot_hold(dtype):
 
     with pytest.raises(interop.UnsupportedDtypeError, match=r"expected a dtype CuPy can hold: "):
         dtypes.check_cupy_dtype(np.dtype(dtype))
+
+
+@pytest.mark.parametrize(
+    ("cupy_version", "numpy_version", "expected"),
+    [
+        ("14.2.0", "2.5.0", True),
+        ("14.0.0rc1", "2.1.2", True),
+        ("14.2.0", "2.1.1", False),  # CuPy 14 leaves bfloat16 off below NumPy 2.1.2
+        ("13.6.0", "2.5.0", False),
+        ("dev", "2.5.0", False),
+    ],
+)
+def test_bfloat16_needs_cupy_14_and_numpy_2_1_2(cupy_version, numpy_version, expected):
+    assert interop._backends.bfloat16_capable(cupy_version, numpy_version) is expected
