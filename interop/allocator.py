@@ -132,7 +132,11 @@ def _malloc(size: int, device: int) -> int:
         )
     if size == 0:
         return 0
-    ptr = int(th.cuda.caching_allocator_alloc(size, device, th.cuda.current_stream(device)))
+    try:
+        ptr = int(th.cuda.caching_allocator_alloc(size, device, th.cuda.current_stream(device)))
+    except th.cuda.OutOfMemoryError as exc:
+        # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
+        raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
     _frees.allocated(ptr, device, torch_handle)
     return ptr
 
@@ -249,7 +253,9 @@ def use_torch_allocator() -> Any:
     inside ``interop.stream(s)`` on a stream other than the one it was
     allocated on goes back to the pool only after the work queued on ``s``
     before the free has completed. interop's own staging memory always comes
-    from CuPy's pool.
+    from CuPy's pool. When PyTorch's pool cannot serve an allocation, CuPy
+    raises its own ``cupy.cuda.memory.OutOfMemoryError`` (chained to
+    PyTorch's).
 
     Raises
     ------

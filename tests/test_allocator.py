@@ -72,6 +72,13 @@ def test_two_pools_become_one(cp, torch):
 
 
 @pytest.mark.gpu
+def test_out_of_memory_is_cupys_error(cp, torch):
+    with interop.use_torch_allocator(), pytest.raises(cp.cuda.memory.OutOfMemoryError) as info:
+        cp.empty(1 << 50, dtype=cp.uint8)  # a PiB
+    assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
+
+
+@pytest.mark.gpu
 def test_previous_allocator_restored(cp, torch):
     previous = cp.cuda.get_allocator()
     with pytest.raises(RuntimeError, match="x"), interop.use_torch_allocator():  # noqa: PT012
