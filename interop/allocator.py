@@ -63,7 +63,13 @@ class DeferredFrees:
         have reached this point."""
         self.collect()
         with self._lock:
-            device, handle, tick = self._live.pop(ptr)
+            entry = self._live.pop(ptr, None)
+        if entry is None:
+            # Not allocated through this pool: a parent's block in a forked
+            # child, whose CUDA context is gone. CuPy frees from a destructor,
+            # where an exception would only be printed.
+            return
+        device, handle, tick = entry
         others = streams.stream_uses.since(tick, device) - {handle}
         if not others:
             self._delete(ptr)

@@ -220,6 +220,16 @@ def test_a_block_used_on_another_stream_is_freed_after_that_stream_reaches_the_f
     device.close()
 
 
+def test_a_block_this_pool_never_allocated_is_left_alone():
+    deleted = []
+    frees = allocator.DeferredFrees(lambda dev, handle: None, deleted.append)
+    frees.free(0x1000)  # e.g. the parent's block, freed in a forked child
+    frees.allocated(0x2000, 0, 0)
+    frees.free(0x2000)
+    assert deleted == [0x2000]
+    assert frees.deferred == 0
+
+
 @pytest.mark.gpu
 def test_gpu_block_form_is_per_thread_with_torch_memory(cp, torch):
     """Overlapping blocks in two threads: each thread's CuPy memory comes from
