@@ -189,10 +189,20 @@ def require_torch_cuda() -> ModuleType:
 
 
 def cupy_supports_bfloat16() -> bool:
-    """True if the installed CuPy can hold ``bfloat16`` arrays (CuPy >= 14)."""
-    cp = cupy()
+    """True if the installed CuPy can hold ``bfloat16`` arrays (CuPy >= 14,
+    which enables them only with NumPy >= 2.1.2)."""
+    import numpy as np
+
+    return bfloat16_capable(cupy().__version__, np.__version__)
+
+
+def bfloat16_capable(cupy_version: str, numpy_version: str) -> bool:
+    """True if CuPy ``cupy_version`` has ``bfloat16`` arrays next to NumPy
+    ``numpy_version`` (CuPy 14 turns them off below NumPy 2.1.2)."""
+    import numpy as np
+
     try:
-        major = int(cp.__version__.split(".")[0])
+        major = int(cupy_version.split(".")[0])
+        return major >= 14 and np.lib.NumpyVersion(numpy_version) >= "2.1.2"
     except ValueError:
         return False
-    return major >= 14

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import _backends, streams
 from .errors import InteropError
-from .streams import PER_THREAD_DEFAULT, cupy_stream
+from .streams import PER_THREAD_DEFAULT, cupy_stream, same_stream
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
 
@@ -63,7 +63,13 @@ class DeferredFrees:
         have reached this point."""
         self.collect()
         with self._lock:
-            device, handle, tick = self._live.pop(ptr)
+            entry = self._live.pop(ptr, None)
+        if entry is None:
+            # Not allocated through this pool: a parent's block in a forked
+            # child, whose CUDA context is gone. CuPy frees from a destructor,
+            # where an exception would only be printed.
+            return
+        device, handle, tick = entry
         others = streams.stream_uses.since(tick, device) - {handle}
         if not others:
             self._delete(ptr)
@@ -123,7 +129,7 @@ def _malloc(size: int, device: int) -> int:
             "inside `with interop.stream(s):` with an explicit stream, or unset "
             "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
         )
-    if cupy_handle != torch_handle:
+    if not same_stream(cupy_handle, torch_handle):
         raise StreamMismatchError(
             f"expected CuPy and PyTorch to share the current stream on cuda:{device} while "
             f"CuPy allocates from PyTorch's pool (got CuPy stream {cupy_handle:#x}, PyTorch "
@@ -132,7 +138,11 @@ def _malloc(size: int, device: int) -> int:
         )
     if size == 0:
         return 0
-    ptr = int(th.cuda.caching_allocator_alloc(size, device, th.cuda.current_stream(device)))
+    try:
+        ptr = int(th.cuda.caching_allocator_alloc(size, device, th.cuda.current_stream(device)))
+    except th.cuda.OutOfMemoryError as exc:
+        # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
+        raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
     _frees.allocated(ptr, device, torch_handle)
     return ptr
 
@@ -249,7 +259,9 @@ def use_torch_allocator() -> Any:
     inside ``interop.stream(s)`` on a stream other than the one it was
     allocated on goes back to the pool only after the work queued on ``s``
     before the free has completed. interop's own staging memory always comes
-    from CuPy's pool.
+    from CuPy's pool. When PyTorch's pool cannot serve an allocation, CuPy
+    raises its own ``cupy.cuda.memory.OutOfMemoryError`` (chained to
+    PyTorch's).
 
     Raises
     ------

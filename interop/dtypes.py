@@ -164,9 +164,13 @@ def check_cupy_dtype(dtype: Any) -> None:
     Raises
     ------
     UnsupportedDtypeError
-        ``bfloat16`` with CuPy < 14, ``float8`` types, ``complex32``.
+        ``bfloat16`` with CuPy < 14, ``float8`` types, ``complex32``, and any
+        other dtype but bool, integers, floats and complex (strings, objects,
+        structured and datetime arrays; quantized, sub-byte and ``float4``
+        tensors).
     """
-    name = _torch_name(dtype) if not isinstance(dtype, np.dtype) else dtype.name
+    is_numpy = isinstance(dtype, np.dtype)
+    name = dtype.name if is_numpy else _torch_name(dtype)
     if name == "bfloat16":
         if not _backends.cupy_supports_bfloat16():
             raise UnsupportedDtypeError(
@@ -179,4 +183,11 @@ def check_cupy_dtype(dtype: Any) -> None:
         raise UnsupportedDtypeError(
             f"expected a dtype CuPy can hold (got {name}); CuPy has no {name} arrays: "
             "keep the data in PyTorch, or view it as uint8/convert it first"
+        )
+    if not is_numpy:
+        numpy_dtype_of_torch(dtype)  # quantized, sub-byte, float4: no NumPy/CuPy type
+    elif not is_standard(dtype):
+        raise UnsupportedDtypeError(
+            f"expected a dtype CuPy can hold: bool, an integer, float or complex type "
+            f"(got {dtype!r}); convert first with a.astype(<a numeric dtype>)"
         )

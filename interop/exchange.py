@@ -54,7 +54,13 @@ from .errors import (
     NoDeviceError,
     ReadOnlyWarning,
 )
-from .streams import PER_THREAD_DEFAULT, cupy_stream, torch_stream_handle
+from .streams import (
+    PER_THREAD_DEFAULT,
+    cupy_stream,
+    same_stream,
+    torch_stream,
+    torch_stream_handle,
+)
 from .transfer import copy_to_device, copy_to_host
 
 if TYPE_CHECKING:
@@ -360,16 +366,25 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     if pack and copy is False:
         raise _copy_required(f"an array with {_layout_in_words(c)}")
     with _cuda_context(index):
-        # A copy (packing a negative- or odd-stride array) runs on CuPy's
-        # current stream, after the producer's work; CuPy's __dlpack__ then
-        # orders PyTorch's current stream after CuPy's current stream.
+        # CuPy's __dlpack__ orders PyTorch's current stream after CuPy's
+        # current stream (the producer's).
         cp = _backends.cupy()
         if c.size == 0 and _pytorch_cannot_share(c):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
-        elif pack:
-            c = c.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
-        elif copy:
-            c = c.copy()
+        elif pack or copy:
+            # The copy runs on PyTorch's current stream, after the producer's
+            # work: its memory comes from CuPy's pool for that stream, so when
+            # the tensor drops it CuPy reuses it only after PyTorch's work on it.
+            producer = cp.cuda.get_current_stream()
+            consumer = cupy_stream(torch_stream_handle(index), index)
+            if not same_stream(int(producer.ptr), int(consumer.ptr)):
+                ready = cp.cuda.Event(disable_timing=True)
+                ready.record(producer)
+                consumer.wait_event(ready)
+            with consumer:
+                # a fresh, aligned C array when packing (0-d stays 0-d)
+                c = c.copy(order="C") if pack else c.copy()
+                return th.from_dlpack(c)
         return th.from_dlpack(c)
 
 
@@ -427,6 +442,8 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     Stream order: a CUDA source is exported with PyTorch's current stream on
     the data's device, so the result can be used at once on that stream, even
     while the producer's kernels are still running; the host is not blocked.
+    A copy of CuPy data is made on PyTorch's current stream, after the work
+    queued on CuPy's current stream.
     Copy semantics: arrays PyTorch cannot represent as they are are copied:
     negative strides (``torch.from_dlpack`` aborts the process on them), byte
     strides that are not multiples of the itemsize (a field of a structured
@@ -523,6 +540,10 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
             c = cp.from_dlpack(_Ordered(t))
         else:
             c = cp.from_dlpack(t)
+        if copied:
+            # The resolved copy goes back to PyTorch's pool when CuPy drops it:
+            # not for reuse before the work CuPy queued on it is done.
+            t.record_stream(torch_stream(int(consumer.ptr), index))
         return c.copy() if copy and not copied else c
 
 
@@ -645,8 +666,30 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
 
 
 def _cupy_move(c: cupy.ndarray, index: int | None) -> cupy.ndarray:
-    """Copy a CuPy array to device ``index`` (peer copy, on that device's stream)."""
+    """Copy a CuPy array to device ``index`` (peer copy, on that device's
+    current stream).
+
+    CuPy's peer copy runs on the destination's current stream alone, so the
+    copy is ordered here: it waits for the work queued on the source device's
+    current stream, and that stream waits for the copy before it may reuse
+    the source's memory (a temporary freed to CuPy's pool).
+    """
     cp = _backends.cupy()
     index = cp.cuda.runtime.getDevice() if index is None else index
+    src = int(c.device.id)
+    if src == index:
+        with cp.cuda.Device(index):
+            return c.copy()
+    with cp.cuda.Device(src):
+        src_stream = cp.cuda.get_current_stream()
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(src_stream)
     with cp.cuda.Device(index):
-        return c.copy()
+        dst_stream = cp.cuda.get_current_stream()
+        dst_stream.wait_event(ready)
+        out = c.copy()
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(dst_stream)
+    with cp.cuda.Device(src):
+        src_stream.wait_event(done)
+    return out

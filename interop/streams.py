@@ -3,7 +3,7 @@
 Stream-likes accepted everywhere: a ``torch.cuda.Stream``, a
 ``cupy.cuda.Stream``, any object with ``__cuda_stream__`` (the CUDA stream
 protocol: a method returning ``(version, handle)``), or a raw handle (an int;
-0 is the legacy default stream).
+0 and 1, ``cudaStreamLegacy``, are the legacy default stream).
 """
 
 from __future__ import annotations
@@ -20,9 +20,17 @@ from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["stream"]
 
-PER_THREAD_DEFAULT = (
-    2  # cudaStreamPerThread: CuPy's default stream with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
-)
+# cudaStreamLegacy: the legacy default stream, which PyTorch and CuPy call 0. PyTorch
+# takes 1 for one of its own pool streams' ids and refuses it as an external stream.
+LEGACY_DEFAULT = 1
+# cudaStreamPerThread: CuPy's default stream with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+PER_THREAD_DEFAULT = 2
+
+
+def same_stream(a: int, b: int) -> bool:
+    """True if two raw handles name the same stream (0 and 1 are both the
+    legacy default stream)."""
+    return (0 if a == LEGACY_DEFAULT else a) == (0 if b == LEGACY_DEFAULT else b)
 
 
 class _StreamUses:
@@ -140,6 +148,15 @@ def cupy_stream(handle: int, device: int) -> Any:
     return cp.cuda.ExternalStream(handle, device)
 
 
+def torch_stream(handle: int, device: int) -> Any:
+    """A PyTorch stream object for a raw handle on device ``device`` (the
+    default stream for 0 and 1, which PyTorch refuses as an external stream)."""
+    th = _backends.torch()
+    if handle in (0, LEGACY_DEFAULT):
+        return th.cuda.default_stream(device)
+    return th.cuda.ExternalStream(handle, device=th.device("cuda", device))
+
+
 def torch_stream_handle(index: int) -> int:
     """The handle of PyTorch's current stream on device ``index``."""
     th = _backends.torch()
@@ -196,15 +213,13 @@ def stream(s: Any) -> Iterator[Any]:
         device = int(cp.cuda.runtime.getDevice())
     if type(s).__module__.startswith("torch") and hasattr(s, "cuda_stream"):
         torch_side = s
-    elif handle == 0:
-        torch_side = th.cuda.default_stream(device)
     else:
-        torch_side = th.cuda.ExternalStream(handle, device=th.device("cuda", device))
+        torch_side = torch_stream(handle, device)
     if type(s).__module__.startswith("cupy") and hasattr(s, "ptr"):
         cupy_side = s
     else:
         cupy_side = cupy_stream(handle, device)
-    key = (int(device), int(handle))
+    key = (int(device), 0 if handle == LEGACY_DEFAULT else int(handle))
     with contextlib.ExitStack() as stack:
         stack.enter_context(cp.cuda.Device(device))
         stack.enter_context(th.cuda.device(device))

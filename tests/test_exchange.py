@@ -383,3 +383,56 @@ def test_round_trip_property(shape, steps, transpose, dtype):
     negative = any(s < 0 for s, n in zip(view.strides, view.shape, strict=True) if n > 1)
     if not negative and view.size:
         assert np.shares_memory(back, base)
+
+
+# ----------------------------------------------------------------- what CuPy can hold
+
+
+@pytest.mark.parametrize("name", ["float32", "bool", "uint16", "complex128", "bfloat16"])
+def test_cupy_dtypes_accepted(torch, name):
+    from interop import dtypes
+
+    dtypes.check_cupy_dtype(getattr(torch, name))
+    numpy_dtype = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    dtypes.check_cupy_dtype(numpy_dtype)
+    dtypes.check_cupy_dtype(numpy_dtype.newbyteorder(">"))
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [
+        ("quint8", r"got torch\.quint8\); take its values with t\.dequantize\(\)"),
+        ("uint4", r"got torch\.uint4\); convert first with t\.to"),
+        ("bits8", r"got torch\.bits8\); convert first with t\.to"),
+        ("float8_e5m2", r"CuPy has no float8_e5m2 arrays"),
+    ],
+)
+def test_cupy_refuses_torch_dtypes_it_cannot_hold(torch, name, pattern):
+    """Refused with the fix before the tensor reaches DLPack, whose export error
+    would not say what to do."""
+    from interop import dtypes
+
+    with pytest.raises(interop.UnsupportedDtypeError, match=pattern):
+        dtypes.check_cupy_dtype(getattr(torch, name))
+
+
+@pytest.mark.parametrize("dtype", ["U2", "O", "M8[s]", [("a", "f4")]])
+def test_cupy_refuses_numpy_dtypes_it_cannot_hold(dtype):
+    from interop import dtypes
+
+    with pytest.raises(interop.UnsupportedDtypeError, match=r"expected a dtype CuPy can hold: "):
+        dtypes.check_cupy_dtype(np.dtype(dtype))
+
+
+@pytest.mark.parametrize(
+    ("cupy_version", "numpy_version", "expected"),
+    [
+        ("14.2.0", "2.5.0", True),
+        ("14.0.0rc1", "2.1.2", True),
+        ("14.2.0", "2.1.1", False),  # CuPy 14 leaves bfloat16 off below NumPy 2.1.2
+        ("13.6.0", "2.5.0", False),
+        ("dev", "2.5.0", False),
+    ],
+)
+def test_bfloat16_needs_cupy_14_and_numpy_2_1_2(cupy_version, numpy_version, expected):
+    assert interop._backends.bfloat16_capable(cupy_version, numpy_version) is expected

@@ -54,6 +54,10 @@ def test_conj_and_neg_bits(cp, torch):
     with pytest.raises(interop.CopyRequiredError, match="negative bit"):
         interop.to_cupy(z.conj().imag, copy=False)
     assert interop.to_numpy(z.conj().imag).tolist() == [-2.0, 4.0]
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:  # the resolved copy is marked as used on CuPy's own stream
+        c = interop.to_cupy(z.conj())
+        assert cp.asnumpy(c, stream=s).tolist() == [1 - 2j, 3 + 4j]
 
 
 def test_negative_strides_cupy_to_torch(cp, torch):
@@ -63,6 +67,27 @@ def test_negative_strides_cupy_to_torch(cp, torch):
     assert t.data_ptr() != cptr(a)
     with pytest.raises(interop.CopyRequiredError, match="negative strides"):
         interop.to_torch(a[::-1], copy=False)
+
+
+def test_a_packed_copy_waits_for_cupy_and_runs_on_torchs_stream(cp, torch):
+    """to_torch of a reversed view copies it on PyTorch's current stream, after
+    the kernels still queued on CuPy's stream, without blocking the host."""
+    s = cp.cuda.Stream(non_blocking=True)
+    side = torch.cuda.Stream()
+    with s:
+        a = cp.zeros(1 << 20, dtype=cp.float32)
+        a += 2.0
+        a[::-1].copy()  # compile both kernels before the sleep
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+            torch.cuda._sleep(200_000_000)
+        a += 2.0
+        with torch.cuda.stream(side):
+            t = interop.to_torch(a[::-1])
+            assert not s.done
+            total = t.sum()
+    side.synchronize()
+    assert total.item() == 4.0 * (1 << 20)
+    assert t.data_ptr() != cptr(a)
 
 
 def test_broadcast_to_numpy_is_read_only(cp, torch):
@@ -178,6 +203,25 @@ def test_data_on_another_device_stays_there(cp, torch):
     assert cp.asnumpy(moved).tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.multigpu
+def test_a_move_to_another_device_waits_for_the_source_devices_stream(cp, torch):
+    """CuPy's peer copy runs on the destination's stream only: the move must
+    still see the kernels queued on the source device's current stream."""
+    with cp.cuda.Device(1):
+        a = cp.zeros(1 << 20, dtype=cp.float32)
+        a += 1.0  # compile before the sleep
+        torch.cuda.synchronize(1)
+        src = cp.cuda.Stream(non_blocking=True)
+        with src:
+            with torch.cuda.device(1), torch.cuda.stream(torch.cuda.ExternalStream(src.ptr)):
+                torch.cuda._sleep(200_000_000)
+            a += 1.0  # 2.0 once the sleep is over
+            moved = interop.to_cupy(a, device=0)
+    assert int(moved.device.id) == 0
+    with cp.cuda.Device(0):
+        assert float(moved.sum()) == 2.0 * (1 << 20)
+
+
 def test_lifetime(cp, torch):
     t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
     c = interop.to_cupy(t)
@@ -202,6 +246,7 @@ def test_to_cupy_is_ordered_after_torch_side_stream_work(cp, torch):
     and to_cupy itself does not block the host."""
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 20, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())  # x's zeros come first
     cupy_stream = cp.cuda.Stream(non_blocking=True)
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # a long kernel
@@ -218,6 +263,7 @@ def test_to_torch_is_ordered_after_cupy_stream_work(cp, torch):
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         a = cp.zeros(1 << 20, dtype=cp.float32)
+        a += 2.0  # compiles CuPy's kernel now, not while the sleep below runs
         ext = torch.cuda.ExternalStream(s.ptr)  # torch's sleep kernel, on CuPy's stream
         with torch.cuda.stream(ext):
             torch.cuda._sleep(200_000_000)
@@ -225,4 +271,4 @@ def test_to_torch_is_ordered_after_cupy_stream_work(cp, torch):
         t = interop.to_torch(a)  # torch's current stream waits on CuPy's stream
         assert not s.done
     total = t.sum()  # on torch's current (default) stream
-    assert total.item() == 2.0 * (1 << 20)
+    assert total.item() == 4.0 * (1 << 20)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import interop
-from interop.streams import resolve_stream
+from interop.streams import resolve_stream, same_stream
 
 from .helpers import run_python
 
@@ -22,6 +22,14 @@ def test_resolve_raw_handles_and_protocol_objects():
     assert resolve_stream(0) == (0, None)
     assert resolve_stream(0x7F00) == (0x7F00, None)
     assert resolve_stream(Protocol((0, 1234))) == (1234, None)
+
+
+def test_the_legacy_default_stream_has_two_handles():
+    assert same_stream(0, 1)
+    assert same_stream(1, 0)
+    assert same_stream(0x7F00, 0x7F00)
+    assert not same_stream(0, 2)  # the per-thread default stream is another one
+    assert not same_stream(1, 0x7F00)
 
 
 @pytest.mark.parametrize("bad", ["s", None, 1.5, True, [1], object()])
@@ -99,6 +107,19 @@ def test_both_libraries_use_the_stream_and_restore(cp, torch, kind):
 
 
 @pytest.mark.gpu
+def test_legacy_stream_handle_one_is_the_default_stream(cp, torch):
+    """1 (cudaStreamLegacy, what DLPack and cuda.core call the legacy default
+    stream) is PyTorch's default stream; PyTorch refuses 1 as an external stream."""
+    with interop.stream(1):
+        assert torch.cuda.current_stream().cuda_stream == 0
+        assert cp.cuda.get_current_stream().ptr == 1
+        x = torch.ones(1 << 10, device="cuda")
+        assert float(interop.to_cupy(x).sum()) == 1024.0
+        with interop.use_torch_allocator():  # the same stream to the pool
+            assert float(cp.ones(16, dtype=cp.float32).sum()) == 16.0
+
+
+@pytest.mark.gpu
 def test_restored_after_exceptions_and_nesting(cp, torch):
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
     before = (torch.cuda.current_stream().cuda_stream, cp.cuda.get_current_stream().ptr)
@@ -123,6 +144,7 @@ def test_restored_after_exceptions_and_nesting(cp, torch):
 
 @pytest.mark.gpu
 def test_side_stream_work_consumed_by_cupy_without_sync(cp, torch):
+    float(cp.zeros(1 << 20, dtype=cp.float32).sum())  # compile the sum before the sleep
     side = torch.cuda.Stream()
     with interop.stream(side):
         x = torch.zeros(1 << 20, device="cuda")
