@@ -56,6 +56,8 @@ from .errors import (
 )
 from .streams import (
     PER_THREAD_DEFAULT,
+    Unsynchronised,
+    cupy_consumer_handle,
     cupy_stream,
     same_stream,
     torch_stream,
@@ -531,13 +533,13 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         # another device, and both libraries' current streams are this device's.
         cp = _backends.cupy()
         consumer = cp.cuda.get_current_stream()
-        if int(consumer.ptr) == PER_THREAD_DEFAULT:
+        if cupy_consumer_handle(consumer) == PER_THREAD_DEFAULT:
             # PyTorch's __dlpack__ refuses the per-thread default stream
             # (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1): order it ourselves.
             ready = cp.cuda.Event(disable_timing=True)
             ready.record(cupy_stream(torch_stream_handle(index), index))
             consumer.wait_event(ready)
-            c = cp.from_dlpack(_Ordered(t))
+            c = cp.from_dlpack(Unsynchronised(t))
         else:
             c = cp.from_dlpack(t)
         if copied:
@@ -545,21 +547,6 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
             # not for reuse before the work CuPy queued on it is done.
             t.record_stream(torch_stream(int(consumer.ptr), index))
         return c.copy() if copy and not copied else c
-
-
-class _Ordered:
-    """A tensor whose consumer stream was already ordered after PyTorch's:
-    exported without another synchronisation (``stream=-1``)."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self._t = t
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        kwargs["stream"] = -1
-        return self._t.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self._t.__dlpack_device__()
 
 
 def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.ndarray:

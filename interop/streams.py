@@ -27,6 +27,21 @@ LEGACY_DEFAULT = 1
 PER_THREAD_DEFAULT = 2
 
 
+def cupy_consumer_handle(s: Any) -> int:
+    """The stream handle CuPy's ``from_dlpack`` hands a producer for CuPy stream
+    ``s``: its own, or for the null stream CuPy's default stream (the legacy
+    one, or the per-thread one under ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)."""
+    handle = int(s.ptr)
+    if handle:
+        return handle
+    try:
+        from cupy_backends.cuda.stream import get_default_stream_ptr
+    except ImportError:  # a CuPy without it: the variable, read as CuPy reads it
+        on = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+        return PER_THREAD_DEFAULT if on else LEGACY_DEFAULT
+    return int(get_default_stream_ptr())
+
+
 def same_stream(a: int, b: int) -> bool:
     """True if two raw handles name the same stream (0 and 1 are both the
     legacy default stream)."""
@@ -228,3 +243,20 @@ def stream(s: Any) -> Iterator[Any]:
         stream_uses.enter(key)
         stack.callback(stream_uses.leave, key)
         yield s
+
+
+class Unsynchronised:
+    """A CUDA tensor exported over DLPack with ``stream=-1``: PyTorch adds no
+    synchronisation, because the caller already ordered the consumer's stream
+    after the producer's (and PyTorch refuses the per-thread default stream,
+    which CuPy names under ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)."""
+
+    def __init__(self, t: Any) -> None:
+        self._t = t
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        kwargs["stream"] = -1
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self._t.__dlpack_device__()

@@ -296,6 +296,11 @@ def test_gpu_per_thread_default_stream_is_mapped_or_refused_clearly():
             t.add_(1)
             c = interop.to_cupy(t)  # CuPy's current stream is the per-thread default
             print("sum", int(c.sum()) == 1 << 20)
+            torch.cuda._sleep(200_000_000)
+            t.add_(1)
+            with cp.cuda.Stream.null:  # CuPy names it the per-thread default stream too
+                c = interop.to_cupy(t)
+                print("null", int(c.sum()) == 2 << 20)
         try:
             with interop.use_torch_allocator():
                 cp.empty(16, dtype=cp.float32)
@@ -308,4 +313,7 @@ def test_gpu_per_thread_default_stream_is_mapped_or_refused_clearly():
         env={"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": "1"},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["sum", "True", "refused", "True", "inside", "16.0"]
+    assert proc.stdout.split() == [
+        *("sum", "True", "null", "True"),
+        *("refused", "True", "inside", "16.0"),
+    ]

@@ -173,3 +173,19 @@ def test_stream_of_device_one_makes_device_one_current(cp, torch):
         assert torch.cuda.current_device() == 1
         assert cp.cuda.get_current_stream().ptr == s.cuda_stream
     assert cp.cuda.runtime.getDevice() == 0
+
+
+@pytest.mark.parametrize(("ptds", "expect"), [("0", "1 1234"), ("1", "2 1234")])
+def test_cupy_names_its_null_stream_to_producers_as_its_default_stream(ptds, expect):
+    """What CuPy's from_dlpack passes as ``stream`` for its null stream: the legacy
+    default stream (1), or the per-thread one (2) that PyTorch refuses."""
+    proc = run_python(
+        """
+        import types, cupy, interop.streams as s
+        print(s.cupy_consumer_handle(cupy.cuda.Stream.null),
+              s.cupy_consumer_handle(types.SimpleNamespace(ptr=1234)))
+        """,
+        env={"CUPY_CUDA_PER_THREAD_DEFAULT_STREAM": ptds},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == expect

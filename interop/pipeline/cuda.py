@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _backends, dtypes
 from ..errors import InvalidValueError
-from ..streams import cupy_stream
+from ..streams import Unsynchronised, cupy_stream
 from .backend import DeviceChunk, DeviceData
 from .plan import STAGING_ALIGN, round_up
 
@@ -212,30 +212,11 @@ class CudaBackend:
         th = _backends.torch()
         ml = dtypes.ml_view_of_torch(t.dtype)
         bits = t if ml is None else t.view(ml[1])
+        # Exported without PyTorch's synchronisation: the schedule orders its copy
+        # stream after the producer itself (and under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+        # CuPy would name the per-thread default stream, which PyTorch refuses).
         with self.activate(), th.cuda.device(self.index), producer.cupy:
-            return self._cp.from_dlpack(_Unsynchronised(bits))
-
-
-class _Unsynchronised:
-    """A CUDA tensor exported with ``stream=-1`` (no synchronisation by PyTorch).
-
-    The schedule orders its copy stream after the producer itself (an event
-    recorded on PyTorch's stream when the transfer starts, or on the stream a
-    resolved chunk was made on), so the consumer stream CuPy would name adds
-    nothing; and with ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`` CuPy names the
-    per-thread default stream, which PyTorch's ``__dlpack__`` refuses
-    (``BufferError``).
-    """
-
-    def __init__(self, t: Any) -> None:
-        self._t = t
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        kwargs["stream"] = -1
-        return self._t.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> Any:
-        return self._t.__dlpack_device__()
+            return self._cp.from_dlpack(Unsynchronised(bits))
 
 
 def _bit_view(x: Any) -> Any:
