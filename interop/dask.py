@@ -11,9 +11,10 @@ Dask schedules everything; interop adds one task per block:
   that holds the block, where Dask puts it) writes the block's bytes at their
   C-order offsets with positioned writes (``os.pwritev``), from the block's own
   memory when it is a C-contiguous host array, else piece by piece through one
-  bounded host buffer (device pieces through :func:`interop.copy_to_host` and
-  its pinned staging ring); the temporary file is renamed to the final name
-  only when every block is written.
+  bounded host buffer (a device block through the pinned staging ring of the
+  device-to-host pipeline, whose host threads write each slot to the file);
+  the temporary file is renamed to the final name only when every block is
+  written.
 * :func:`load_npy`: a dask array whose blocks are read on the workers with
   positioned reads (``os.preadv``) of each block's runs, straight into a new
   NumPy block, or into the pinned staging ring and on to a new CuPy block.
@@ -475,11 +476,14 @@ def save_npy(
     writes the header and sizes the file (nothing of the data); each block's
     task writes its bytes at their C-order offsets with ``os.pwritev``,
     straight from a C-contiguous NumPy block, else piece by piece through one
-    host buffer of at most ``chunk_bytes``. A CuPy block's pieces go through
-    :func:`interop.copy_to_host`, ordered after the work queued on CuPy's
-    current stream of that worker. Extra host memory per running task: at
-    most ``2 * chunk_bytes`` (the buffer and one staging slot). A task that
-    runs twice (Dask retries it after a worker died) writes the same bytes.
+    host buffer of at most ``chunk_bytes``. A CuPy block (or CUDA tensor)
+    goes through the device-to-host pipeline's pinned staging slots, written
+    from there to the file by its host threads, ordered after the work
+    queued on the block's library's current stream in the task's thread.
+    Extra host memory per running task: at most ``chunk_bytes`` for a host
+    block, the staging ring (``num_buffers * chunk_bytes``, pinned and
+    reused) for a device block. A task that runs twice (Dask retries it
+    after a worker died) writes the same bytes.
 
     Scheduling is Dask's: the distributed client in use, else the scheduler
     dask would pick (threads by default). With ``compute=False`` the caller
