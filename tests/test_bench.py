@@ -300,3 +300,22 @@ def test_gpu_rows_run(tmp_path):
     assert targets == {"cupy.asnumpy(x)", "t.cpu().numpy()"}
     if "dask_save_npy_cupy" in rows:
         assert rows["dask_save_npy_cupy"]["memory"]["extra_device_bytes"] is not None
+
+
+def test_measure_warms_again_only_after_emptying_caches():
+    """Without ``release`` (the sweep) the first call is the warm-up: no extra untimed round."""
+    from interop.bench.measure import Case, measure
+
+    calls: list[str] = []
+    released: list[int] = []
+
+    def cases() -> dict[str, Case]:
+        return {k: Case(lambda k=k: calls.append(k), 1) for k in ("ours", "limit")}
+
+    got = measure(cases(), 3)
+    assert calls == ["ours", "limit"] + ["ours", "limit"] * 3
+    assert [len(m.seconds) for m in got.values()] == [3, 3]
+    calls.clear()
+    measure(cases(), 2, release=lambda: released.append(len(calls)))
+    assert released == [0, 1]  # before each first call
+    assert calls == ["ours", "limit"] + ["ours", "limit"] + ["ours", "limit"] * 2
