@@ -302,6 +302,17 @@ def test_gpu_rows_run(tmp_path):
     assert rows["d2h_strided"]["memory"]["extra_device_bytes"] is not None
     assert rows["d2h_strided"]["memory"]["copy_to_host(t.T) extra_device_bytes"] is not None
     assert rows["h2d_pageable"]["memory"]["extra_host_rss_bytes"] is not None
+    for name in ("d2h_prealloc", "h2d_pageable"):  # what bounds the ring, stage by stage
+        stages = rows[name]["stages"]
+        assert "error" not in stages, stages
+        assert stages["DMA GB/s"] > 0
+        assert stages["host GB/s"] > 0
+        assert stages["bound GB/s"] == min(stages["DMA GB/s"], stages["host GB/s"])
+        assert stages["settings"] == data["config"] | {
+            "chunk_bytes": stages["settings"]["chunk_bytes"]
+        }
+        assert any(r["to"] == "the slower ring stage alone" for r in rows[name]["ratios"])
+    assert "ring stages alone: DMA " in proc.stdout
     targets = {r["to"] for r in rows["d2h_fresh"]["ratios"] if r["target"]}
     assert targets == {"cupy.asnumpy(x)", "t.cpu().numpy()"}
     if "dask_save_npy_cupy" in rows:

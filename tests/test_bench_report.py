@@ -238,3 +238,23 @@ def test_bad_bench_arguments_are_refused(argv, message, capsys):
         main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_report_shows_the_ring_stages_of_a_transfer_row():
+    settings = {"chunk_bytes": 32 << 20, "num_buffers": 4, "host_threads": 8}
+    stages = {"settings": settings, "DMA GB/s": 51.0, "host GB/s": 20.5, "bound GB/s": 20.5}
+    ratio = Ratio.between(
+        "copy_to_host(x, out)", "throughput", "the slower ring stage alone", 19.0, 20.5
+    )
+    row = {
+        "name": "d2h_prealloc", "status": "ok", "what": "w", "target": "t", "gbps": 19.0,
+        "met": None, "ratios": [ratio.record(False)], "stages": stages,
+    }  # fmt: skip
+    failed = row | {"name": "h2d_pageable", "stages": {"settings": settings, "error": "E: x"}}
+    flat = " ".join(format_table(_results(True, [row, failed])).split())
+    assert (
+        "ring stages alone: DMA 51.00 GB/s, host copies 20.50 GB/s at chunk_bytes 32 MiB, "
+        "num_buffers 4, host_threads 8"
+    ) in flat
+    assert "0.93x the throughput of the slower ring stage alone" in flat
+    assert "ring stages alone: not measured (E: x) at chunk_bytes 32 MiB" in flat
