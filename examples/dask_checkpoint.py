@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -106,4 +107,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    if not main()["equal"]:
+        sys.exit("the array read back differs from the one saved")

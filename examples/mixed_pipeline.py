@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -266,4 +267,6 @@ def report(r: Result, xp_name: str, args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    r = main()
+    if r.counts != r.reference_counts or not r.zero_copy or r.one_stream is False:
+        sys.exit("the pipeline's checks failed: see the lines above")

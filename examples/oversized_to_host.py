@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -273,4 +274,6 @@ def main(argv: list[str] | None = None) -> Result:
 
 
 if __name__ == "__main__":
-    main()
+    wrong = [row.method for row in main().rows if not row.matches]
+    if wrong:
+        sys.exit(f"wrong values from: {', '.join(wrong)}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,4 +198,6 @@ def main(argv: list[str] | None = None) -> Result:
 
 
 if __name__ == "__main__":
-    main()
+    wrong = [row.source for row in main().rows if not row.values_match]
+    if wrong:
+        sys.exit(f"the host image differs from the usual way's for: {', '.join(wrong)}")

@@ -8,13 +8,12 @@ benchmark, never a test outcome.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import statistics
 from pathlib import Path
 
-import dask
-import dask.array as da
 import numpy as np
 import pytest
 
@@ -25,6 +24,12 @@ from interop.bench.rows import dask_save
 from tests.bench_runs import full_host_run, quick_bench
 
 from .helpers import run_python
+
+#: Tests that run dask (not installed on every machine: the GPU runner has none).
+needs_dask = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("dask", "distributed")),
+    reason="needs the 'dask' extra (dask and distributed)",
+)
 
 OURS = "interop.dask.save_npy"
 STACK = "da.to_npy_stack"
@@ -57,6 +62,7 @@ def _brief(ratio: dict) -> tuple:
 # ------------------------------------------------------------------ the cluster row, real runs
 
 
+@needs_dask
 def test_cluster_row_reports_throughput_and_peak_rss_per_worker():
     proc, data, _ = quick_bench()
     row = _row(data, "dask_save_npy")
@@ -110,6 +116,7 @@ def test_cluster_row_reports_throughput_and_peak_rss_per_worker():
     assert f"dask_save_npy {format_bytes(nbytes)}" in flat  # the sizes line
 
 
+@needs_dask
 def test_cluster_row_is_judged_in_a_full_run():
     row = _row(full_host_run(), "dask_save_npy")
     assert row["status"] == "ok", row
@@ -128,7 +135,7 @@ def test_cluster_row_is_judged_in_a_full_run():
 # ------------------------------------------------------------------ not available
 
 
-@pytest.mark.parametrize("blocked", ["dask", "distributed"])
+@pytest.mark.parametrize("blocked", ["dask", pytest.param("distributed", marks=needs_dask)])
 def test_rows_without_dask_or_distributed_are_not_available(blocked):
     """As if the library were not installed: the import is blocked in a fresh process."""
     proc = run_python(
@@ -184,6 +191,7 @@ def ctx(tmp_path):
     return BenchContext(bench.BenchSizes.choose(True, 0.02), tmp_path)
 
 
+@needs_dask
 def test_threaded_variant_on_numpy_blocks(ctx, tmp_path):
     """The CuPy row's body, run with NumPy blocks and numpy.asarray as the recipe's copy."""
     x = np.random.default_rng(1).random((64, 1024), dtype=np.float32)
@@ -209,6 +217,7 @@ def test_threaded_variant_on_numpy_blocks(ctx, tmp_path):
     assert list(tmp_path.iterdir()) == []  # every output removed, the row's directory too
 
 
+@needs_dask
 def test_threaded_variant_refuses_a_wrong_copy(ctx):
     x = np.arange(32 * 1024, dtype=np.float32).reshape(32, 1024)
     with pytest.raises(bench.WrongResultError, match=r"x \+ 1 per block wrote block 0"):
@@ -263,7 +272,11 @@ def test_block_checks_find_each_block_in_the_outputs(tmp_path):
         assert check(a[3:6] + 1, str(where), block_info=info).tolist() == [[False]]
 
 
+@needs_dask
 def test_memmap_target_writes_through_a_mapping_per_block(tmp_path):
+    import dask
+    import dask.array as da
+
     a = np.random.default_rng(2).random((40, 7))
     path = tmp_path / "m.npy"
     made = np.lib.format.open_memmap(path, mode="w+", dtype=a.dtype, shape=a.shape)
@@ -271,3 +284,22 @@ def test_memmap_target_writes_through_a_mapping_per_block(tmp_path):
     with dask.config.set(scheduler="threads"):
         da.store(da.from_array(a, chunks=(8, 4)), dask_save.MemmapOnWorker(str(path)), lock=False)
     np.testing.assert_array_equal(np.load(path), a)
+
+
+@needs_dask
+def test_the_cluster_starts_while_another_holds_the_dashboard_port():
+    """Port 8787 taken (another cluster on the machine): no warning, which is an error here."""
+    import socket
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 8787))
+        holder.listen()
+    except OSError:  # already held by someone else: the same situation
+        pass
+    try:
+        with dask_save.local_cluster({}) as cluster:
+            assert len(cluster.workers) == dask_save.WORKERS
+            assert cluster.scheduler.http_server.port != 8787
+    finally:
+        holder.close()

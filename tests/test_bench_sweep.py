@@ -100,7 +100,7 @@ def test_every_point_runs_under_its_settings():
     data = sweep_mod.sweep(TINY, grid, [_recording_row(seen)])
     (row,) = data["rows"]
     assert len(row["points"]) == 8
-    calls_per_point = 1 + 1 + max(2, TINY.repeats - 2)  # first, warm, timed
+    calls_per_point = 1 + max(2, TINY.repeats - 2)  # the first (the warm-up), the timed
     assert len(seen) == 8 * calls_per_point
     for i, point in enumerate(row["points"]):
         settings = {k: point[k] for k in ("chunk_bytes", "host_threads", "num_buffers")}

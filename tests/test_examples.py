@@ -243,3 +243,20 @@ def test_dask_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "round trip  equal" in out
     assert gpu or "NumPy blocks:" in out
+
+
+def test_an_example_whose_check_fails_exits_with_an_error(tmp_path):
+    """Run as a script (as scripts/gpu-check runs it), a wrong result fails, not only prints."""
+    code = (
+        "import runpy, sys, interop\n"
+        "right = interop.copy_to_host\n"
+        "interop.copy_to_host = lambda x, *a, **k: right(x, *a, **k) + 1  # a wrong copy\n"
+        f"sys.argv = ['x.py', '--cpu', '--side', '64', '--out', {str(tmp_path)!r}]\n"
+        f"runpy.run_path({str(EXAMPLES / 'plot_device_array.py')!r}, run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "WRONG" in proc.stdout
+    assert "differs from the usual way's for: NumPy, torch (cpu)" in proc.stderr

@@ -1,13 +1,16 @@
 """``scripts/gpu-check``: runs its steps in order, keeps going after a failure, keeps results.
 
 The whole script (test suite and all) runs on a GPU runner; here it runs a few
-of its steps, on the host rows, to show the plumbing works.
+of its steps, on the host rows, to show the plumbing works. What it leaves in
+OUTDIR must come back from a runner whole: at most 8 files of at most 16 MiB,
+at most two folders down, named in letters, digits, ``.``, ``_`` and ``-``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu-check"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu-check"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("timeout") is None,
@@ -23,8 +27,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(out: Path, *steps: str, scale: str = "0.02") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "INTEROP_BENCH_SCALE": scale}
+def _run(out: Path, *steps: str, scale: str = "0.02", **env: str) -> subprocess.CompletedProcess:
+    tmp = out.parent / "scratch"
+    tmp.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "INTEROP_BENCH_SCALE": scale,
+        "TMPDIR": str(tmp),
+        **env,
+    }
     return subprocess.run(
         [str(SCRIPT), str(out), *steps],
         capture_output=True,
@@ -41,24 +53,42 @@ def _steps(out: Path) -> dict[str, str]:
     return {line.split("\t")[0]: line.split("\t")[1] for line in lines[1:]}
 
 
+def _section(out: Path, step: str) -> str:
+    """The part of gpu-check.log that one step wrote."""
+    log = (out / "gpu-check.log").read_text()
+    return log.split(f"===== {step}: ", 1)[1].split("\n===== ", 1)[0]
+
+
+def _assert_fits_what_comes_back(out: Path) -> list[str]:
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    names = [str(p.relative_to(out)) for p in files]
+    assert len(files) <= 8, names
+    for path, name in zip(files, names, strict=True):
+        assert len(path.relative_to(out).parts) <= 3, name
+        assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in Path(name).parts), name
+        assert path.stat().st_size <= 16 << 20, name
+    return names
+
+
 def test_a_failing_step_is_recorded_and_the_next_ones_run(tmp_path):
     out = tmp_path / "out"
     proc = _run(out, "bench", "sweep", "plot", scale="-1")  # bench and sweep refuse the scale
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _steps(out) == {"bench": "failed", "sweep": "failed", "plot": "failed"}
-    assert "INTEROP_BENCH_SCALE" in (out / "logs" / "bench.log").read_text()
-    assert "INTEROP_BENCH_SCALE" in (out / "logs" / "sweep.log").read_text()
-    assert "no bench.json or sweep.json" in (out / "logs" / "plot.log").read_text()
-    assert (out / "summary.txt").read_text().splitlines()[-1] == "failed: bench sweep plot"
-    assert "commit" in (out / "machine.txt").read_text()
-    assert not (out / "tmp").exists()  # scratch removed
+    assert "INTEROP_BENCH_SCALE" in _section(out, "bench")
+    assert "INTEROP_BENCH_SCALE" in _section(out, "sweep")
+    assert "no bench.json or sweep.json" in (out / "gpu-check.log").read_text()
+    summary = (out / "summary.txt").read_text()
+    assert summary.splitlines()[-1] == "failed: bench sweep plot"
+    assert "commit" in summary
+    assert list((tmp_path / "scratch").iterdir()) == []  # scratch removed
 
 
 def test_bench_sweep_and_plot_write_their_results(tmp_path):
     out = tmp_path / "out"
-    proc = _run(out, "bench", "sweep", "plot")
+    proc = _run(out, "info", "bench", "sweep", "plot")
     assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "summary.txt").read_text()
-    assert _steps(out) == {"bench": "passed", "sweep": "passed", "plot": "passed"}
+    assert _steps(out) == {"info": "passed", "bench": "passed", "sweep": "passed", "plot": "passed"}
     bench = json.loads((out / "bench.json").read_text())
     assert bench["kind"] == "bench"
     assert bench["quick"] is False
@@ -68,8 +98,31 @@ def test_bench_sweep_and_plot_write_their_results(tmp_path):
     assert host["status"] == "ok"
     assert {p["chunk_bytes"] >> 20 for p in host["points"]} == {4, 8, 16, 32, 64}
     assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
-    assert "host_copy" in (out / "bench.txt").read_text()
+    assert "host_copy" in _section(out, "bench")
+    assert "interop" in _section(out, "info")
     assert (out / "summary.txt").read_text().splitlines()[-1] == "every step passed"
+    assert _assert_fits_what_comes_back(out) == [
+        "bench.json",
+        "gpu-check.log",
+        "steps.tsv",
+        "summary.txt",
+        "sweep.json",
+        "throughput.png",
+    ]
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_examples_run_outside_the_checkout_and_are_recorded(tmp_path):
+    out = tmp_path / "out"
+    before = set(ROOT.iterdir())
+    proc = _run(out, "examples", GPU_CHECK_EXAMPLES="plot_device_array", GPU_CHECK_FULL="0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "gpu-check.log").read_text()
+    assert _steps(out) == {"example-plot_device_array": "passed"}
+    section = _section(out, "example-plot_device_array")
+    assert "--full" not in section.splitlines()[0]  # GPU_CHECK_FULL=0: the small sizes
+    assert "wrote" in section
+    assert set(ROOT.iterdir()) == before  # its PNG went to the scratch directory
+    assert _assert_fits_what_comes_back(out) == ["gpu-check.log", "steps.tsv", "summary.txt"]
 
 
 def test_an_unknown_step_is_refused(tmp_path):

@@ -229,10 +229,11 @@ def measure(
 
     Each case's first call runs after ``release`` (so what it allocates,
     staging rings and pools included, is counted): its peak extra host RSS
-    and device memory are measured and its result is checked. Then every case
-    runs once more untimed, so that the caches emptied for later cases' first
-    calls are full again, and then ``repeats`` timed rounds run, case after
-    case in each round.
+    and device memory are measured and its result is checked. With
+    ``release``, every case then runs once more untimed, so that the caches
+    emptied for later cases' first calls are full again (without it the
+    first calls were the warm-up). Then ``repeats`` timed rounds run, case
+    after case in each round.
 
     Parameters
     ----------
@@ -279,10 +280,11 @@ def measure(
             extra_device_bytes=growth.extra_bytes if growth is not None else None,
             checked=case.check is not None,
         )
-    for case in cases.values():  # warm again: later first calls emptied the caches
-        case.fn()
-        if sync is not None:
-            sync()
+    if release is not None:  # warm again: later first calls emptied the caches
+        for case in cases.values():
+            case.fn()
+            if sync is not None:
+                sync()
     for _ in range(repeats):
         for label, case in cases.items():
             start = time.perf_counter()

@@ -148,6 +148,18 @@ def _header(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _stages_text(stages: dict[str, Any]) -> str:
+    """The DMA and host stages of a GPU row measured alone, or why they were not."""
+    st = stages["settings"]
+    at = (
+        f"at chunk_bytes {format_bytes(st['chunk_bytes'])}, num_buffers {st['num_buffers']}, "
+        f"host_threads {st['host_threads']}"
+    )
+    if "error" in stages:
+        return f"not measured ({stages['error']}) {at}"
+    return f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"
+
+
 def format_table(results: dict[str, Any]) -> str:
     """The printed report of a run's results (as returned by the run or read from its JSON).
 
@@ -191,6 +203,8 @@ def format_table(results: dict[str, Any]) -> str:
             lines += _wrap(ratio_text(r, judged), indent, "    ")
         if row.get("memory"):
             lines += _wrap(f"memory: {_memory_text(row['memory'])}", indent, "    ")
+        if row.get("stages"):
+            lines += _wrap(f"ring stages alone: {_stages_text(row['stages'])}", indent, "    ")
     for (status, reason), names in not_run.items():
         rows = f"{len(names)} rows" if len(names) > 1 else "1 row"
         lines += _wrap(f"{status} ({rows}: {', '.join(names)}): {reason}", hanging="    ")

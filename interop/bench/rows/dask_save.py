@@ -46,6 +46,7 @@ __all__ = [
     "dask_save_npy",
     "dask_save_npy_cupy",
     "dask_unavailable",
+    "local_cluster",
     "peak_rss",
     "reset_peak_rss",
     "threaded_saves",
@@ -330,6 +331,25 @@ def _memory_ratios(
 # ------------------------------------------------------------------ dask_save_npy
 
 
+def local_cluster(env: dict[str, str]) -> Any:
+    """The row's ``distributed.LocalCluster``: :data:`WORKERS` one-thread processes, no dashboard.
+
+    The scheduler's HTTP server, which starts without a dashboard too, listens
+    on a free local port instead of 8787, which another cluster on the same
+    machine may hold (distributed then warns, an error where warnings are).
+    """
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=WORKERS,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        env=env,
+    )
+
+
 def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
     """``interop.dask.save_npy`` against ``da.to_npy_stack`` and ``da.store`` into a memmap.
 
@@ -340,7 +360,7 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
     the workers before anything is timed.
     """
     import dask.array as da
-    from distributed import Client, LocalCluster, wait
+    from distributed import Client, wait
 
     save_npy = importlib.import_module("interop.dask").save_npy
     shape, block_rows = _shape(ctx.sizes.dask_bytes)
@@ -351,13 +371,7 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
     env = {f"INTEROP_{k.upper()}": str(v) for k, v in config.as_dict().items()}
     with (
         tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp,
-        LocalCluster(
-            n_workers=WORKERS,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            env=env,
-        ) as cluster,
+        local_cluster(env) as cluster,
         Client(cluster, set_as_default=False) as client,
         client.as_current(),
     ):

@@ -8,7 +8,10 @@ and returns its measured fields like the host rows do.
 from __future__ import annotations
 
 import math
+import sys
 import tempfile
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import numpy as np
 
 from ...config import chunk_bytes_or_default, config
 from ..context import BenchContext, GpuArrays
-from ..measure import Case, Measured, WrongResultError, expect_equal, measure_per_call
+from ..measure import Case, Measured, WrongResultError, expect_equal, measure, measure_per_call
 from ..ratios import Ratio
 from ..sizes import GiB
 from .api import api
@@ -47,6 +50,86 @@ def _records(got: dict[str, Measured]) -> dict[str, Any]:
 
 def _ring() -> int:
     return config.num_buffers * chunk_bytes_or_default(None)  # the 64 KiB floor applied
+
+
+def stage_components(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int) -> dict[str, Any]:
+    """The ring's two stages at the current settings, each alone: what bounds the pipeline.
+
+    ``DMA``: the whole array as ``chunk_bytes`` copies on one stream between
+    the device and a ring of ``num_buffers`` pinned slots (slot after slot,
+    no host work). ``host``: ``host_threads`` threads copying the same chunks
+    between the slots and ``host`` (pageable), no DMA. The pipeline overlaps
+    the two, so its throughput is at most the smaller; far below it, the
+    overlap (waiting on events, handing slots over) is what limits it. The
+    pinned ring and the threads are made before anything is timed.
+
+    Returns
+    -------
+    dict
+        ``settings``, ``"DMA GB/s"``, ``"host GB/s"``, ``"bound GB/s"`` (the
+        smaller) and ``samples``; or ``error`` where measuring failed (the
+        row keeps its other figures).
+    """
+    cp = g.cp
+    chunk, count, threads = chunk_bytes_or_default(None), config.num_buffers, config.host_threads
+    settings = {"chunk_bytes": chunk, "num_buffers": count, "host_threads": threads}
+    try:
+        ring_mem = cp.cuda.alloc_pinned_memory(chunk * count)
+        ring = np.frombuffer(ring_mem, np.uint8, chunk * count)
+        flat = host.reshape(-1).view(np.uint8)
+        offsets = [
+            (k, off, min(chunk, g.nbytes - off)) for k, off in enumerate(range(0, g.nbytes, chunk))
+        ]
+        runtime = cp.cuda.runtime
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        on_device = g.x if to_host else cp.empty_like(g.x)  # held while the cases live
+        slot = ring.ctypes.data
+
+        def dma() -> None:
+            stream, device = cp.cuda.get_current_stream().ptr, on_device.data.ptr
+            for k, off, n in offsets:
+                at = slot + (k % count) * chunk
+                dst, src = (at, device + off) if to_host else (device + off, at)
+                runtime.memcpyAsync(dst, src, n, kind, stream)
+
+        def one_chunk(item: tuple[int, int, int]) -> None:
+            k, off, n = item
+            pinned = ring[(k % count) * chunk :][:n]
+            if to_host:
+                np.copyto(flat[off : off + n], pinned)
+            else:
+                np.copyto(pinned, flat[off : off + n])
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="bench-host") as pool:
+            list(pool.map(one_chunk, offsets[:threads]))  # the threads started
+
+            def drain() -> None:
+                list(pool.map(one_chunk, offsets))
+
+            got = measure(
+                {"DMA": Case(dma, g.nbytes), "host": Case(drain, g.nbytes)}, repeats, sync=g.sync
+            )
+    except Exception as exc:  # a diagnosis: its failure must not cost the row
+        traceback.print_exc(file=sys.stderr)
+        return {"settings": settings, "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "settings": settings,
+        "DMA GB/s": got["DMA"].gbps,
+        "host GB/s": got["host"].gbps,
+        "bound GB/s": min(got["DMA"].gbps, got["host"].gbps),
+        "samples": _records(got),
+    }
+
+
+def _stage_ratio(label: str, gbps: float, stages: dict[str, Any]) -> list[Ratio]:
+    """``label`` against the slower of its two stages measured alone (context, no target)."""
+    if "bound GB/s" not in stages:
+        return []
+    return [
+        Ratio.between(
+            label, "throughput", "the slower ring stage alone", gbps, stages["bound GB/s"]
+        )
+    ]
 
 
 def d2h_limit(ctx: BenchContext) -> dict[str, Any]:
@@ -101,6 +184,7 @@ def d2h_prealloc(ctx: BenchContext) -> dict[str, Any]:
     }
     got = g.measure(cases, ctx.sizes.repeats)
     ours, limit = got["copy_to_host(x, out)"], got["d2h_limit"].gbps
+    stages = stage_components(g, out, True, ctx.sizes.repeats)
     ratios = [
         Ratio.between(
             "copy_to_host(x, out)", "throughput", "d2h_limit", ours.gbps, limit, at_least=0.90
@@ -111,9 +195,11 @@ def d2h_prealloc(ctx: BenchContext) -> dict[str, Any]:
         for label, m in got.items()
         if label not in ("d2h_limit", "copy_to_host(x, out)")
     ]
+    ratios += _stage_ratio("copy_to_host(x, out)", ours.gbps, stages)
     return {
         "size": _size(g),
         "gbps": ours.gbps,
+        "stages": stages,
         "variants": {"copy_to_host(t, out) GB/s": got["copy_to_host(t, out)"].gbps},
         "anchors": {
             f"{label} GB/s": m.gbps
@@ -312,9 +398,11 @@ def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
     ours, limit = got["copy_to_device(host)"], got["h2d_limit"].gbps
     ring = _ring()
     with_out = got["copy_to_device(host, out)"].gbps
+    stages = stage_components(g, host, False, ctx.sizes.repeats)
     return {
         "size": _size(g),
         "gbps": ours.gbps,
+        "stages": stages,
         "variants": {"copy_to_device(host, out) GB/s": with_out},
         "anchors": {
             f"{label} GB/s": m.gbps
@@ -342,6 +430,7 @@ def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
                 ours.gbps,
                 got["cupy.asarray(host)"].gbps,
             ),
+            *_stage_ratio("copy_to_device(host)", ours.gbps, stages),
         ],
         "memory": {
             "extra_host_rss_bytes": ours.extra_host_bytes,
