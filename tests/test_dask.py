@@ -50,6 +50,8 @@ def cluster():
             threads_per_worker=1,
             processes=True,
             dashboard_address=None,
+            # the scheduler's HTTP server on a free port: 8787 may be taken on the machine
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         ) as local,
         Client(local, set_as_default=False) as client,
     ):
