@@ -129,3 +129,13 @@ def test_an_unknown_step_is_refused(tmp_path):
     proc = _run(tmp_path / "out", "bench", "lint")
     assert proc.returncode == 2
     assert "expected steps among" in proc.stderr
+
+
+def test_a_step_budget_can_be_set_from_the_environment(tmp_path):
+    """GPU_CHECK_<STEP>_S replaces a step's budget: 2 s is below the 5 s a step needs."""
+    out = tmp_path / "out"
+    proc = _run(out, "info", "plot", GPU_CHECK_INFO_S="2")
+    assert proc.returncode == 1
+    steps = _steps(out)
+    assert steps["info"] == "not run (no time left)"
+    assert steps["plot"] == "failed"  # nothing to plot, but it ran: only info's budget changed
