@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import interop
 from interop import bench
 from interop.__main__ import main
 from interop.bench.ratios import Ratio, row_met
@@ -177,6 +179,46 @@ def test_report_of_a_gpu_row_names_memory_in_words():
         "memory: extra device memory not measured, copy_to_host(t.T) extra device memory "
         "64 MiB, ring 128 MiB"
     ) in flat
+
+
+def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
+    """The trace of a real transfer (host backend), as a GPU row carries it."""
+    from interop.bench.rows.gpu import traced
+    from interop.pipeline.host import HostBackend
+    from interop.pipeline.ring import free_cached_rings
+
+    device = HostBackend(delay=0.001)
+    try:
+        x = device.asarray(np.arange(1 << 17, dtype=np.float32))  # 512 KiB: 8 chunks
+        out = np.zeros(1 << 17, np.float32)
+        with interop.config.set(host_threads=2):
+            where = traced(lambda: interop.copy_to_host(x, out, chunk_bytes=64 << 10))
+        np.testing.assert_array_equal(out, np.arange(1 << 17, dtype=np.float32))
+        failed = traced(lambda: None)  # no slot transfer ran
+    finally:
+        free_cached_rings()
+        device.close()
+    assert (where["bytes"], where["chunks"], where["threads"]) == (1 << 19, 8, 2)
+    assert failed == {"error": "expected one slot transfer to trace (got 0)"}
+    row = {
+        "name": "d2h_prealloc", "status": "ok", "what": "w", "target": "t", "gbps": 9.0,
+        "met": None, "ratios": [], "trace": where,
+    }  # fmt: skip
+    flat = " ".join(format_table(_results(False, [row])).split())
+    said = re.search(
+        r"where the time went: ([\d.]+) GB/s in all; device copies ([\d.]+) GB/s "
+        r"\(busy (\d+)%\); 2 host threads ([\d.]+) GB/s each \(busy (\d+)%\); "
+        r"issuer waited ([\d.]+) s: limited by (.+?) summary",
+        flat,
+    )
+    assert said, flat
+    assert float(said[1]) == pytest.approx(where["rate_gbps"], abs=0.006)
+    assert float(said[2]) == pytest.approx(where["device_gbps"], abs=0.006)
+    assert int(said[3]) == round(where["device_busy"] * 100)
+    assert said[7].startswith(where["limited_by"].split(" (")[0])
+    assert "not traced (no slot transfer)" in " ".join(
+        format_table(_results(False, [row | {"trace": {"error": "no slot transfer"}}])).split()
+    )
 
 
 # ----------------------------------------------------------------- help and wording

@@ -160,6 +160,22 @@ def _stages_text(stages: dict[str, Any]) -> str:
     return f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"
 
 
+def trace_text(where: dict[str, Any]) -> str:
+    """Where a traced run of a GPU row's transfer spent its time, or why it was not traced."""
+    if "error" in where:
+        return f"not traced ({where['error']})"
+
+    def rate(gbps: float | None) -> str:
+        return "-" if gbps is None else f"{gbps:.2f} GB/s"
+
+    return (
+        f"{rate(where['rate_gbps'])} in all; device copies {rate(where['device_gbps'])} "
+        f"(busy {where['device_busy']:.0%}); {where['threads']} host threads "
+        f"{rate(where['host_gbps_per_thread'])} each (busy {where['host_busy']:.0%}); "
+        f"issuer waited {where['issuer_wait_seconds']:.3f} s: limited by {where['limited_by']}"
+    )
+
+
 def format_table(results: dict[str, Any]) -> str:
     """The printed report of a run's results (as returned by the run or read from its JSON).
 
@@ -205,6 +221,8 @@ def format_table(results: dict[str, Any]) -> str:
             lines += _wrap(f"memory: {_memory_text(row['memory'])}", indent, "    ")
         if row.get("stages"):
             lines += _wrap(f"ring stages alone: {_stages_text(row['stages'])}", indent, "    ")
+        if row.get("trace"):
+            lines += _wrap(f"where the time went: {trace_text(row['trace'])}", indent, "    ")
     for (status, reason), names in not_run.items():
         rows = f"{len(names)} rows" if len(names) > 1 else "1 row"
         lines += _wrap(f"{status} ({rows}: {', '.join(names)}): {reason}", hanging="    ")

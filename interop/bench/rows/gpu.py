@@ -11,6 +11,7 @@ import math
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...config import chunk_bytes_or_default, config
+from ...pipeline import trace
 from ..context import BenchContext, GpuArrays
 from ..measure import Case, Measured, WrongResultError, expect_equal, measure, measure_per_call
 from ..ratios import Ratio
@@ -121,6 +123,28 @@ def stage_components(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int
     }
 
 
+def traced(call: Callable[[], Any]) -> dict[str, Any]:
+    """One more, untimed run of ``call`` with the slot pipeline traced: where its time went.
+
+    Returns
+    -------
+    dict
+        The run's :meth:`~interop.pipeline.trace.SlotTrace.summary` (rates and
+        busy fractions of the device copies and the host threads, and the side
+        that was busy); or ``error`` where tracing failed or no slot transfer
+        ran (the row keeps its other figures).
+    """
+    try:
+        with trace.recording() as traces:
+            call()
+    except Exception as exc:  # a diagnosis: its failure must not cost the row
+        traceback.print_exc(file=sys.stderr)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if len(traces) != 1:
+        return {"error": f"expected one slot transfer to trace (got {len(traces)})"}
+    return traces[0].summary()
+
+
 def _stage_ratio(label: str, gbps: float, stages: dict[str, Any]) -> list[Ratio]:
     """``label`` against the slower of its two stages measured alone (context, no target)."""
     if "bound GB/s" not in stages:
@@ -200,6 +224,7 @@ def d2h_prealloc(ctx: BenchContext) -> dict[str, Any]:
         "size": _size(g),
         "gbps": ours.gbps,
         "stages": stages,
+        "trace": traced(lambda: copy_to_host(g.x, out)),
         "variants": {"copy_to_host(t, out) GB/s": got["copy_to_host(t, out)"].gbps},
         "anchors": {
             f"{label} GB/s": m.gbps
@@ -329,6 +354,7 @@ def d2h_strided(ctx: BenchContext) -> dict[str, Any]:
     return {
         "size": f"{side}x{side} float32, transposed",
         "gbps": ours.gbps,
+        "trace": traced(lambda: copy_to_host(square, out)),
         "variants": {"copy_to_host(t.T, out) GB/s": of_torch.gbps},
         "anchors": {
             "copy_to_host(x, out) GB/s (d2h_prealloc)": prealloc,
@@ -403,6 +429,7 @@ def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
         "size": _size(g),
         "gbps": ours.gbps,
         "stages": stages,
+        "trace": traced(lambda: copy_to_device(host)),
         "variants": {"copy_to_device(host, out) GB/s": with_out},
         "anchors": {
             f"{label} GB/s": m.gbps
@@ -511,11 +538,13 @@ def save_npy(ctx: BenchContext) -> dict[str, Any]:
             "save_npy(x, path)": Case(lambda: save(g.x, path), g.nbytes, saved),
         }
         got = g.measure(cases, ctx.sizes.repeats)
+        where = traced(lambda: save(g.x, path))
     ours = got["save_npy(x, path)"]
     limit = min(got["d2h_limit"].gbps, got["file write"].gbps)
     return {
         "size": _size(g),
         "gbps": ours.gbps,
+        "trace": where,
         "anchors": {
             "sequential file write GB/s": got["file write"].gbps,
             "d2h_limit GB/s": got["d2h_limit"].gbps,
