@@ -224,3 +224,73 @@ def test_a_failing_cache_release_keeps_the_points(monkeypatch, capsys):
     ]
     assert "cudaErrorIllegalAddress" in capsys.readouterr().err
     assert "note: releasing caches failed after recording" in sweep_mod.format_sweep(data)
+
+
+def _sweep_of(points: dict[str, dict[tuple[int, int, int], float]]) -> dict:
+    """Sweep results whose rows have the given (chunk MiB, threads, buffers) -> GB/s points."""
+    return {
+        "rows": [
+            {
+                "name": name,
+                "what": name,
+                "status": "ok",
+                "reference": "its anchor",
+                "points_not_run": 0,
+                "points": [
+                    {
+                        "chunk_bytes": c << 20,
+                        "host_threads": t,
+                        "num_buffers": b,
+                        "gbps": g,
+                        "ratio": {"value": None},
+                    }
+                    for (c, t, b), g in got.items()
+                ],
+            }
+            for name, got in points.items()
+        ]
+    }
+
+
+def test_suggested_defaults_are_the_cheapest_point_near_the_best_of_both_directions():
+    d2h = {(8, 4, 2): 40.0, (16, 4, 4): 50.0, (32, 8, 4): 51.0, (64, 16, 6): 52.0, (8, 2, 4): 30.0}
+    h2d = {(8, 4, 2): 45.0, (16, 4, 4): 44.0, (32, 8, 4): 46.0, (64, 16, 6): 46.0, (8, 2, 4): 46.0}
+    got = sweep_mod.suggest_defaults(_sweep_of({"d2h_prealloc": d2h, "h2d_pageable": h2d}))
+    assert got is not None
+    # scores (worst of the two fractions of each row's best): 8/4/2 0.77, 16/4/4 0.957,
+    # 32/8/4 0.981, 64/16/6 1.0, 8/2/4 0.58; within 5 % of 1.0: 16/4/4, 32/8/4, 64/16/6;
+    # the smallest ring of those is 16 MiB x 4
+    assert got["settings"] == {"chunk_bytes": 16 << 20, "host_threads": 4, "num_buffers": 4}
+    assert got["score"] == pytest.approx(min(50 / 52, 44 / 46))
+    assert got["best_score"] == pytest.approx(1.0)
+    assert got["rows"]["d2h_prealloc"] == {"gbps": 50.0, "best_gbps": 52.0}
+    assert got["rows"]["h2d_pageable"] == {"gbps": 44.0, "best_gbps": 46.0}
+    # within 2 %: only 32 MiB x 4 (8 threads) and 64 MiB x 6; the smaller ring wins
+    tight = sweep_mod.suggest_defaults(
+        _sweep_of({"d2h_prealloc": d2h, "h2d_pageable": h2d}), tolerance=0.02
+    )
+    assert tight["settings"] == {"chunk_bytes": 32 << 20, "host_threads": 8, "num_buffers": 4}
+
+
+def test_no_defaults_are_suggested_without_points_in_both_directions():
+    only_host = _sweep_of({"d2h_prealloc": {(8, 4, 2): 40.0}})
+    assert sweep_mod.suggest_defaults(only_host) is None
+    apart = _sweep_of({"d2h_prealloc": {(8, 4, 2): 40.0}, "h2d_pageable": {(16, 4, 2): 40.0}})
+    assert sweep_mod.suggest_defaults(apart) is None
+
+
+def test_the_sweep_summary_prints_the_suggested_defaults(cpu_sweep):
+    """On a machine without a GPU the two transfer rows do not run: nothing is suggested."""
+    _, data = cpu_sweep
+    assert data["suggested_defaults"] is None
+    assert "suggested defaults" not in sweep_mod.format_sweep(data)
+    text = sweep_mod.format_sweep(
+        data
+        | _sweep_of(
+            {"d2h_prealloc": {(8, 4, 2): 40.0, (16, 2, 2): 41.0}, "h2d_pageable": {(8, 4, 2): 30.0}}
+        )
+    )
+    assert (
+        "suggested defaults: chunk_bytes 8.0 MiB, host_threads 4, num_buffers 2: "
+        "d2h_prealloc 40.00 GB/s (98% of its best), h2d_pageable 30.00 GB/s (100% of its best)"
+    ) in text

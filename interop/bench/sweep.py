@@ -400,7 +400,8 @@ def sweep(
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             ctx.notes["close_error"] = f"{type(exc).__name__}: {exc}"
-    return header | {"notes": ctx.notes, "rows": done}
+    results = header | {"notes": ctx.notes, "rows": done}
+    return results | {"suggested_defaults": suggest_defaults(results)}
 
 
 def _settings_text(point: dict[str, Any]) -> str:
@@ -408,6 +409,63 @@ def _settings_text(point: dict[str, Any]) -> str:
         f"chunk_bytes {format_bytes(point['chunk_bytes'])}, host_threads {point['host_threads']}, "
         f"num_buffers {point['num_buffers']}"
     )
+
+
+TRANSFER_ROWS = ("d2h_prealloc", "h2d_pageable")
+
+
+def suggest_defaults(
+    results: dict[str, Any], rows: Sequence[str] = TRANSFER_ROWS, tolerance: float = 0.05
+) -> dict[str, Any] | None:
+    """The settings to make the defaults, from a sweep's points.
+
+    Each point measured in every one of ``rows`` scores the smallest of its
+    throughputs there, each divided by that row's best. Among the points
+    that score within ``tolerance`` of the best score, the one that costs
+    least is chosen: the smallest ring (``num_buffers x chunk_bytes``, pinned
+    memory held per device), then the fewest host threads, then the fewest
+    buffers. Both directions share the settings, so no row is sacrificed to
+    the other.
+
+    Returns
+    -------
+    dict or None
+        ``settings`` (the chosen point), ``score`` and ``best_score``, per row
+        its ``gbps`` there and its ``best_gbps``, and ``rule`` (this rule in
+        words); None when no point was measured in every row (the rows were
+        skipped, cut short or failed).
+    """
+    measured = {
+        row["name"]: {
+            tuple(p[k] for k in SETTINGS): p["gbps"] for p in row.get("points", []) if "gbps" in p
+        }
+        for row in results["rows"]
+        if row["name"] in rows
+    }
+    if set(measured) != set(rows) or not all(measured.values()):
+        return None
+    best = {name: max(points.values()) for name, points in measured.items()}
+    common = set.intersection(*(set(points) for points in measured.values()))
+    if not common or min(best.values()) <= 0:
+        return None
+    score = {key: min(measured[name][key] / best[name] for name in rows) for key in common}
+    top = max(score.values())
+
+    def cost(key: tuple[int, ...]) -> tuple[int, int, int]:
+        p = dict(zip(SETTINGS, key, strict=True))
+        return p["chunk_bytes"] * p["num_buffers"], p["host_threads"], p["num_buffers"]
+
+    chosen = min((key for key in common if score[key] >= top * (1 - tolerance)), key=cost)
+    return {
+        "settings": dict(zip(SETTINGS, chosen, strict=True)),
+        "score": score[chosen],
+        "best_score": top,
+        "rows": {name: {"gbps": measured[name][chosen], "best_gbps": best[name]} for name in rows},
+        "rule": (
+            f"of the points within {tolerance:.0%} of the best worst-row fraction of each row's "
+            "best throughput, the smallest ring, then the fewest host threads and buffers"
+        ),
+    }
 
 
 def format_sweep(results: dict[str, Any], top: int = 8) -> str:
@@ -455,6 +513,17 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             lines.append(f"  error at {_settings_text(p)}: {p['error']}")
         if row["points_not_run"]:
             lines.append(f"  {row['points_not_run']} points not run: the time budget ran out")
+    suggested = suggest_defaults(results)
+    if suggested is not None:
+        at = ", ".join(
+            f"{name} {v['gbps']:.2f} GB/s ({v['gbps'] / v['best_gbps']:.0%} of its best)"
+            for name, v in suggested["rows"].items()
+        )
+        lines += [
+            "",
+            f"suggested defaults: {_settings_text(suggested['settings'])}: {at}",
+            f"  rule: {suggested['rule']}",
+        ]
     if not_run:
         lines.append("")
     for (status, reason), names in not_run.items():
