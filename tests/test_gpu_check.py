@@ -139,3 +139,19 @@ def test_a_step_budget_can_be_set_from_the_environment(tmp_path):
     steps = _steps(out)
     assert steps["info"] == "not run (no time left)"
     assert steps["plot"] == "failed"  # nothing to plot, but it ran: only info's budget changed
+
+
+@pytest.mark.skipif(
+    shutil.which("compute-sanitizer") is not None, reason="compute-sanitizer is installed here"
+)
+def test_sanitize_runs_only_when_named_and_says_what_is_missing(tmp_path):
+    out = tmp_path / "out"
+    proc = _run(out, "sanitize")
+    assert proc.returncode == 1
+    assert _steps(out) == {"sanitize": "not run (no compute-sanitizer)"}
+    assert "compute-sanitizer is not on PATH" in (out / "gpu-check.log").read_text()
+    help_text = subprocess.run(
+        [str(SCRIPT), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "only when named" in help_text
+    assert "GPU_CHECK_TOTAL_S the 525 s in all" in help_text  # the whole header, to its end
