@@ -532,20 +532,24 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         # Inside the device context: torch's __dlpack__ refuses tensors of
         # another device, and both libraries' current streams are this device's.
         cp = _backends.cupy()
-        consumer = cp.cuda.get_current_stream()
-        if cupy_consumer_handle(consumer) == PER_THREAD_DEFAULT:
-            # PyTorch's __dlpack__ refuses the per-thread default stream
-            # (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1): order it ourselves.
+        # The stream CuPy works on and names to producers: its null stream is the
+        # legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) the per-thread one.
+        handle = cupy_consumer_handle(cp.cuda.get_current_stream())
+        if handle == PER_THREAD_DEFAULT:
+            # PyTorch's __dlpack__ refuses the per-thread default stream: order it
+            # ourselves, on that stream itself (handle 2 names this thread's).
             ready = cp.cuda.Event(disable_timing=True)
             ready.record(cupy_stream(torch_stream_handle(index), index))
-            consumer.wait_event(ready)
+            cupy_stream(handle, index).wait_event(ready)
             c = cp.from_dlpack(Unsynchronised(t))
         else:
             c = cp.from_dlpack(t)
         if copied:
             # The resolved copy goes back to PyTorch's pool when CuPy drops it:
-            # not for reuse before the work CuPy queued on it is done.
-            t.record_stream(torch_stream(int(consumer.ptr), index))
+            # not for reuse before the work CuPy queued on it is done. (Under
+            # the per-thread default stream this is the stream of the thread
+            # that frees it: drop such arrays in the thread that made them.)
+            t.record_stream(torch_stream(handle, index))
         return c.copy() if copy and not copied else c
 
 
@@ -657,9 +661,13 @@ def _cupy_move(c: cupy.ndarray, index: int | None) -> cupy.ndarray:
     current stream).
 
     CuPy's peer copy runs on the destination's current stream alone, so the
-    copy is ordered here: it waits for the work queued on the source device's
-    current stream, and that stream waits for the copy before it may reuse
-    the source's memory (a temporary freed to CuPy's pool).
+    copy is ordered here. A non-contiguous source is first packed on the
+    source device's current stream (``ndarray.copy`` would pack it there
+    after any event recorded before it); the peer copy waits for the work
+    queued on that stream, the packing included, and that stream waits for
+    the copy before it may reuse the source's memory or the packed temporary
+    (both freed to CuPy's pool, which reuses memory on the stream it was
+    allocated on).
     """
     cp = _backends.cupy()
     index = cp.cuda.runtime.getDevice() if index is None else index
@@ -669,14 +677,16 @@ def _cupy_move(c: cupy.ndarray, index: int | None) -> cupy.ndarray:
             return c.copy()
     with cp.cuda.Device(src):
         src_stream = cp.cuda.get_current_stream()
+        packed = c if c.flags.c_contiguous else cp.ascontiguousarray(c)
         ready = cp.cuda.Event(disable_timing=True)
         ready.record(src_stream)
     with cp.cuda.Device(index):
         dst_stream = cp.cuda.get_current_stream()
         dst_stream.wait_event(ready)
-        out = c.copy()
+        out = packed.copy()  # C-contiguous: one peer copy on dst_stream, no packing
         done = cp.cuda.Event(disable_timing=True)
         done.record(dst_stream)
     with cp.cuda.Device(src):
         src_stream.wait_event(done)
+    del packed  # back to the pool only after src_stream was ordered after the copy
     return out

@@ -58,6 +58,14 @@ def test_conj_and_neg_bits(cp, torch):
     with s:  # the resolved copy is marked as used on CuPy's own stream
         c = interop.to_cupy(z.conj())
         assert cp.asnumpy(c, stream=s).tolist() == [1 - 2j, 3 + 4j]
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+            torch.cuda._sleep(500_000_000)  # s is busy ...
+        p = cptr(c)
+        del c  # ... so PyTorch must not hand the resolved copy out again yet
+        again = torch.empty_like(z)  # same size, PyTorch's current stream
+        assert not s.done
+        assert again.data_ptr() != p
+    s.synchronize()
 
 
 def test_negative_strides_cupy_to_torch(cp, torch):
@@ -88,6 +96,15 @@ def test_a_packed_copy_waits_for_cupy_and_runs_on_torchs_stream(cp, torch):
     side.synchronize()
     assert total.item() == 4.0 * (1 << 20)
     assert t.data_ptr() != cptr(a)
+    # The copy's memory belongs to the arena of PyTorch's stream in CuPy's pool:
+    # freed, it is not handed out again on CuPy's stream s (two blocks of that size
+    # are taken there: the compile step's freed temporary, then a new one).
+    p = t.data_ptr()
+    del t
+    gc.collect()
+    with s:
+        fresh = [cp.empty(1 << 20, dtype=cp.float32) for _ in range(2)]
+    assert p not in [cptr(f) for f in fresh]
 
 
 def test_broadcast_to_numpy_is_read_only(cp, torch):
@@ -208,18 +225,24 @@ def test_a_move_to_another_device_waits_for_the_source_devices_stream(cp, torch)
     """CuPy's peer copy runs on the destination's stream only: the move must
     still see the kernels queued on the source device's current stream."""
     with cp.cuda.Device(1):
-        a = cp.zeros(1 << 20, dtype=cp.float32)
-        a += 1.0  # compile before the sleep
+        a = cp.arange(1 << 20, dtype=cp.float32)
+        a += 0.0  # compile before the sleep: the add ...
+        cp.ascontiguousarray(a.reshape(1024, 1024).T)  # ... and the packing of a.T
         torch.cuda.synchronize(1)
         src = cp.cuda.Stream(non_blocking=True)
         with src:
             with torch.cuda.device(1), torch.cuda.stream(torch.cuda.ExternalStream(src.ptr)):
                 torch.cuda._sleep(200_000_000)
-            a += 1.0  # 2.0 once the sleep is over
+            a += 1.0  # arange + 1 once the sleep is over
             moved = interop.to_cupy(a, device=0)
-    assert int(moved.device.id) == 0
+            # a strided source is packed on the source device first: the peer copy
+            # must wait for the packing too, not only for the add
+            moved_t = interop.to_cupy(a.reshape(1024, 1024).T, device=0)
+    assert int(moved.device.id) == int(moved_t.device.id) == 0
+    expect = np.arange(1 << 20, dtype=np.float32) + 1
     with cp.cuda.Device(0):
-        assert float(moved.sum()) == 2.0 * (1 << 20)
+        np.testing.assert_array_equal(cp.asnumpy(moved), expect)
+        np.testing.assert_array_equal(cp.asnumpy(moved_t), expect.reshape(1024, 1024).T)
 
 
 def test_lifetime(cp, torch):
