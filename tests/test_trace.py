@@ -12,6 +12,7 @@ import interop
 from interop.errors import TransferError
 from interop.pipeline import trace
 from interop.pipeline.host import HostBackend, RuleViolation
+from interop.pipeline.plan import c_order_chunks
 from interop.pipeline.ring import free_cached_rings
 
 from .helpers import sample
@@ -120,6 +121,23 @@ def test_a_failed_transfer_publishes_no_trace():
         device.close()
 
 
+def test_timers_that_cannot_be_read_leave_the_transfer_whole_and_say_why():
+    device = HostBackend(delay=0.0, faults={"timer_read": 3})
+    try:
+        a = sample((64, 1024), np.float32)  # 256 KiB: 4 chunks
+        with trace.recording() as traces:
+            out = interop.copy_to_host(device.asarray(a), chunk_bytes=CHUNK)
+        np.testing.assert_array_equal(out, a)
+        (t,) = traces
+        assert t.summary() == {
+            "error": "reading the timing events failed: HostDeviceError: "
+            "injected fault: reading a timing event failed"
+        }
+    finally:
+        free_cached_rings()
+        device.close()
+
+
 def test_a_timer_read_before_its_stream_reached_it_breaks_a_rule(device):
     stream = device.stream()
     gate = threading.Event()
@@ -169,9 +187,12 @@ def test_gpu_transfers_are_timed_by_events_on_the_copy_stream(cp):
     np.testing.assert_array_equal(out, cp.asnumpy(x))
     cp.testing.assert_array_equal(back, x)
     assert [t.direction for t in traces] == ["d2h", "d2h", "h2d"]
-    for t in traces:
+    for t, shape in zip(traces, [x.shape, x.T.shape, x.shape], strict=True):
+        # whole rows per chunk: 256 rows of 4 KiB, or 85 of x.T's 12 KiB rows (13 chunks)
+        chunks = len(list(c_order_chunks(shape, 4, 1 << 20)))
+        assert chunks == (12 if shape == x.shape else 13)
         assert sum(t.chunk_bytes) == x.nbytes
-        assert len(t.device_seconds) == len(t.chunk_bytes) == 12
+        assert len(t.device_seconds) == len(t.chunk_bytes) == chunks
         assert all(0 < s < t.end - t.start for s in t.device_seconds)
         for _, submitted, waited, ended in t.pieces:
             assert t.start <= submitted <= waited <= ended <= t.end

@@ -451,6 +451,7 @@ def test_gpu_device_to_device_waits_for_the_source_stream(cp, torch):
     side = torch.cuda.Stream()
     src = torch.zeros(1 << 22, device="cuda")
     out = cp.zeros(1 << 22, dtype=cp.float32)
+    side.wait_stream(torch.cuda.current_stream())  # the zeros first
     with torch.cuda.stream(side):  # PyTorch's current stream: the producer
         torch.cuda._sleep(200_000_000)
         src.fill_(3.0)
@@ -526,6 +527,7 @@ def test_gpu_non_native_byte_order_reaches_the_device_in_native_order(cp, torch)
 def test_gpu_stream_order_without_explicit_sync(torch):
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 22, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())  # the zeros first
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)
         x.fill_(7.0)
@@ -543,6 +545,7 @@ def test_gpu_transfers_of_tensors_under_cupys_per_thread_default_stream():
         import numpy as np, torch, interop
         t = torch.zeros(1 << 22, device="cuda")
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())  # the zeros first
         with torch.cuda.stream(side):
             torch.cuda._sleep(100_000_000)
             t.fill_(3.0)

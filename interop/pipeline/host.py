@@ -84,7 +84,8 @@ class HostBackend:
         Operation kind -> the count at which it fails: ``"copy"`` (a DMA),
         ``"pack"`` (a device element-wise copy), ``"staging"`` (device staging
         allocation), ``"host_alloc"``, ``"host_free"``, ``"fill"`` / ``"drain"``
-        (a host thread's access to a slot, host-to-device / device-to-host).
+        (a host thread's access to a slot, host-to-device / device-to-host),
+        ``"timer_read"`` (reading a timing event; not sticky).
     """
 
     def __init__(self, *, delay: float = 0.0, faults: dict[str, int] | None = None) -> None:
@@ -483,6 +484,8 @@ class HostTimer:
         self.at = time.perf_counter()
 
     def seconds_since(self, start: HostTimer) -> float:
+        if self.backend._fault("timer_read"):
+            raise HostDeviceError("injected fault: reading a timing event failed")
         if self.at is None or start.at is None:
             raise self.backend.violation(
                 "a timer read before its stream reached it (synchronise the stream first)"

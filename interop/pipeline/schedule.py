@@ -158,20 +158,23 @@ class _Run:
             ready.record(chunk.produced_on)
             stream.wait(ready)
         n = self.plan.sizes[i]
+        contiguous = backend.is_contiguous(chunk.view)
+        if not contiguous and self.staging is None:
+            self.staging = backend.staging(self.plan.nslots, self.plan.slot_bytes)
+            allocated = backend.event()  # the pool may hand out memory still in use there
+            allocated.record(self.staging.stream)
+            stream.wait(allocated)
+        # traced runs: the device step alone, after every wait it was given
         timers = (backend.timer(), backend.timer()) if self.trace is not None else None
         if timers is not None:
             timers[0].record(stream)
-        if backend.is_contiguous(chunk.view):
+        if contiguous:
             if self.job.direction == "d2h":
                 backend.copy_to_host(ring, k, chunk.view, n, stream)
             else:
                 backend.copy_to_device(chunk.view, ring, k, n, stream)
         else:
-            if self.staging is None:
-                self.staging = backend.staging(self.plan.nslots, self.plan.slot_bytes)
-                allocated = backend.event()  # the pool may hand out memory still in use there
-                allocated.record(self.staging.stream)
-                stream.wait(allocated)
+            assert self.staging is not None
             row = self.staging.view(k, chunk.view)
             if self.job.direction == "d2h":
                 backend.copy_on_device(row, chunk.view, stream)  # pack
@@ -234,11 +237,18 @@ class _Run:
         errors.attempt("closing the copy stream", self.stream.close)
 
     def publish_trace(self) -> None:
-        """Read the timers (the copy stream was synchronised) and hand the trace on."""
+        """Read the timers (the copy stream was synchronised) and hand the trace on.
+
+        Diagnosis only: a failure to read them is recorded in the trace, never
+        raised (the transfer itself succeeded).
+        """
         if self.trace is None:
             return
         self.trace.chunk_bytes = list(self.plan.sizes)
-        self.trace.device_seconds = [end.seconds_since(start) for start, end in self.timers]
+        try:
+            self.trace.device_seconds = [end.seconds_since(start) for start, end in self.timers]
+        except Exception as exc:
+            self.trace.error = f"reading the timing events failed: {type(exc).__name__}: {exc}"
         trace.publish(self.trace)
 
 
@@ -265,7 +275,7 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
             if run is not None:
                 run.release(errors)
                 if errors.first is None:
-                    errors.attempt("reading the transfer's trace", run.publish_trace)
+                    run.publish_trace()
             else:
                 errors.attempt("closing the copy stream", job.stream.close)
     if errors.first is not None:

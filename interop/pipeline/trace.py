@@ -53,6 +53,8 @@ class SlotTrace:
         Time the issuing thread spent waiting for host pieces to finish.
     start, end : float
         ``time.perf_counter()`` when the run started and when it finished.
+    error : str or None
+        Why the device times could not be read (the transfer succeeded).
     """
 
     direction: str
@@ -63,6 +65,7 @@ class SlotTrace:
     issuer_wait_seconds: float = 0.0
     start: float = 0.0
     end: float = 0.0
+    error: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """Rates (GB/s, 1e9 bytes a second) and busy fractions of the run.
@@ -73,7 +76,10 @@ class SlotTrace:
         their slot's device copy. A run whose ``device_busy`` is near 1 is
         limited by the device side; one whose ``host_busy`` is near 1 by the
         host threads; one with both low by the schedule (too few slots).
+        A trace whose timers could not be read gives only ``error``.
         """
+        if self.error is not None:
+            return {"error": self.error}
         wall = max(self.end - self.start, 1e-12)
         total = sum(self.chunk_bytes)
         device = sum(self.device_seconds)
