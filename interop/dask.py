@@ -697,7 +697,7 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
     Parameters
     ----------
     path : str or os.PathLike
-        A ``.npy`` file (format 1.0 or 2.0, C or Fortran order) on a file
+        A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
         system every worker shares with the caller.
     chunks : int, tuple, dict or "auto"
         Block shape, as ``dask.array.from_array`` takes it; any chunking,
@@ -750,7 +750,11 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}): "
             f"{exc}"
         ) from exc
-    meta = _meta(len(header.shape), header.dtype, target)
+    # Device blocks are made in native byte order (CuPy holds no other), host
+    # blocks keep the file's.
+    on_device = target is not None and target[0] == "cuda"
+    dtype = header.dtype.newbyteorder("=") if on_device else header.dtype
+    meta = _meta(len(header.shape), dtype, target)
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
     resolved = str(Path(os.fspath(path)).resolve())
     st = os.stat(resolved)
@@ -765,7 +769,7 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
         _read_block,
         name=name,
         chunks=normalized,
-        dtype=header.dtype,
+        dtype=dtype,
         meta=meta,
         source=source,
         device=target,

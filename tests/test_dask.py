@@ -629,13 +629,38 @@ def test_gpu_bfloat16_and_fortran_file_to_device(tmp_path, cp, threads):
 
 
 @pytest.mark.gpu
+def test_gpu_big_endian_file_to_device_blocks_in_native_order(tmp_path, cp, threads):
+    """CuPy holds no big-endian dtype: the blocks and the declared dtype are native."""
+    a = sample((12, 10), np.float64, seed=5)
+    np.save(tmp_path / "be.npy", a.astype(">f8"))
+    back = idask.load_npy(tmp_path / "be.npy", chunks=(5, 4), device="cuda")
+    assert back.dtype == np.dtype("float64")
+    assert back.dtype.isnative
+    assert type(back._meta) is cp.ndarray
+    np.testing.assert_array_equal(cp.asnumpy(back.compute()), a)
+    host = idask.load_npy(tmp_path / "be.npy", chunks=(5, 4))  # host blocks keep the file's
+    assert host.dtype == np.dtype(">f8")
+    np.testing.assert_array_equal(host.compute(), a)
+
+
+@pytest.mark.gpu
 def test_gpu_threads_share_one_file(tmp_path, cp, threads):
-    """Many device blocks written by concurrent threads land at their offsets."""
+    """Many device blocks written by concurrent threads land at their offsets, each
+    after the kernel that made it (queued behind a sleep on the default stream)."""
     a = cp.random.default_rng(0).standard_normal((256, 300), dtype=cp.float32)
-    x = da.from_array(a, chunks=(32, 100), asarray=False)
+    (a * 2).sum()  # compile before any sleep
+    x = da.from_array(a, chunks=(32, 100), asarray=False).map_blocks(_late_double)
     with dask.config.set(num_workers=4):
         idask.save_npy(x, tmp_path / "t.npy", chunk_bytes=4096)
-    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), cp.asnumpy(a))
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), cp.asnumpy(a) * 2)
+
+
+def _late_double(block):
+    """``2 * block``, made after 10 ms of sleep queued on the default stream."""
+    import torch
+
+    torch.cuda._sleep(20_000_000)  # PyTorch's current stream: the legacy default one
+    return block * 2  # CuPy's current stream: the same; written after the sleep
 
 
 # ----------------------------------------------------------------- device blocks, emulated
