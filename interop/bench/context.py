@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import sys
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ from .. import _backends
 from .measure import Case, DeviceGrowth, Measured, PeakRss, measure
 from .sizes import BenchSizes, MiB
 
-__all__ = ["BenchContext", "GpuArrays", "release_interop_rings"]
+__all__ = ["BenchContext", "GpuArrays", "log_done", "release_interop_rings"]
 
 
 def release_interop_rings() -> None:
@@ -24,6 +27,16 @@ def release_interop_rings() -> None:
     from ..pipeline.ring import free_cached_rings
 
     free_cached_rings()
+
+
+def log_done(command: str, name: str, status: str, began: float) -> None:
+    """One line on stderr for a finished row: its status and seconds since ``began``
+    (a ``time.perf_counter()`` value)."""
+    print(
+        f"{command}: {name} {status} ({time.perf_counter() - began:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class BenchContext:
@@ -66,6 +79,15 @@ class BenchContext:
             self._gpu.close()
             self._gpu = None
         gc.collect()
+
+    def close_keeping_results(self) -> None:
+        """:meth:`close`; a failure (a sticky CUDA error, say) is printed and kept in
+        ``notes["close_error"]`` instead of raised, so the results measured stay."""
+        try:
+            self.close()
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            self.notes["close_error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _pinned_pages_in_rss(cp: Any) -> bool | None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .context import BenchContext
+from .context import BenchContext, log_done
 from .ratios import Ratio, row_met
 from .report import format_table
 from .results import gpu_unavailable, host_unavailable, run_header, write_json
@@ -133,20 +133,11 @@ def collect_results(
         for spec in rows:
             start = time.perf_counter()
             results.append(run_row(spec, ctx, gpu_reason, host_reason, judged=not quick))
-            print(
-                f"interop bench: {spec.name} {results[-1]['status']} "
-                f"({time.perf_counter() - start:.1f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+            log_done("interop bench", spec.name, results[-1]["status"], start)
             if on_row is not None:
                 on_row(header | {"notes": ctx.notes, "rows": list(results), "partial": True})
     finally:
-        try:
-            ctx.close()
-        except Exception as exc:  # the results are kept; the failure is reported
-            traceback.print_exc(file=sys.stderr)
-            ctx.notes["close_error"] = f"{type(exc).__name__}: {exc}"
+        ctx.close_keeping_results()
     return header | {"notes": ctx.notes, "rows": results}
 
 

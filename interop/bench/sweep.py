@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..config import config
-from .context import BenchContext, GpuArrays
+from .context import BenchContext, GpuArrays, log_done
 from .measure import Case, Measured, measure
 from .ratios import Ratio
 from .report import format_bytes
@@ -386,20 +386,11 @@ def sweep(
             reason = gpu_reason if row.gpu else host_reason
             began = time.perf_counter()
             done.append(sweep_row(row, ctx, grid, repeats, reason, deadline, partial))
-            print(
-                f"interop sweep: {row.name} {done[-1]['status']} "
-                f"({time.perf_counter() - began:.1f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+            log_done("interop sweep", row.name, done[-1]["status"], began)
             if on_point is not None:
                 on_point(header | {"notes": ctx.notes, "rows": list(done), "partial": True})
     finally:
-        try:
-            ctx.close()
-        except Exception as exc:
-            traceback.print_exc(file=sys.stderr)
-            ctx.notes["close_error"] = f"{type(exc).__name__}: {exc}"
+        ctx.close_keeping_results()
     results = header | {"notes": ctx.notes, "rows": done}
     return results | {"suggested_defaults": suggest_defaults(results)}
 
