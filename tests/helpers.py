@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -79,3 +82,10 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
         env=full_env,
         check=False,
     )
+
+
+def in_threads(work: Callable[[int], Any], n: int) -> list[Any]:
+    """``work(i)`` for ``i`` in ``range(n)``, each in a thread of its own, all at
+    once; their results in order, or the first error raised in any of them."""
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(work, range(n)))

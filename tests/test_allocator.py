@@ -10,7 +10,7 @@ import interop
 from interop import allocator, streams
 from interop.pipeline.host import HostBackend
 
-from .helpers import run_python
+from .helpers import in_threads, run_python
 
 
 def test_is_a_runtime_error_and_an_interop_error():
@@ -150,25 +150,17 @@ def test_overlapping_blocks_in_threads_restore_nothing_of_each_other(cupy_settin
     cp = cupy_settings
     base = cp.cuda.get_allocator()
     barrier = threading.Barrier(4)
-    inside, errors = [], []
+    inside = []
 
-    def work():
-        try:
+    def work(_):
+        barrier.wait(5)
+        with allocator.AllocatorScope(cp, _fake_malloc):
+            barrier.wait(5)  # all four blocks open at once
+            inside.append(cp.cuda.get_allocator() is _fake_malloc)
             barrier.wait(5)
-            with allocator.AllocatorScope(cp, _fake_malloc):
-                barrier.wait(5)  # all four blocks open at once
-                inside.append(cp.cuda.get_allocator() is _fake_malloc)
-                barrier.wait(5)
-            inside.append(cp.cuda.get_allocator() == base)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        inside.append(cp.cuda.get_allocator() == base)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads(work, 4)
     assert inside == [True] * 8
     assert cp.cuda.get_allocator() == base  # the process-wide setting came back
 
@@ -235,26 +227,18 @@ def test_gpu_block_form_is_per_thread_with_torch_memory(cp, torch):
     """Overlapping blocks in two threads: each thread's CuPy memory comes from
     PyTorch's pool inside its block; the main thread's never does."""
     barrier = threading.Barrier(2)
-    counted, errors = [], []
+    counted = []
 
-    def work():
-        try:
-            with interop.use_torch_allocator():
-                barrier.wait(10)
-                before = torch.cuda.memory_allocated()
-                a = cp.empty(64 << 20, dtype=cp.uint8)
-                counted.append(torch.cuda.memory_allocated() - before >= 64 << 20)
-                barrier.wait(10)
-                del a
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+    def work(_):
+        with interop.use_torch_allocator():
+            barrier.wait(10)
+            before = torch.cuda.memory_allocated()
+            a = cp.empty(64 << 20, dtype=cp.uint8)
+            counted.append(torch.cuda.memory_allocated() - before >= 64 << 20)
+            barrier.wait(10)
+            del a
 
-    threads = [threading.Thread(target=work) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads(work, 2)
     assert counted == [True, True]
     before = torch.cuda.memory_allocated()
     b = cp.empty(64 << 20, dtype=cp.uint8)  # outside any block: CuPy's own pool

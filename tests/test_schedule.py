@@ -15,7 +15,7 @@ import interop
 from interop.pipeline.host import HostBackend, HostDeviceError
 from interop.pipeline.ring import cached_rings, free_cached_rings
 
-from .helpers import NUMPY_DTYPES, sample
+from .helpers import NUMPY_DTYPES, in_threads, sample
 
 CHUNK = 64 << 10  # the smallest chunk interop uses
 
@@ -345,27 +345,16 @@ def test_a_failing_free_frees_every_other_buffer_and_keeps_the_first_error():
 
 def test_concurrent_transfers_both_ways_from_threads(device):
     sources = [sample((256, 96), np.float32, seed=s) for s in range(8)]
-    results = [None] * 8
-    errors = []
 
     def work(i):
-        try:
-            if i % 2:
-                out = device.empty((96, 256), np.float32)
-                interop.copy_to_device(sources[i], out.T, chunk_bytes=CHUNK)
-                results[i] = device.to_numpy(out).T
-            else:
-                d = device.asarray(sources[i])
-                results[i] = interop.copy_to_host(d.T, chunk_bytes=CHUNK).T
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        if i % 2:
+            out = device.empty((96, 256), np.float32)
+            interop.copy_to_device(sources[i], out.T, chunk_bytes=CHUNK)
+            return device.to_numpy(out).T
+        d = device.asarray(sources[i])
+        return interop.copy_to_host(d.T, chunk_bytes=CHUNK).T
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    results = in_threads(work, 8)
     for s, r in zip(sources, results, strict=True):
         np.testing.assert_array_equal(r, s)
 

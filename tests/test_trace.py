@@ -15,7 +15,7 @@ from interop.pipeline.host import HostBackend, RuleViolation
 from interop.pipeline.plan import c_order_chunks
 from interop.pipeline.ring import free_cached_rings
 
-from .helpers import sample
+from .helpers import in_threads, sample
 
 CHUNK = 64 << 10
 DELAY = 0.002  # seconds the host stream sleeps before each queued operation
@@ -94,14 +94,8 @@ def test_transfers_from_other_threads_are_recorded(device):
     a = sample((64, 1024), np.int16)
     d = device.asarray(a)
     with trace.recording() as traces:
-        threads = [
-            threading.Thread(target=interop.copy_to_host, args=(d,), kwargs={"chunk_bytes": CHUNK})
-            for _ in range(3)
-        ]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        outs = in_threads(lambda _: interop.copy_to_host(d, chunk_bytes=CHUNK), 3)
+    assert all(np.array_equal(out, a) for out in outs)
     assert len(traces) == 3
     assert all(sum(t.chunk_bytes) == a.nbytes for t in traces)
 

@@ -15,7 +15,7 @@ import pytest
 import interop
 from interop.pipeline.ring import _ring_cache, cached_rings
 
-from .helpers import ALL_NAMES, NUMPY_DTYPES, run_python, sample
+from .helpers import ALL_NAMES, NUMPY_DTYPES, in_threads, run_python, sample
 
 
 def bits(a):
@@ -290,20 +290,7 @@ def test_result_timeout_then_completion():
 def test_concurrent_transfers():
     sources = [sample((200, 30), np.float32, seed=s) for s in range(8)]
     outs = [np.zeros_like(s) for s in sources]
-    errors = []
-
-    def work(i):
-        try:
-            interop.copy_to_host(sources[i].T, outs[i].T, chunk_bytes=512)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads(lambda i: interop.copy_to_host(sources[i].T, outs[i].T, chunk_bytes=512), 8)
     for s, o in zip(sources, outs, strict=True):
         np.testing.assert_array_equal(o, s)
 
@@ -348,20 +335,9 @@ def test_gpu_cupy_bfloat16_transposed(cp, torch):
 def test_gpu_concurrent_transfers(cp):
     sources = [cp.arange(s, s + 50_000, dtype=cp.float64).reshape(500, 100) for s in range(6)]
     outs = [np.zeros((100, 500)) for _ in sources]
-    errors = []
-
-    def work(i):
-        try:
-            interop.copy_to_host(sources[i].T, outs[i], chunk_bytes=8192)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(sources))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    in_threads(
+        lambda i: interop.copy_to_host(sources[i].T, outs[i], chunk_bytes=8192), len(sources)
+    )
     for s, o in zip(sources, outs, strict=True):
         np.testing.assert_array_equal(o, cp.asnumpy(s.T))
 
