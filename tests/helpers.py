@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,3 +91,30 @@ def in_threads(work: Callable[[int], Any], n: int) -> list[Any]:
     once; their results in order, or the first error raised in any of them."""
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(work, range(n)))
+
+
+@contextlib.contextmanager
+def reading_fifo(fifo: os.PathLike[str] | str, timeout: float = 30) -> Iterator[bytearray]:
+    """Read everything written to the FIFO ``fifo`` on a thread while the block runs.
+
+    Yields the bytearray the reader fills; complete once the block has ended
+    (the reader is joined). If the writer never opens the FIFO, the reader is
+    unblocked so that no thread is left waiting.
+    """
+    received = bytearray()
+
+    def read() -> None:
+        with open(fifo, "rb") as f:
+            while block := f.read(1 << 16):
+                received.extend(block)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield received
+        reader.join(timeout)
+    finally:
+        if reader.is_alive():
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(10)

@@ -8,19 +8,17 @@ test drops root's override capabilities first.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import socket
 import stat
-import threading
 
 import numpy as np
 import pytest
 
 from interop.destination import Destination, prepare_destination
 
-from .helpers import run_python
+from .helpers import reading_fifo, run_python
 
 
 def _umask() -> int:
@@ -219,26 +217,11 @@ def test_a_symlink_loop_is_refused_first(tmp_path):
 def test_a_fifo_is_written_into_not_replaced(tmp_path):
     fifo = tmp_path / "pipe"  # no suffix: an existing FIFO keeps its name
     os.mkfifo(fifo)
-    received = bytearray()
-
-    def read():
-        with open(fifo, "rb") as f:
-            while block := f.read(1 << 16):
-                received.extend(block)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    dest = prepare_destination(fifo)
-    try:
+    payload = bytes(range(256)) * 1000
+    with reading_fifo(fifo, timeout=10) as received:
+        dest = prepare_destination(fifo)
         assert (dest.path, dest.streaming, dest.temporary) == (fifo, True, None)
-        payload = bytes(range(256)) * 1000
         _save(dest, payload)
-        reader.join(10)
-    finally:
-        if reader.is_alive():  # unblock the reader so no thread is left waiting
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            reader.join(10)
     assert bytes(received) == payload
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert os.listdir(tmp_path) == ["pipe"]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import stat
-import threading
 
 import ml_dtypes
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 import interop
 from interop.npy import read_npy_header
 
-from .helpers import NUMPY_DTYPES, Producer, run_python, sample
+from .helpers import NUMPY_DTYPES, Producer, reading_fifo, run_python, sample
 
 
 def _same(a, b):
@@ -416,23 +414,9 @@ def test_save_into_a_fifo_streams_the_file(tmp_path):
     fifo = tmp_path / "stream.npy"
     os.mkfifo(fifo)
     a = sample((300, 1000), np.float64)  # 2.4 MB, many times a pipe's buffer
-    received = {}
-
-    def read():
-        with open(fifo, "rb") as f:
-            received["array"] = np.load(io.BytesIO(f.read()))  # np.load needs to seek
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
+    with reading_fifo(fifo) as received:
         assert interop.save_npy(a, fifo, chunk_bytes=1 << 16) == fifo
-        reader.join(30)
-    finally:
-        if reader.is_alive():  # unblock the reader so no thread is left waiting
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            reader.join(10)
-    _same(received["array"], a)
+    _same(np.load(io.BytesIO(bytes(received))), a)  # np.load needs to seek
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert os.listdir(tmp_path) == ["stream.npy"]
 

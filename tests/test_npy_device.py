@@ -5,7 +5,6 @@ order into a FIFO) and read straight from it."""
 from __future__ import annotations
 
 import os
-import threading
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +14,7 @@ import interop
 from interop.pipeline.host import HostBackend
 from interop.pipeline.ring import free_cached_rings
 
-from .helpers import NUMPY_DTYPES, sample
+from .helpers import NUMPY_DTYPES, reading_fifo, sample
 
 CHUNK = 64 << 10
 
@@ -62,18 +61,10 @@ def test_save_into_a_fifo_writes_the_chunks_in_order(device, tmp_path):
     a = sample((512, 64), np.float64)
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    got = []
-
-    def read():
-        with open(fifo, "rb") as f:
-            got.append(f.read())
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    interop.save_npy(device.asarray(a).T, fifo, chunk_bytes=CHUNK)
-    reader.join(30)
+    with reading_fifo(fifo) as got:
+        interop.save_npy(device.asarray(a).T, fifo, chunk_bytes=CHUNK)
     path = tmp_path / "copy.npy"
-    path.write_bytes(got[0])
+    path.write_bytes(got)
     _same(np.load(path), a.T)
     assert fifo.is_fifo()  # written into, not replaced
 
