@@ -2,8 +2,9 @@
 
 Tests marked ``gpu`` need a CUDA device usable by both PyTorch and CuPy. Without
 one they are skipped, unless ``INTEROP_REQUIRE_GPU=1`` is set, in which case they
-fail: a GPU runner can never pass by skipping. Tests marked ``multigpu`` need two
-devices and are skipped with fewer unless ``INTEROP_REQUIRE_MULTIGPU=1``.
+fail: a GPU runner can never pass by skipping; and the GPU tests run first, so
+that a run stopped by a time limit has their results. Tests marked ``multigpu``
+need two devices and are skipped with fewer unless ``INTEROP_REQUIRE_MULTIGPU=1``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def _require(env: str, needed: int, what: str) -> None:
     if os.environ.get(env) == "1":
         pytest.fail(f"{env}=1 but {msg}", pytrace=False)
     pytest.skip(msg)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("INTEROP_REQUIRE_GPU") == "1":
+        # A stable sort: each group keeps pytest's order.
+        items.sort(key=lambda item: item.get_closest_marker("gpu") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -154,4 +154,68 @@ def test_sanitize_runs_only_when_named_and_says_what_is_missing(tmp_path):
         [str(SCRIPT), "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert "only when named" in help_text
-    assert "GPU_CHECK_TOTAL_S the 525 s in all" in help_text  # the whole header, to its end
+    assert "GPU_CHECK_TOTAL_S the 525 s in all" in help_text
+    assert help_text.rstrip().endswith("-m gpu tests/test_transfer.py'.")  # the whole header
+
+
+_CUT_SHORT = """
+import time
+
+def test_passes():
+    assert 1 + 1 == 2
+
+def test_fails():
+    assert 1 + 1 == 3
+
+def test_hangs():
+    time.sleep(120)
+
+def test_never_reached():
+    pass
+"""
+
+
+def test_tests_cut_short_by_their_limit_still_report_what_ran(tmp_path):
+    """The time limit stops pytest as Ctrl-C would: junit.xml and the failures are written."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_cut_short.py").write_text(_CUT_SHORT)
+    out = tmp_path / "out"
+    proc = _run(out, "tests", GPU_CHECK_TESTS_S="10", GPU_CHECK_PYTEST_ARGS=str(suite))
+    assert proc.returncode == 1
+    assert _steps(out) == {"tests": "timed out"}
+    junit = (out / "junit.xml").read_text()
+    assert 'name="test_passes"' in junit
+    assert 'name="test_fails"' in junit
+    assert "assert (1 + 1) == 3" in junit
+    assert "test_never_reached" not in junit
+    section = _section(out, "tests")
+    assert "test_cut_short.py::test_hangs" in section  # -v names the test that hung
+    assert "FAILED" in section
+    assert "test_cut_short.py::test_fails" in section
+    assert "stopped by signal 15 (the time limit)" in section
+
+
+def _collected(*args: str, **env: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=120,
+        check=True,
+    )
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_a_gpu_runner_runs_the_gpu_tests_first():
+    files = ["tests/test_streams.py", "tests/test_ring.py"]
+    plain = _collected(*files, INTEROP_REQUIRE_GPU="0")
+    gpu = _collected("-m", "gpu", *files, INTEROP_REQUIRE_GPU="0")
+    required = _collected(*files, INTEROP_REQUIRE_GPU="1")
+    assert gpu
+    assert len(gpu) < len(plain)
+    assert plain[: len(gpu)] != gpu  # so the order below is the sort's doing
+    assert required[: len(gpu)] == gpu  # the GPU tests first, in pytest's order
+    assert required[len(gpu) :] == [t for t in plain if t not in gpu]
