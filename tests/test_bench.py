@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,8 @@ import interop
 from interop import bench
 from interop.bench.measure import status_bytes
 from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GPU_ROWS = {
     "d2h_limit",
@@ -54,6 +59,7 @@ def test_json_records_the_run(quick_run):
     assert data["date"].endswith("+00:00")  # UTC, ISO 8601
     assert isinstance(data["commit"], str)
     assert data["commit"]
+    assert data["commit_source"] == "git"  # the tests run in a checkout
     assert set(data["config"]) == {"chunk_bytes", "num_buffers", "host_threads"}
     assert all(isinstance(v, int) and v > 0 for v in data["config"].values())
     assert data["versions"]["numpy"] == np.__version__
@@ -61,6 +67,40 @@ def test_json_records_the_run(quick_run):
     assert "cupy" in data["versions"]
     assert data["sizes"]["scale"] == float(SMOKE_SCALE)  # from INTEROP_BENCH_SCALE
     assert data["sizes"]["repeats"] >= 3
+
+
+_HEADER_OUTSIDE_GIT = """
+import json
+from interop.bench.results import run_header
+from interop.bench.sizes import BenchSizes
+header = run_header("bench", BenchSizes.choose(quick=True), quick=True)
+print(json.dumps({k: header[k] for k in ("commit", "commit_source", "commit_dirty")}))
+"""
+
+
+@pytest.mark.parametrize("named", ["0123abcd" * 5, None])
+def test_a_copy_without_git_records_the_commit_it_is_given(tmp_path, named):
+    """A runner gets a copy of the working tree without .git: INTEROP_COMMIT names the commit."""
+    shutil.copytree(ROOT / "interop", tmp_path / "interop")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "INTEROP_"))}
+    env["PYTHONPATH"] = str(tmp_path)
+    env["GIT_CEILING_DIRECTORIES"] = str(tmp_path.parent)
+    if named is not None:
+        env["INTEROP_COMMIT"] = named
+    proc = subprocess.run(
+        [sys.executable, "-c", _HEADER_OUTSIDE_GIT],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    header = json.loads(proc.stdout.splitlines()[-1])
+    if named is None:
+        assert header == {"commit": "unknown", "commit_source": None, "commit_dirty": None}
+    else:
+        assert header == {"commit": named, "commit_source": "INTEROP_COMMIT", "commit_dirty": None}
 
 
 def test_every_row_is_listed_with_its_target(quick_run):

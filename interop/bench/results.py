@@ -87,20 +87,31 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool) -> dict[str, Any]:
     -------
     dict
         ``schema``, ``kind``, ``quick``, ``device``, ``date`` (UTC, ISO 8601),
-        ``commit``, ``commit_dirty``, ``config``, ``sizes``, ``cpu_count``,
-        ``versions``.
+        ``commit`` (``git rev-parse HEAD``; outside a git checkout the
+        ``INTEROP_COMMIT`` environment variable, else ``"unknown"``),
+        ``commit_source`` (``"git"``, ``"INTEROP_COMMIT"`` or None),
+        ``commit_dirty`` (None without git), ``config``, ``sizes``,
+        ``cpu_count``, ``versions``.
     """
     from ..info import collect_info
 
     started = datetime.datetime.now(datetime.timezone.utc)
+    commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
+    commit_source = "git"
+    if commit is None:
+        # A copy of a checkout without its .git (a remote runner): the caller may name the
+        # commit the copy was made from.
+        commit = os.environ.get("INTEROP_COMMIT", "").strip() or None
+        commit_source = "INTEROP_COMMIT" if commit else None
     return {
         "schema": SCHEMA,
         "kind": kind,
         "quick": quick,
         "device": _device_name(),
         "date": started.isoformat(timespec="seconds"),
-        "commit": _git("rev-parse", "HEAD") or "unknown",
+        "commit": commit or "unknown",
+        "commit_source": commit_source,
         "commit_dirty": None if dirty is None else bool(dirty),
         "config": config.as_dict(),
         "sizes": dataclasses.asdict(sizes),
