@@ -98,7 +98,7 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool) -> dict[str, Any]:
     started = datetime.datetime.now(datetime.timezone.utc)
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    commit_source = "git"
+    commit_source: str | None = "git"
     if commit is None:
         # A copy of a checkout without its .git (a remote runner): the caller may name the
         # commit the copy was made from.
