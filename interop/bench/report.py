@@ -14,7 +14,7 @@ from typing import Any
 
 from .sizes import GiB, MiB
 
-__all__ = ["format_bytes", "format_table", "ratio_text"]
+__all__ = ["format_bytes", "format_table", "ratio_text", "stages_text", "trace_text"]
 
 _MEMORY_WORDS = (
     ("extra_host_rss_bytes", "extra host RSS"),
@@ -148,7 +148,7 @@ def _header(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _stages_text(stages: dict[str, Any]) -> str:
+def stages_text(stages: dict[str, Any]) -> str:
     """The DMA and host stages of a GPU row measured alone, or why they were not."""
     st = stages["settings"]
     at = (
@@ -220,7 +220,7 @@ def format_table(results: dict[str, Any]) -> str:
         if row.get("memory"):
             lines += _wrap(f"memory: {_memory_text(row['memory'])}", indent, "    ")
         if row.get("stages"):
-            lines += _wrap(f"ring stages alone: {_stages_text(row['stages'])}", indent, "    ")
+            lines += _wrap(f"ring stages alone: {stages_text(row['stages'])}", indent, "    ")
         if row.get("trace"):
             lines += _wrap(f"where the time went: {trace_text(row['trace'])}", indent, "    ")
     for (status, reason), names in not_run.items():
