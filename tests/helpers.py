@@ -18,6 +18,23 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
+def git_head() -> str | None:
+    """The commit of the checkout the tests run in; None in a copy without git (a runner's)."""
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 # dtype names PyTorch and NumPy share (SPEC 1.1: every int, bool, float, complex)
 STANDARD = [
     "bool",

@@ -21,6 +21,7 @@ import interop
 from interop import bench
 from interop.bench.measure import status_bytes
 from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
+from tests.helpers import git_head
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +60,15 @@ def test_json_records_the_run(quick_run):
     assert data["date"].endswith("+00:00")  # UTC, ISO 8601
     assert isinstance(data["commit"], str)
     assert data["commit"]
-    assert data["commit_source"] == "git"  # the tests run in a checkout
+    if git_head() is not None:
+        assert (data["commit"], data["commit_source"]) == (git_head(), "git")
+    elif os.environ.get("INTEROP_COMMIT"):  # a copy of the checkout, on a runner
+        assert (data["commit"], data["commit_source"]) == (
+            os.environ["INTEROP_COMMIT"],
+            "INTEROP_COMMIT",
+        )
+    else:
+        assert (data["commit"], data["commit_source"]) == ("unknown", None)
     assert set(data["config"]) == {"chunk_bytes", "num_buffers", "host_threads"}
     assert all(isinstance(v, int) and v > 0 for v in data["config"].values())
     assert data["versions"]["numpy"] == np.__version__
