@@ -181,7 +181,7 @@ def test_tests_cut_short_by_their_limit_still_report_what_ran(tmp_path):
     suite.mkdir()
     (suite / "test_cut_short.py").write_text(_CUT_SHORT)
     out = tmp_path / "out"
-    proc = _run(out, "tests", GPU_CHECK_TESTS_S="10", GPU_CHECK_PYTEST_ARGS=str(suite))
+    proc = _run(out, "tests", GPU_CHECK_TESTS_S="7", GPU_CHECK_PYTEST_ARGS=str(suite))
     assert proc.returncode == 1
     assert _steps(out) == {"tests": "timed out"}
     junit = (out / "junit.xml").read_text()
