@@ -53,6 +53,10 @@ TABLE_ROWS = (
 )
 
 
+#: A verdict in words: met, missed, or none (a reference row without a target).
+VERDICT = {True: "met", False: "**missed**", None: "reference"}
+
+
 class NotKept(Exception):
     """The results cannot be kept; the message says why."""
 
@@ -125,7 +129,7 @@ def _cell(row: dict[str, Any] | None) -> str:
     parts = [
         f"{'n/a' if r['value'] is None else format(r['value'], '.2f')}x {r['to']}" for r in judged
     ]
-    verdict = {True: "met", False: "**missed**", None: "reference"}[row["met"]]
+    verdict = VERDICT[row["met"]]
     return f"{'; '.join(parts)} ({verdict})"
 
 
@@ -166,8 +170,7 @@ def report(kept: dict[str, Any], name: str) -> str:
             if not r.get("target"):
                 continue
             measured = ratio_text({**r, "target": None})
-            met = {True: "met", False: "**missed**", None: "n/a"}[r.get("met")]
-            lines.append(f"| `{row['name']}` | {measured} | {r['target']} | {met} |")
+            lines.append(f"| `{row['name']}` | {measured} | {r['target']} | {VERDICT[r['met']]} |")
         if row["met"] is False:
             missed.append(row)
     if missed:

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +20,7 @@ import interop
 from interop import bench
 from interop.bench.measure import status_bytes
 from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
-from tests.helpers import git_head
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT, git_head
 
 GPU_ROWS = {
     "d2h_limit",
@@ -60,8 +57,9 @@ def test_json_records_the_run(quick_run):
     assert data["date"].endswith("+00:00")  # UTC, ISO 8601
     assert isinstance(data["commit"], str)
     assert data["commit"]
-    if git_head() is not None:
-        assert (data["commit"], data["commit_source"]) == (git_head(), "git")
+    head = git_head()
+    if head is not None:
+        assert (data["commit"], data["commit_source"]) == (head, "git")
     elif os.environ.get("INTEROP_COMMIT"):  # a copy of the checkout, on a runner
         assert (data["commit"], data["commit_source"]) == (
             os.environ["INTEROP_COMMIT"],
@@ -90,7 +88,7 @@ print(json.dumps({k: header[k] for k in ("commit", "commit_source", "commit_dirt
 @pytest.mark.parametrize("named", ["0123abcd" * 5, None])
 def test_a_copy_without_git_records_the_commit_it_is_given(tmp_path, named):
     """A runner gets a copy of the working tree without .git: INTEROP_COMMIT names the commit."""
-    shutil.copytree(ROOT / "interop", tmp_path / "interop")
+    shutil.copytree(REPO_ROOT / "interop", tmp_path / "interop")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "INTEROP_"))}
     env["PYTHONPATH"] = str(tmp_path)
     env["GIT_CEILING_DIRECTORIES"] = str(tmp_path.parent)

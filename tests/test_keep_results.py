@@ -27,10 +27,9 @@ from interop.pipeline import trace
 from interop.pipeline.host import HostBackend
 from interop.pipeline.ring import free_cached_rings
 from tests.bench_runs import full_host_run
-from tests.helpers import git_head
+from tests.helpers import REPO_ROOT, git_head
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "keep_results.py"
+SCRIPT = REPO_ROOT / "scripts" / "keep_results.py"
 DEVICE = "NVIDIA H100 80GB HBM3"
 MiB = 1 << 20
 
