@@ -61,6 +61,19 @@ def test_data_moves_through_device_memory(backend):
     assert backend.violations == []
 
 
+def test_a_device_reshape_is_a_view_and_never_a_copy(backend):
+    """Staging rows are reshaped views of one block. NumPy 2.5 deprecates setting ``.shape``
+    (the old way to get a view or an error), and the suite turns warnings into errors."""
+    dev = backend.asarray(np.arange(12, dtype=np.int32))
+    square = dev.reshape((3, 4))
+    assert square.region is dev.region
+    assert np.shares_memory(square.data, dev.data)
+    np.testing.assert_array_equal(backend.to_numpy(square), np.arange(12).reshape(3, 4))
+    with pytest.raises(ValueError, match="copy"):
+        square.T.reshape((12,))  # a transposed view cannot be flattened without a copy
+    assert backend.violations == []
+
+
 def test_memory_used_on_another_stream_without_an_event_is_refused(backend):
     dev = backend.asarray(np.ones(16, np.float32))  # written on the default stream
     other = backend.stream()

@@ -533,8 +533,8 @@ class DeviceArray:
         return DeviceArray(self.backend, self.region, self.data.view(dtype))
 
     def reshape(self, shape: tuple[int, ...]) -> DeviceArray:
-        view = self.data.view()
-        view.shape = shape  # never a copy: raises if the view cannot be reshaped in place
+        # never a copy: raises if the view cannot be reshaped in place
+        view = np.reshape(self.data, shape, copy=False)
         return DeviceArray(self.backend, self.region, view)
 
     @property
