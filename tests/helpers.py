@@ -85,22 +85,30 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     Used for anything that could abort the interpreter (a C++ terminate in a
     library) and for import-time checks.
     """
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    # The repository first, and whatever PYTHONPATH already holds after it (a GPU runner
-    # finds its carried packages there), so the child imports this checkout's interop.
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")])
-    )
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=full_env,
+        env=child_env(env),
         check=False,
     )
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus ``env``, for a child Python that imports interop.
+
+    The repository comes first on PYTHONPATH, as an absolute path, and whatever PYTHONPATH
+    already holds after it (a GPU runner finds its carried packages there). A relative entry
+    such as the runner's ``PYTHONPATH=.`` would name the child's working directory instead.
+    """
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")])
+    )
+    return full_env
 
 
 def in_threads(work: Callable[[int], Any], n: int) -> list[Any]:

@@ -21,8 +21,9 @@ import pytest
 
 import interop
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
+from .helpers import REPO_ROOT, child_env
+
+EXAMPLES = REPO_ROOT / "examples"
 MiB = 1 << 20
 
 
@@ -189,12 +190,17 @@ def _run_script(source: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = cwd / "snippet.py"
     script.write_text(source)
     return subprocess.run(
-        [sys.executable, str(script)], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script)],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def test_readme_quick_start_runs_as_a_script(tmp_path):
-    cpu, _gpu = _python_blocks(ROOT / "README.md")[:2]
+    cpu, _gpu = _python_blocks(REPO_ROOT / "README.md")[:2]
     proc = _run_script(cpu, tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -208,14 +214,14 @@ def test_readme_quick_start_runs_as_a_script(tmp_path):
 
 @pytest.mark.gpu
 def test_readme_gpu_lines_run(tmp_path):
-    cpu, gpu = _python_blocks(ROOT / "README.md")[:2]
+    cpu, gpu = _python_blocks(REPO_ROOT / "README.md")[:2]
     proc = _run_script(cpu + gpu, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[0.0, 2.0, 4.0]"
 
 
 def test_getting_started_first_calls_run(tmp_path):
-    cpu, _gpu = _python_blocks(ROOT / "docs" / "getting-started.md")[:2]
+    cpu, _gpu = _python_blocks(REPO_ROOT / "docs" / "getting-started.md")[:2]
     proc = _run_script(cpu, tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -226,7 +232,7 @@ def test_getting_started_first_calls_run(tmp_path):
 
 @pytest.mark.gpu
 def test_getting_started_gpu_lines_run(tmp_path):
-    cpu, gpu = _python_blocks(ROOT / "docs" / "getting-started.md")[:2]
+    cpu, gpu = _python_blocks(REPO_ROOT / "docs" / "getting-started.md")[:2]
     proc = _run_script(cpu + gpu, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "18.0"
