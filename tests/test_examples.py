@@ -83,6 +83,7 @@ def test_exchange_tour(capsys):
 def test_exchange_tour_runs_as_a_script():
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "exchange_tour.py"), "--cpu"],
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -261,7 +262,7 @@ def test_dask_checkpoint_on_worker_processes(tmp_path, capsys):
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "dask_checkpoint.py"), "--rows", "256", "--cols", "128",
          "--workers", "2", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, check=False,
+        env=child_env(), capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(None, 1) for line in proc.stdout.splitlines()[-5:])
