@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from typing import Any
 
 from interop import bench
 
+from .helpers import child_env
+
 SMOKE_SCALE = "0.25"  # --quick at a quarter of its sizes: seconds on two cores
 SWEEP_SCALE = "0.05"
 SWEEP_ARGS = ("--chunk-mib", "1,2,4", "--host-threads", "1,2", "--num-buffers", "2,3")
@@ -27,7 +28,7 @@ SWEEP_ARGS = ("--chunk-mib", "1,2,4", "--host-threads", "1,2", "--num-buffers", 
 
 def run_cli(directory: Path, *args: str, scale: str = SMOKE_SCALE) -> subprocess.CompletedProcess:
     """``python -m interop ARGS`` in a fresh process, with a scale and a scratch directory."""
-    env = {**os.environ, "INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory)}
+    env = child_env({"INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory)})
     return subprocess.run(
         [sys.executable, "-m", "interop", *args],
         capture_output=True,

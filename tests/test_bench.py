@@ -20,7 +20,7 @@ import interop
 from interop import bench
 from interop.bench.measure import status_bytes
 from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
-from tests.helpers import REPO_ROOT, git_head
+from tests.helpers import REPO_ROOT, git_head, run_python
 
 GPU_ROWS = {
     "d2h_limit",
@@ -327,7 +327,8 @@ def test_json_is_strict_with_non_finite_figures(tmp_path):
 
 def test_importing_interop_does_not_import_the_bench():
     code = "import sys, interop; print('interop.bench' in sys.modules, 'matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
 
 

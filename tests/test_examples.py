@@ -21,7 +21,7 @@ import pytest
 
 import interop
 
-from .helpers import REPO_ROOT, child_env
+from .helpers import REPO_ROOT, child_env, run_python
 
 EXAMPLES = REPO_ROOT / "examples"
 MiB = 1 << 20
@@ -297,9 +297,7 @@ def test_an_example_whose_check_fails_exits_with_an_error(tmp_path):
         f"sys.argv = ['x.py', '--cpu', '--side', '64', '--out', {str(tmp_path)!r}]\n"
         f"runpy.run_path({str(EXAMPLES / 'plot_device_array.py')!r}, run_name='__main__')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
+    proc = run_python(code)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "WRONG" in proc.stdout
     assert "differs from the usual way's for: NumPy, torch (cpu)" in proc.stderr

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from .helpers import run_python
+from .helpers import child_env, run_python
 
 # One interpreter forks twice: before interop has initialised CUDA ("early"),
 # and after ("late", with a grandchild). Without a GPU here interop never
@@ -139,7 +139,12 @@ def test_gpu_a_forked_child_is_refused_and_spawn_works(tmp_path):
     script = tmp_path / "fork_then_spawn.py"  # a file: spawn imports the main module
     script.write_text(textwrap.dedent(_GPU_SCRIPT))
     proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, str(script)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["fork", "0", "spawn", "10"]

@@ -16,6 +16,8 @@ import interop
 from interop.pipeline.future import Transfer, cancel_running
 from interop.pipeline.progress import Progress
 
+from .helpers import child_env
+
 
 def test_chunks_complete_out_of_order_count_in_order():
     seen = []
@@ -61,6 +63,7 @@ def test_exit_with_transfers_in_flight_is_clean_every_time():
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(EXIT_SCRIPT)],
+            env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

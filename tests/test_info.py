@@ -6,12 +6,13 @@ import json
 import subprocess
 import sys
 
-from .helpers import run_python
+from .helpers import child_env, run_python
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "interop", *args],
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,
