@@ -3,6 +3,13 @@
 Each run starts a fresh ``python -m interop`` (or runs the host rows in this
 process) on this machine; the tests read what it printed and wrote. Cached
 here rather than in fixtures so that several test modules share one run.
+
+The shared quick runs hide any GPU from their process (``CUDA_VISIBLE_DEVICES``
+empty), so they are the same host-rows run on every machine: what the tests of
+the report, the JSON and the plot read from them does not depend on whether a
+GPU is present, and a GPU runner does not spend minutes measuring GPU rows that
+those tests do not look at. The GPU rows are run by ``test_gpu_rows_run`` and
+``test_gpu_sweep_runs``, which see the device.
 """
 
 from __future__ import annotations
@@ -26,9 +33,20 @@ SWEEP_SCALE = "0.05"
 SWEEP_ARGS = ("--chunk-mib", "1,2,4", "--host-threads", "1,2", "--num-buffers", "2,3")
 
 
-def run_cli(directory: Path, *args: str, scale: str = SMOKE_SCALE) -> subprocess.CompletedProcess:
-    """``python -m interop ARGS`` in a fresh process, with a scale and a scratch directory."""
-    env = child_env({"INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory)})
+#: Environment that hides every CUDA device from a child process, on any machine.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def run_cli(
+    directory: Path, *args: str, scale: str = SMOKE_SCALE, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m interop ARGS`` in a fresh process, with a scale and a scratch directory.
+
+    ``env`` adds to the child's environment (``NO_GPU`` hides the GPU).
+    """
+    env = child_env(
+        {"INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory), **(env or {})}
+    )
     return subprocess.run(
         [sys.executable, "-m", "interop", *args],
         capture_output=True,
@@ -48,20 +66,23 @@ def _directory() -> Path:
 
 def _cli_json(name: str, *args: str, scale: str) -> tuple[subprocess.CompletedProcess, Any, Path]:
     path = _directory() / name / f"{name}.json"
-    proc = run_cli(path.parent.parent, *args, "--json", str(path), scale=scale)
+    proc = run_cli(path.parent.parent, *args, "--json", str(path), scale=scale, env=NO_GPU)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, json.loads(path.read_text()), path
 
 
 @functools.cache
 def quick_bench() -> tuple[subprocess.CompletedProcess, Any, Path]:
-    """``bench --quick --json`` at ``SMOKE_SCALE``: (process, JSON, path)."""
+    """``bench --quick --json`` at ``SMOKE_SCALE``, GPU hidden: (process, JSON, path)."""
     return _cli_json("bench", "bench", "--quick", scale=SMOKE_SCALE)
 
 
 @functools.cache
 def quick_sweep() -> tuple[subprocess.CompletedProcess, Any, Path]:
-    """``bench --sweep --quick`` over ``SWEEP_ARGS`` at ``SWEEP_SCALE``: (process, JSON, path)."""
+    """``bench --sweep --quick`` over ``SWEEP_ARGS`` at ``SWEEP_SCALE``, GPU hidden.
+
+    Returns (process, JSON, path).
+    """
     return _cli_json("sweep", "bench", "--sweep", "--quick", *SWEEP_ARGS, scale=SWEEP_SCALE)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 import interop
 
-from .helpers import run_python
+from .helpers import REPO_ROOT, run_python
 
 
 def test_import_interop_imports_neither_torch_nor_cupy():
@@ -88,14 +91,37 @@ def test_public_names():
         assert callable(getattr(interop, name))
 
 
+def _pyproject_field(name: str) -> str:
+    """A string field of pyproject.toml's [project] table (read as text: Python 3.10 has no
+    tomllib)."""
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    table = text.split("\n[project]\n", 1)[1].split("\n[", 1)[0]
+    (value,) = re.findall(rf'^{name} = "([^"]*)"$', table, flags=re.MULTILINE)
+    return value
+
+
 def test_install_hints_name_this_distribution():
-    # The PyPI name "interop" is an unrelated package; every hint names ours.
+    # The PyPI name "interop" is an unrelated package; every hint names ours, which is the
+    # distribution this checkout builds.
+    from interop import _backends
+
+    assert _pyproject_field("name") == _backends.DISTRIBUTION == "torch-cupy-interop"
+    assert _pyproject_field("version") == interop.__version__
+    assert all(f"'{_backends.DISTRIBUTION}[" in hint for hint in _backends._EXTRAS.values())
+
+
+def test_the_installed_distribution_is_this_checkout():
     import importlib.metadata
 
     from interop import _backends
 
-    dist = importlib.metadata.distribution(_backends.DISTRIBUTION)
+    try:
+        dist = importlib.metadata.distribution(_backends.DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        # Used in place, not installed (PYTHONPATH=., as on a GPU runner): then the interop
+        # imported is this checkout's.
+        assert Path(interop.__file__).resolve().parent == REPO_ROOT / "interop"
+        return
     assert dist.metadata["Name"] == "torch-cupy-interop"
     assert dist.version == interop.__version__
     assert (dist.read_text("top_level.txt") or "").split() == ["interop"]
-    assert all(f"'{_backends.DISTRIBUTION}[" in hint for hint in _backends._EXTRAS.values())
