@@ -5,7 +5,8 @@ Usage (from the repository root, after ``scripts/gpu-check OUTDIR`` ran on a GPU
     python scripts/keep_results.py OUTDIR > /tmp/report.md
 
 It reads ``OUTDIR/bench.json`` (needed), ``sweep.json``, ``steps.tsv`` and
-``junit.xml`` (when there), checks that they are one full run on a CUDA device
+the JUnit files ``junit-gpu.xml`` and ``junit.xml`` (when there; the counts
+are summed), checks that they are one full run on a CUDA device
 at a commit of the ``main`` branch (``--branch``) with no uncommitted changes,
 and writes:
 
@@ -103,12 +104,15 @@ def _steps(path: Path) -> list[dict[str, str]]:
     return [dict(zip(header, line.split("\t"), strict=False)) for line in lines[1:] if line]
 
 
-def _tests(path: Path) -> dict[str, int] | None:
-    """Test counts from a JUnit XML file: tests, passed, failures, errors, skipped."""
-    if not path.is_file():
+def _tests(outdir: Path) -> dict[str, int] | None:
+    """Test counts summed over OUTDIR's JUnit files: tests, passed, failures, errors, skipped."""
+    paths = [p for p in (outdir / "junit-gpu.xml", outdir / "junit.xml") if p.is_file()]
+    if not paths:
         return None
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    suites = []
+    for path in paths:
+        root = ET.parse(path).getroot()
+        suites += [root] if root.tag == "testsuite" else root.findall("testsuite")
     counts = {
         key: sum(int(s.get(key, 0)) for s in suites)
         for key in ("tests", "failures", "errors", "skipped")
@@ -227,7 +231,7 @@ def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, P
         "cpu_count": bench["cpu_count"],
         "gpu_check": {
             "steps": _steps(outdir / "steps.tsv"),
-            "tests": _tests(outdir / "junit.xml"),
+            "tests": _tests(outdir),
         },
         "bench": bench,
         "sweep": sweep,

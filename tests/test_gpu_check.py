@@ -1,7 +1,10 @@
 """``scripts/gpu-check``: runs its steps in order, keeps going after a failure, keeps results.
 
 The whole script (test suite and all) runs on a GPU runner; here it runs a few
-of its steps, on the host rows, to show the plumbing works. What it leaves in
+of its steps, on the host rows, to show the plumbing works. Those runs hide any
+GPU (``CUDA_VISIBLE_DEVICES`` empty), so they check the same plumbing on every
+machine and a GPU runner does not spend minutes of its tests re-measuring what
+its own bench and sweep steps measure. What it leaves in
 OUTDIR must come back from a runner whole: at most 8 files of at most 16 MiB,
 at most two folders down, named in letters, digits, ``.``, ``_`` and ``-``.
 """
@@ -34,6 +37,7 @@ def _run(out: Path, *steps: str, scale: str = "0.02", **env: str) -> subprocess.
         **os.environ,
         "PYTHON": sys.executable,
         "INTEROP_BENCH_SCALE": scale,
+        "CUDA_VISIBLE_DEVICES": "",
         "TMPDIR": str(tmp),
         **env,
     }
@@ -194,6 +198,51 @@ def test_tests_cut_short_by_their_limit_still_report_what_ran(tmp_path):
     assert "FAILED" in section
     assert "test_cut_short.py::test_fails" in section
     assert "stopped by signal 15 (the time limit)" in section
+
+
+_SPLIT_SUITE = {
+    "conftest.py": """
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a GPU")
+""",
+    "test_split.py": """
+import pytest
+
+@pytest.mark.gpu
+def test_on_the_device():
+    assert 2 * 2 == 4
+
+def test_on_the_host():
+    assert 2 + 2 == 4
+""",
+}
+
+
+def test_the_suite_runs_gpu_tests_alone_then_the_rest(tmp_path):
+    """Without GPU_CHECK_PYTEST_ARGS the tests step is two runs, each with its JUnit file."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name, text in _SPLIT_SUITE.items():
+        (suite / name).write_text(text)
+    out = tmp_path / "out"
+    proc = _run(out, "tests", GPU_CHECK_SUITE=str(suite))
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "gpu-check.log").read_text()
+    assert _steps(out) == {"tests-gpu": "passed", "tests-host": "passed"}
+    gpu = (out / "junit-gpu.xml").read_text()
+    host = (out / "junit.xml").read_text()
+    assert 'name="test_on_the_device"' in gpu
+    assert "test_on_the_host" not in gpu
+    assert 'name="test_on_the_host"' in host
+    assert "test_on_the_device" not in host
+    assert "junit-gpu.xml -m gpu" in _section(out, "tests-gpu")  # the command, as logged
+    assert "-m not gpu" in _section(out, "tests-host")
+    assert _assert_fits_what_comes_back(out) == [
+        "gpu-check.log",
+        "junit-gpu.xml",
+        "junit.xml",
+        "steps.tsv",
+        "summary.txt",
+    ]
 
 
 def _collected(*args: str, **env: str) -> list[str]:

@@ -161,6 +161,10 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" errors="1" failures="1" skipped="2" tests="7">
 </testsuite></testsuites>
 """
+JUNIT_GPU = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="0" failures="1" skipped="0" tests="5">
+</testsuite></testsuites>
+"""
 STEPS = "step\tstatus\texit\tseconds\ninfo\tpassed\t0\t3\ntests\tfailed\t1\t120\n"
 
 
@@ -171,6 +175,7 @@ def _outdir(tmp_path: Path, bench_results: dict[str, Any], sweep: dict[str, Any]
     if sweep is not None:
         (out / "sweep.json").write_text(json.dumps(sweep))
     (out / "junit.xml").write_text(JUNIT)
+    (out / "junit-gpu.xml").write_text(JUNIT_GPU)  # gpu-check's two test runs: counts summed
     (out / "steps.tsv").write_text(STEPS)
     return out
 
@@ -195,15 +200,15 @@ def test_a_gpu_run_is_kept_whole_with_its_plot_and_report(tmp_path, run):
     assert (kept["device"], kept["commit"]) == (DEVICE, _head())
     assert kept["versions"] == b["versions"]
     assert kept["gpu_check"]["tests"] == {
-        "tests": 7,
-        "failures": 1,
+        "tests": 12,
+        "failures": 2,
         "errors": 1,
         "skipped": 2,
-        "passed": 3,
+        "passed": 7,
     }
     assert [st["status"] for st in kept["gpu_check"]["steps"]] == ["passed", "failed"]
 
-    assert "Tests: 3 passed, 1 failed, 1 errors, 2 skipped (of 7)." in text
+    assert "Tests: 7 passed, 2 failed, 1 errors, 2 skipped (of 12)." in text
     assert "gpu-check steps: info passed, tests failed." in text
     table_row = next(line for line in text.splitlines() if line.startswith(f"| {DEVICE} |"))
     cells = [c.strip() for c in table_row.strip("|").split("|")]
