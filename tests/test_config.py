@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 
@@ -19,6 +20,24 @@ def test_defaults_are_positive_ints():
     values = interop.config.as_dict()
     assert set(values) == {"chunk_bytes", "num_buffers", "host_threads"}
     assert all(isinstance(v, int) and v > 0 for v in values.values())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity")
+def test_default_host_threads_are_half_the_cpus_at_least_one():
+    # The child may run on 1, then 2, ... of this machine's CPUs; no INTEROP_HOST_THREADS.
+    cpus = sorted(os.sched_getaffinity(0))
+    for k in sorted({1, 2, 3, len(cpus)} & set(range(1, len(cpus) + 1))):
+        proc = run_python(
+            f"""
+            import os
+            os.sched_setaffinity(0, {cpus[:k]!r})
+            import interop
+            print(interop.config.host_threads)
+            """,
+            env={"INTEROP_HOST_THREADS": ""},
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert int(proc.stdout) == max(1, min(8, k // 2)), k
 
 
 def test_set_block_restores_also_on_error_and_nests():
