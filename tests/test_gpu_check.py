@@ -11,6 +11,7 @@ at most two folders down, named in letters, digits, ``.``, ``_`` and ``-``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -30,11 +31,21 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _environ() -> dict[str, str]:
+    """This process's environment without pytest's own variables, for a child that runs pytest.
+
+    Under pytest-xdist this process is a worker (PYTEST_XDIST_WORKER and the like); a child
+    pytest that inherits those takes itself for one too (pytest-benchmark then warns, an error
+    in this suite).
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
 def _run(out: Path, *steps: str, scale: str = "0.02", **env: str) -> subprocess.CompletedProcess:
     tmp = out.parent / "scratch"
     tmp.mkdir(exist_ok=True)
     env = {
-        **os.environ,
+        **_environ(),
         "PYTHON": sys.executable,
         "INTEROP_BENCH_SCALE": scale,
         "CUDA_VISIBLE_DEVICES": "",
@@ -218,14 +229,16 @@ def test_on_the_host():
 }
 
 
-def test_the_suite_runs_gpu_tests_alone_then_the_rest(tmp_path):
-    """Without GPU_CHECK_PYTEST_ARGS the tests step is two runs, each with its JUnit file."""
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_suite_runs_gpu_tests_alone_then_the_rest(tmp_path, workers):
+    """Without GPU_CHECK_PYTEST_ARGS the tests step is two runs, each with its JUnit file;
+    the second over worker processes where pytest-xdist is installed."""
     suite = tmp_path / "suite"
     suite.mkdir()
     for name, text in _SPLIT_SUITE.items():
         (suite / name).write_text(text)
     out = tmp_path / "out"
-    proc = _run(out, "tests", GPU_CHECK_SUITE=str(suite))
+    proc = _run(out, "tests", GPU_CHECK_SUITE=str(suite), GPU_CHECK_WORKERS=workers)
     assert proc.returncode == 0, proc.stdout + proc.stderr + (out / "gpu-check.log").read_text()
     assert _steps(out) == {"tests-gpu": "passed", "tests-host": "passed"}
     gpu = (out / "junit-gpu.xml").read_text()
@@ -236,6 +249,9 @@ def test_the_suite_runs_gpu_tests_alone_then_the_rest(tmp_path):
     assert "test_on_the_device" not in host
     assert "junit-gpu.xml -m gpu" in _section(out, "tests-gpu")  # the command, as logged
     assert "-m not gpu" in _section(out, "tests-host")
+    spread = workers == "2" and importlib.util.find_spec("xdist") is not None
+    assert ("-p no:benchmark -n 2" in _section(out, "tests-host")) == spread
+    assert bool(re.search(r"\[gw\d+\]", _section(out, "tests-host"))) == spread  # xdist's workers
     assert _assert_fits_what_comes_back(out) == [
         "gpu-check.log",
         "junit-gpu.xml",
@@ -251,7 +267,7 @@ def _collected(*args: str, **env: str) -> list[str]:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, **env},
+        env={**_environ(), **env},
         timeout=120,
         check=True,
     )
