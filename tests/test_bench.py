@@ -58,13 +58,13 @@ def test_json_records_the_run(quick_run):
     assert isinstance(data["commit"], str)
     assert data["commit"]
     head = git_head()
-    if head is not None:
-        assert (data["commit"], data["commit_source"]) == (head, "git")
-    elif os.environ.get("INTEROP_COMMIT"):  # a copy of the checkout, on a runner
+    if os.environ.get("INTEROP_COMMIT", "").strip():  # a copy of the checkout, on a runner
         assert (data["commit"], data["commit_source"]) == (
-            os.environ["INTEROP_COMMIT"],
+            os.environ["INTEROP_COMMIT"].strip(),
             "INTEROP_COMMIT",
         )
+    elif head is not None:
+        assert (data["commit"], data["commit_source"]) == (head, "git")
     else:
         assert (data["commit"], data["commit_source"]) == ("unknown", None)
     assert set(data["config"]) == {"chunk_bytes", "num_buffers", "host_threads"}
@@ -108,6 +108,38 @@ def test_a_copy_without_git_records_the_commit_it_is_given(tmp_path, named):
         assert header == {"commit": "unknown", "commit_source": None, "commit_dirty": None}
     else:
         assert header == {"commit": named, "commit_source": "INTEROP_COMMIT", "commit_dirty": None}
+
+
+def test_the_commit_named_wins_over_the_git_of_the_copy(tmp_path):
+    """A runner's copy may carry a .git at another commit: INTEROP_COMMIT still names it."""
+    shutil.copytree(REPO_ROOT / "interop", tmp_path / "interop")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "INTEROP_"))}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "older"]):
+        subprocess.run(git + args, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / "interop" / "__init__.py").write_text(
+        (tmp_path / "interop" / "__init__.py").read_text() + "\n# a newer tree\n"
+    )
+    named = "4567cdef" * 5
+    env |= {"PYTHONPATH": str(tmp_path), "INTEROP_COMMIT": f" {named}\n"}
+    without = {k: v for k, v in env.items() if k != "INTEROP_COMMIT"}
+    headers = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _HEADER_OUTSIDE_GIT],
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+                env=e,
+                timeout=120,
+                check=True,
+            ).stdout.splitlines()[-1]
+        )
+        for e in (without, env)
+    ]
+    assert headers[0]["commit_source"] == "git"  # git alone: the older commit, and dirty
+    assert headers[0]["commit_dirty"] is True
+    assert headers[1] == {"commit": named, "commit_source": "INTEROP_COMMIT", "commit_dirty": None}
 
 
 def test_every_row_is_listed_with_its_target(quick_run):

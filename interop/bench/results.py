@@ -87,23 +87,29 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool) -> dict[str, Any]:
     -------
     dict
         ``schema``, ``kind``, ``quick``, ``device``, ``date`` (UTC, ISO 8601),
-        ``commit`` (``git rev-parse HEAD``; outside a git checkout the
-        ``INTEROP_COMMIT`` environment variable, else ``"unknown"``),
+        ``commit`` (the ``INTEROP_COMMIT`` environment variable where set,
+        else ``git rev-parse HEAD``, else ``"unknown"``),
         ``commit_source`` (``"git"``, ``"INTEROP_COMMIT"`` or None),
-        ``commit_dirty`` (None without git), ``config``, ``sizes``,
+        ``commit_dirty`` (None without git or with ``INTEROP_COMMIT``),
+        ``config``, ``sizes``,
         ``cpu_count``, ``versions``.
     """
     from ..info import collect_info
 
     started = datetime.datetime.now(datetime.timezone.utc)
-    commit = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    commit_source: str | None = "git"
-    if commit is None:
-        # A copy of a checkout without its .git (a remote runner): the caller may name the
-        # commit the copy was made from.
-        commit = os.environ.get("INTEROP_COMMIT", "").strip() or None
-        commit_source = "INTEROP_COMMIT" if commit else None
+    # INTEROP_COMMIT, where set, names the commit the caller copied the tree from (a remote
+    # runner). It wins over git: such a copy may carry a .git of another commit (one runner's
+    # copy had a .git at an older commit under a newer tree, so git called it dirty).
+    named = os.environ.get("INTEROP_COMMIT", "").strip() or None
+    commit: str | None
+    dirty: str | None
+    commit_source: str | None
+    if named is not None:
+        commit, dirty, commit_source = named, None, "INTEROP_COMMIT"
+    else:
+        commit = _git("rev-parse", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        commit_source = "git" if commit is not None else None
     return {
         "schema": SCHEMA,
         "kind": kind,
