@@ -50,9 +50,10 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-# Chosen from a sweep on an H100 with 16 cores (docs/transfer.md): 4 slots of
-# 32 MiB (a 128 MiB ring) and 8 host threads gave the best device-to-host and
-# 98% of the best host-to-device throughput; 16 threads lost 40%, 4 lost 26%.
+# Chosen from two sweeps on an H100 with 16 cores (docs/transfer.md): 4 slots
+# of 32 MiB (a 128 MiB ring) and 8 host threads gave the best device-to-host
+# and 96-98% of the best host-to-device throughput; 16 or 4 threads lost
+# a quarter to a half.
 # Half the cores, at most 8, leaves the rest to the issuing thread and the user.
 _DEFAULTS = {
     "chunk_bytes": 32 << 20,
