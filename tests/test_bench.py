@@ -85,25 +85,34 @@ print(json.dumps({k: header[k] for k in ("commit", "commit_source", "commit_dirt
 """
 
 
-@pytest.mark.parametrize("named", ["0123abcd" * 5, None])
-def test_a_copy_without_git_records_the_commit_it_is_given(tmp_path, named):
-    """A runner gets a copy of the working tree without .git: INTEROP_COMMIT names the commit."""
-    shutil.copytree(REPO_ROOT / "interop", tmp_path / "interop")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "INTEROP_"))}
-    env["PYTHONPATH"] = str(tmp_path)
-    env["GIT_CEILING_DIRECTORIES"] = str(tmp_path.parent)
-    if named is not None:
-        env["INTEROP_COMMIT"] = named
+def _header_in(directory, env: dict[str, str]) -> dict[str, object]:
+    """The commit fields of a run header made in a fresh Python in ``directory``."""
     proc = subprocess.run(
         [sys.executable, "-c", _HEADER_OUTSIDE_GIT],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=directory,
         env=env,
         timeout=120,
         check=True,
     )
-    header = json.loads(proc.stdout.splitlines()[-1])
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _copy_of_interop(directory) -> dict[str, str]:
+    """Copy the package into ``directory``; the environment to import it from there."""
+    shutil.copytree(REPO_ROOT / "interop", directory / "interop")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "INTEROP_"))}
+    return env | {"PYTHONPATH": str(directory)}
+
+
+@pytest.mark.parametrize("named", ["0123abcd" * 5, None])
+def test_a_copy_without_git_records_the_commit_it_is_given(tmp_path, named):
+    """A runner gets a copy of the working tree without .git: INTEROP_COMMIT names the commit."""
+    env = _copy_of_interop(tmp_path) | {"GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
+    if named is not None:
+        env["INTEROP_COMMIT"] = named
+    header = _header_in(tmp_path, env)
     if named is None:
         assert header == {"commit": "unknown", "commit_source": None, "commit_dirty": None}
     else:
@@ -112,34 +121,18 @@ def test_a_copy_without_git_records_the_commit_it_is_given(tmp_path, named):
 
 def test_the_commit_named_wins_over_the_git_of_the_copy(tmp_path):
     """A runner's copy may carry a .git at another commit: INTEROP_COMMIT still names it."""
-    shutil.copytree(REPO_ROOT / "interop", tmp_path / "interop")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "INTEROP_"))}
+    env = _copy_of_interop(tmp_path)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "older"]):
         subprocess.run(git + args, cwd=tmp_path, env=env, check=True, capture_output=True)
-    (tmp_path / "interop" / "__init__.py").write_text(
-        (tmp_path / "interop" / "__init__.py").read_text() + "\n# a newer tree\n"
-    )
+    init = tmp_path / "interop" / "__init__.py"
+    init.write_text(init.read_text() + "\n# a newer tree\n")
+    alone = _header_in(tmp_path, env)
+    assert alone["commit_source"] == "git"  # git alone: the older commit, and dirty
+    assert alone["commit_dirty"] is True
     named = "4567cdef" * 5
-    env |= {"PYTHONPATH": str(tmp_path), "INTEROP_COMMIT": f" {named}\n"}
-    without = {k: v for k, v in env.items() if k != "INTEROP_COMMIT"}
-    headers = [
-        json.loads(
-            subprocess.run(
-                [sys.executable, "-c", _HEADER_OUTSIDE_GIT],
-                capture_output=True,
-                text=True,
-                cwd=tmp_path,
-                env=e,
-                timeout=120,
-                check=True,
-            ).stdout.splitlines()[-1]
-        )
-        for e in (without, env)
-    ]
-    assert headers[0]["commit_source"] == "git"  # git alone: the older commit, and dirty
-    assert headers[0]["commit_dirty"] is True
-    assert headers[1] == {"commit": named, "commit_source": "INTEROP_COMMIT", "commit_dirty": None}
+    header = _header_in(tmp_path, env | {"INTEROP_COMMIT": f" {named}\n"})
+    assert header == {"commit": named, "commit_source": "INTEROP_COMMIT", "commit_dirty": None}
 
 
 def test_every_row_is_listed_with_its_target(quick_run):
