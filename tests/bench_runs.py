@@ -26,15 +26,11 @@ from typing import Any
 
 from interop import bench
 
-from .helpers import child_env
+from .helpers import NO_GPU, child_env
 
 SMOKE_SCALE = "0.25"  # --quick at a quarter of its sizes: seconds on two cores
 SWEEP_SCALE = "0.05"
 SWEEP_ARGS = ("--chunk-mib", "1,2,4", "--host-threads", "1,2", "--num-buffers", "2,3")
-
-
-#: Environment that hides every CUDA device from a child process, on any machine.
-NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_cli(

@@ -95,6 +95,10 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     )
 
 
+#: Environment that hides every CUDA device from a child process, on any machine.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment plus ``env``, for a child Python that imports interop.
 

@@ -200,7 +200,7 @@ def test_quick_run_judges_no_target(quick_run):
 
 def test_gpu_rows_say_why_they_did_not_run(quick_run):
     proc, data = quick_run
-    assert data["device"] == "no CUDA device"  # the quick run hides any GPU (bench_runs.NO_GPU)
+    assert data["device"] == "no CUDA device"  # the quick run hides any GPU (helpers.NO_GPU)
     for row in data["rows"]:
         if row["name"] in GPU_ROWS:
             assert row["status"] in {"skipped", "not available"}

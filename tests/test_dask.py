@@ -28,7 +28,7 @@ import interop  # noqa: E402
 import interop.dask as idask  # noqa: E402
 from interop.dask import SaveError  # noqa: E402
 
-from .helpers import NUMPY_DTYPES, run_python, sample  # noqa: E402
+from .helpers import NO_GPU, NUMPY_DTYPES, run_python, sample  # noqa: E402
 
 MiB = 1 << 20
 # A piece size every version of interop.config accepts as is (none raises a
@@ -418,7 +418,7 @@ def test_load_without_a_gpu_refuses_device_blocks(tmp_path):
         except interop.NoDeviceError as exc:
             print(exc)
         """,
-        env={"CUDA_VISIBLE_DEVICES": ""},  # no device, on any machine
+        env=NO_GPU,  # no device, on any machine
     )
     assert proc.returncode == 0, proc.stderr
     assert "expected a CUDA device" in proc.stdout

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import NO_GPU
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check"
 
@@ -48,7 +50,7 @@ def _run(out: Path, *steps: str, scale: str = "0.02", **env: str) -> subprocess.
         **_environ(),
         "PYTHON": sys.executable,
         "INTEROP_BENCH_SCALE": scale,
-        "CUDA_VISIBLE_DEVICES": "",
+        **NO_GPU,
         "TMPDIR": str(tmp),
         **env,
     }
