@@ -43,8 +43,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
 import secrets
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -59,6 +61,14 @@ _SUFFIX = ".npy"
 # whatever the file's name, so a name numpy.save accepts never becomes too long.
 _NAME_CHARS = 16
 _TEMPORARY_TRIES = 16
+
+
+# Replacing a file frees the old one's blocks and page cache inside the
+# rename (about a second per few GiB); a held descriptor moves that work to
+# its close, which a background thread does. Files smaller than this are
+# freed in the rename (a hand-over costs more); at most this many are held.
+_FREE_LATER_BYTES = 8 << 20
+_FREE_LATER_MAX = 4
 
 
 def _temporary_name(target: Path) -> Path:
@@ -189,6 +199,14 @@ class Destination:
         does not either). For a streaming destination this does nothing (the
         data is already there).
 
+        A replaced file of 8 MiB or more is freed after the call returns: a
+        read-only descriptor of it, opened before the rename, is closed by a
+        background thread, which is where the file system frees its blocks
+        and page cache (at most four such files wait at a time; beyond that,
+        and for smaller files, the rename frees them as ``numpy.save``'s
+        truncation would). Its name is gone at once; only its space comes
+        back a moment later.
+
         Raises
         ------
         OSError
@@ -202,6 +220,7 @@ class Destination:
             return
         if not self._created or self.temporary is None:
             raise RuntimeError(f"{self!r}: nothing to commit (create() first)")
+        old = None
         try:
             try:
                 st = os.stat(self.target)
@@ -216,7 +235,11 @@ class Destination:
                         str(self.target),
                     )
                 _copy_owner_and_mode(self.temporary, st)
-            os.replace(self.temporary, self.target)
+                old = _replaced_files.hold(self.target, st)
+            try:
+                os.replace(self.temporary, self.target)
+            finally:
+                _replaced_files.close_later(old)
         except BaseException:
             self.discard()
             raise
@@ -259,6 +282,95 @@ class Destination:
             self.discard()
             raise
         self.commit()
+
+
+class _ReplacedFiles:
+    """Descriptors of replaced files, closed by one background thread.
+
+    The last close of a file with no name left is where the file system frees
+    its blocks and drops its page cache; :meth:`hold` opens the file before
+    the rename, :meth:`close_later` hands the descriptor to the thread.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[int | threading.Event] = queue.SimpleQueue()
+        self._held: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, target: Path, st: os.stat_result) -> int | None:
+        """A read-only descriptor of ``target`` (the regular file ``st``), or
+        None where there is nothing worth holding: a small file, a file with
+        other links (the rename frees nothing), a file this process may not
+        read, or a file that changed since ``st``."""
+        if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
+            return None
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            fd = os.open(target, flags)
+        except OSError:
+            return None
+        try:
+            now = os.fstat(fd)
+        except OSError:  # pragma: no cover - fstat of a descriptor just opened
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            return None
+        return fd
+
+    def close_later(self, fd: int | None) -> None:
+        """Close ``fd`` on the background thread (at once when enough wait)."""
+        if fd is None:
+            return
+        with self._lock:
+            if len(self._held) < _FREE_LATER_MAX:
+                self._held.add(fd)
+                if self._thread is None:
+                    # Not named "interop-...": the exit handler joins those (transfer
+                    # threads), and this one waits for work forever. At exit the
+                    # kernel closes what is still held.
+                    self._thread = threading.Thread(
+                        target=self._run, name="free-replaced-files", daemon=True
+                    )
+                    self._thread.start()
+                self._queue.put(fd)
+                return
+        os.close(fd)
+
+    def wait(self) -> None:
+        """Block until every held file was closed (for tests and benchmarks)."""
+        done = threading.Event()
+        with self._lock:
+            if not self._held:
+                return
+            self._queue.put(done)  # set by the thread after the descriptors queued before it
+        done.wait()
+
+    def _run(self) -> None:
+        while True:
+            fd = self._queue.get()
+            if isinstance(fd, threading.Event):
+                fd.set()
+                continue
+            with self._lock:  # first: a child forked from now on must not close it
+                self._held.discard(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child holds copies of the descriptors and has no thread."""
+        for fd in self._held:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._reset()
+
+
+_replaced_files = _ReplacedFiles()
+os.register_at_fork(after_in_child=_replaced_files.after_fork_in_child)
 
 
 def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:

@@ -208,14 +208,19 @@ def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
     said = re.search(
         r"where the time went: ([\d.]+) GB/s in all; device copies ([\d.]+) GB/s "
         r"\(busy (\d+)%\); 2 host threads ([\d.]+) GB/s each \(busy (\d+)%\); "
-        r"issuer waited ([\d.]+) s: limited by (.+?) summary",
+        r"issuer waited ([\d.]+) s; the call took ([\d.]+) s, ([\d.]+) s of it outside "
+        r"the transfer: limited by (.+?) summary",
         flat,
     )
     assert said, flat
+    assert where["call_seconds"] >= where["wall_seconds"]
+    assert where["outside_seconds"] == pytest.approx(where["call_seconds"] - where["wall_seconds"])
+    assert float(said[7]) == pytest.approx(where["call_seconds"], abs=0.0006)
+    assert float(said[8]) == pytest.approx(where["outside_seconds"], abs=0.0006)
     assert float(said[1]) == pytest.approx(where["rate_gbps"], abs=0.006)
     assert float(said[2]) == pytest.approx(where["device_gbps"], abs=0.006)
     assert int(said[3]) == round(where["device_busy"] * 100)
-    assert said[7].startswith(where["limited_by"].split(" (")[0])
+    assert said[9].startswith(where["limited_by"].split(" (")[0])
     assert "not traced (no slot transfer)" in " ".join(
         format_table(_results(False, [row | {"trace": {"error": "no slot transfer"}}])).split()
     )

@@ -12,10 +12,13 @@ import os
 import pickle
 import socket
 import stat
+import threading
 
 import numpy as np
 import pytest
 
+import interop
+from interop import destination
 from interop.destination import Destination, prepare_destination
 
 from .helpers import reading_fifo, run_python
@@ -51,6 +54,121 @@ def test_new_file_goes_through_a_short_hidden_temporary_beside_it(tmp_path):
     assert (tmp_path / "a.npy").read_bytes() == b"payload"
     assert os.listdir(tmp_path) == ["a.npy"]
     assert stat.S_IMODE((tmp_path / "a.npy").stat().st_mode) == 0o666 & ~_umask()
+
+
+def _big_file(path, nbytes: int = 16 << 20, fill: int = 1) -> os.stat_result:
+    """A file whose blocks are allocated (what the rename would free)."""
+    path.write_bytes(bytes([fill]) * nbytes)
+    return os.stat(path)
+
+
+def _held_names() -> list[str]:
+    """What this process's descriptors point to (``... (deleted)`` for an unlinked file)."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, already closed
+            continue
+    return names
+
+
+@pytest.fixture
+def gated_closes(monkeypatch):
+    """Hold the background closer inside its next ``os.close`` until the test opens the gate."""
+    gate, entered = threading.Event(), threading.Event()
+    closed_by: dict[int, str] = {}
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        who = threading.current_thread().name
+        if who == "free-replaced-files":
+            entered.set()
+            assert gate.wait(30), "the test never opened the gate"
+        closed_by[fd] = who
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", close)
+    yield gate, entered, closed_by
+    gate.set()
+
+
+def test_a_replaced_large_file_is_freed_after_the_save_returns(tmp_path, gated_closes):
+    gate, entered, _ = gated_closes
+    path = tmp_path / "a.npy"
+    _big_file(path)
+    new = np.arange(4 << 20, dtype=np.float32)  # 16 MiB
+    interop.save_npy(new, path)
+    np.testing.assert_array_equal(np.load(path), new)
+    assert os.listdir(tmp_path) == ["a.npy"]  # no temporary left
+    assert entered.wait(30)
+    # the old file has no name but is still open: its blocks are not freed yet
+    assert f"{path} (deleted)" in _held_names()
+    gate.set()
+    destination._replaced_files.wait()
+    assert f"{path} (deleted)" not in _held_names()
+
+
+def test_the_background_closer_holds_at_most_four_waiting_files(tmp_path, gated_closes):
+    gate, entered, closed_by = gated_closes
+    files = destination._ReplacedFiles()
+    fds = []
+    for i in range(7):
+        st = _big_file(tmp_path / f"f{i}", 8 << 20)
+        fd = files.hold(tmp_path / f"f{i}", st)
+        assert fd is not None
+        fds.append(fd)
+    files.close_later(fds[0])
+    assert entered.wait(30)  # the thread is closing the first: four more may wait
+    for fd in fds[1:]:
+        files.close_later(fd)
+    assert [closed_by.get(fd) for fd in fds] == [None] * 5 + ["MainThread"] * 2
+    gate.set()
+    files.wait()
+    assert [closed_by[fd] for fd in fds] == ["free-replaced-files"] * 5 + ["MainThread"] * 2
+    files.wait()  # nothing held: returns at once
+    files.close_later(None)  # nothing to hold: nothing happens
+
+
+def test_files_not_worth_holding_are_freed_by_the_rename(tmp_path):
+    files = destination._ReplacedFiles()
+    small = _big_file(tmp_path / "small", (8 << 20) - 4096)
+    assert files.hold(tmp_path / "small", small) is None
+    linked = _big_file(tmp_path / "linked")
+    os.link(tmp_path / "linked", tmp_path / "other-name")
+    assert files.hold(tmp_path / "linked", os.stat(tmp_path / "linked")) is None
+    assert files.hold(tmp_path / "small", linked) is None  # not the file that was checked
+    assert files.hold(tmp_path / "missing", small) is None
+    names = _held_names()
+    assert not any(str(tmp_path) in name for name in names)
+
+
+def test_a_forked_child_closes_the_files_its_parent_holds(tmp_path):
+    """The child gets copies of the held descriptors but not the thread that closes them."""
+    _big_file(tmp_path / "old")
+    done = run_python(
+        f"""
+        import os
+        from pathlib import Path
+        from interop import destination
+        path = Path({str(tmp_path / "old")!r})
+        files = destination._replaced_files
+        fd = files.hold(path, os.stat(path))
+        files._held.add(fd)  # as close_later leaves it, without starting the thread
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.fstat(fd)
+            except OSError:
+                os._exit(0 if not files._held else 2)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        os.fstat(fd)  # the parent's is still open
+        print("child", os.waitstatus_to_exitcode(status))
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["child", "0"]
 
 
 def test_a_name_numpy_save_accepts_is_not_made_too_long(tmp_path):

@@ -168,6 +168,26 @@ def test_summary_names_the_busy_side(device_s, copying_s, threads, limit):
     assert s["host_gbps_per_thread"] == pytest.approx(1 / copying_s)
     assert s["host_event_wait_seconds"] == pytest.approx(0.25)
     assert s["rate_gbps"] == pytest.approx(1.0)
+    assert "call_seconds" not in s
+    assert "outside_seconds" not in s
+
+
+@pytest.mark.parametrize(
+    ("call_s", "limit"),
+    [
+        (1.8, "host threads"),  # 0.8 s outside a 1 s transfer: the busy side still limits
+        (2.5, "the call's work outside the slot pipeline"),  # 1.5 s outside: that limits
+    ],
+)
+def test_summary_with_the_call_time_names_work_outside_the_transfer(call_s, limit):
+    t = trace.SlotTrace("d2h", 4, chunk_bytes=[10**9], device_seconds=[0.4])
+    t.pieces = [(0, 0.0, 0.25, 3.85)]  # 4 threads busy 90 % of the second
+    t.start, t.end = 0.0, 1.0
+    s = t.summary(call_seconds=call_s)
+    assert s["limited_by"] == limit
+    assert s["call_seconds"] == call_s
+    assert s["outside_seconds"] == pytest.approx(call_s - 1.0)
+    assert s["rate_gbps"] == pytest.approx(1.0)  # the transfer's own rate, as without
 
 
 @pytest.mark.gpu

@@ -172,7 +172,14 @@ def trace_text(where: dict[str, Any]) -> str:
         f"{rate(where['rate_gbps'])} in all; device copies {rate(where['device_gbps'])} "
         f"(busy {where['device_busy']:.0%}); {where['threads']} host threads "
         f"{rate(where['host_gbps_per_thread'])} each (busy {where['host_busy']:.0%}); "
-        f"issuer waited {where['issuer_wait_seconds']:.3f} s: limited by {where['limited_by']}"
+        f"issuer waited {where['issuer_wait_seconds']:.3f} s"
+        + (
+            f"; the call took {where['call_seconds']:.3f} s, {where['outside_seconds']:.3f} s "
+            "of it outside the transfer"
+            if "call_seconds" in where
+            else ""
+        )
+        + f": limited by {where['limited_by']}"
     )
 
 

@@ -67,7 +67,7 @@ class SlotTrace:
     end: float = 0.0
     error: str | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, call_seconds: float | None = None) -> dict[str, Any]:
         """Rates (GB/s, 1e9 bytes a second) and busy fractions of the run.
 
         ``device_busy`` is the copy stream's busy time over the wall time;
@@ -77,6 +77,12 @@ class SlotTrace:
         limited by the device side; one whose ``host_busy`` is near 1 by the
         host threads; one with both low by the schedule (too few slots).
         A trace whose timers could not be read gives only ``error``.
+
+        With ``call_seconds``, the wall time of the whole call that ran the
+        transfer, the summary also gives ``call_seconds`` and
+        ``outside_seconds`` (the call's time outside the transfer: for
+        ``save_npy``, creating and renaming the file); a call that spent more
+        time outside the transfer than in it is limited by that work.
         """
         if self.error is not None:
             return {"error": self.error}
@@ -86,6 +92,9 @@ class SlotTrace:
         copying = sum(end - waited for _, _, waited, end in self.pieces)
         waiting = sum(waited - submitted for _, submitted, waited, _ in self.pieces)
         threads = max(1, self.threads)
+        timed: dict[str, float] = {}
+        if call_seconds is not None:
+            timed = {"call_seconds": call_seconds, "outside_seconds": max(0.0, call_seconds - wall)}
         return {
             "direction": self.direction,
             "bytes": total,
@@ -101,12 +110,18 @@ class SlotTrace:
             "host_busy": copying / (threads * wall),
             "host_event_wait_seconds": waiting,
             "issuer_wait_seconds": self.issuer_wait_seconds,
-            "limited_by": _limit(device / wall, copying / (threads * wall)),
+            **timed,
+            "limited_by": _limit(
+                device / wall, copying / (threads * wall), timed.get("outside_seconds", 0.0) / wall
+            ),
         }
 
 
-def _limit(device_busy: float, host_busy: float) -> str:
-    """The side a run waited on, from its busy fractions."""
+def _limit(device_busy: float, host_busy: float, outside: float = 0.0) -> str:
+    """The side a run waited on, from its busy fractions (and the call's time
+    outside the transfer, as a fraction of the transfer's)."""
+    if outside > 1:
+        return "the call's work outside the slot pipeline"
     if max(device_busy, host_busy) < 0.75:
         return "schedule (neither side busy: more slots or larger chunks)"
     return "device copies" if device_busy >= host_busy else "host threads"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -126,6 +127,9 @@ def stage_components(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int
 def traced(call: Callable[[], Any]) -> dict[str, Any]:
     """One more, untimed run of ``call`` with the slot pipeline traced: where its time went.
 
+    The call's own wall time is kept beside the transfer's, so time spent
+    outside the pipeline (a file's creation and rename) shows.
+
     Returns
     -------
     dict
@@ -136,13 +140,15 @@ def traced(call: Callable[[], Any]) -> dict[str, Any]:
     """
     try:
         with trace.recording() as traces:
+            start = time.perf_counter()
             call()
+            seconds = time.perf_counter() - start
     except Exception as exc:  # a diagnosis: its failure must not cost the row
         traceback.print_exc(file=sys.stderr)
         return {"error": f"{type(exc).__name__}: {exc}"}
     if len(traces) != 1:
         return {"error": f"expected one slot transfer to trace (got {len(traces)})"}
-    return traces[0].summary()
+    return traces[0].summary(call_seconds=seconds)
 
 
 def _stage_ratio(label: str, gbps: float, stages: dict[str, Any]) -> list[Ratio]:
