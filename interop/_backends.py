@@ -140,6 +140,13 @@ def check_not_forked() -> None:
     )
 
 
+# The process in which PyTorch last said it has a usable CUDA device. The
+# answer cannot change within a process (the driver reads the visible devices
+# once), so the checks that guard every device call skip asking again there:
+# torch.cuda.is_available() costs microseconds on each exchange.
+_torch_cuda_in: int | None = None
+
+
 def require_cupy_device() -> ModuleType:
     """Return ``cupy`` after checking that a CUDA device is visible to it.
 
@@ -176,8 +183,12 @@ def require_torch_cuda() -> ModuleType:
     NoDeviceError
         PyTorch is a CPU-only build or sees no CUDA device.
     """
+    global _torch_cuda_in
     th = torch()
     check_not_forked()
+    pid = os.getpid()
+    if _torch_cuda_in == pid:
+        return th
     if not th.cuda.is_available():
         raise NoDeviceError(
             "expected a CUDA device for PyTorch (got none: torch.cuda.is_available() is False, "
@@ -185,6 +196,7 @@ def require_torch_cuda() -> ModuleType:
             "NVIDIA GPU, or use device='cpu'"
         )
     note_cuda_initialised()
+    _torch_cuda_in = pid
     return th
 
 

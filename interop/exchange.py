@@ -164,6 +164,22 @@ def _readonly_if_broadcast(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+_ALREADY_CURRENT = contextlib.nullcontext()
+
+
+def _torch_export_context(index: int) -> contextlib.AbstractContextManager[Any]:
+    """Device ``index`` current for PyTorch and CuPy while a CUDA tensor of that
+    device is exported to CuPy: PyTorch's ``__dlpack__`` refuses another
+    device's tensor and orders the current device's stream; CuPy names its
+    current device's stream. Usually both are current already, and then nothing
+    is switched (two runtime queries, where switching and back costs several
+    microseconds)."""
+    cp = _backends.cupy()
+    if cp.cuda.runtime.getDevice() == index and _backends.torch().cuda.current_device() == index:
+        return _ALREADY_CURRENT
+    return _cuda_context(index)
+
+
 @contextlib.contextmanager
 def _cuda_context(index: int) -> Iterator[None]:
     """Make device ``index`` current for both PyTorch (if imported) and CuPy."""
@@ -363,14 +379,15 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
 
 def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     th = _backends.require_torch_cuda()
-    index = int(c.device.id)
+    index = int(c.data.device_id)
     pack = c.size > 0 and _pytorch_cannot_share(c)
     if pack and copy is False:
         raise _copy_required(f"an array with {_layout_in_words(c)}")
-    with _cuda_context(index):
-        # CuPy's __dlpack__ orders PyTorch's current stream after CuPy's
-        # current stream (the producer's).
-        cp = _backends.cupy()
+    cp = _backends.cupy()
+    # CuPy's device only: torch.from_dlpack names the array's device itself
+    # (its current stream there), and CuPy's __dlpack__ orders that stream
+    # after CuPy's current stream (the producer's) of the current device.
+    with cp.cuda.Device(index):
         if c.size == 0 and _pytorch_cannot_share(c):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
         elif pack or copy:
@@ -525,10 +542,10 @@ def _same_cuda(index: int, target: Target) -> bool:
 
 
 def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
-    index = int(t.device.index)
+    index = t.get_device()
     dtypes.check_cupy_dtype(t.dtype)
     t, copied = _resolve_bits(t, copy)
-    with _cuda_context(index):
+    with _torch_export_context(index):
         # Inside the device context: torch's __dlpack__ refuses tensors of
         # another device, and both libraries' current streams are this device's.
         cp = _backends.cupy()
@@ -617,9 +634,9 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     want = None if target is None else target[1]
 
     if _backends.is_torch_tensor(x):
-        t = x.detach()
-        if t.device.type == "cuda":
-            if target is not None and not _same_cuda(t.device.index, target):
+        t = x.detach() if x.requires_grad else x
+        if t.is_cuda:
+            if target is not None and not _same_cuda(t.get_device(), target):
                 if copy is False:
                     raise _copy_required(f"moving a tensor from {t.device} to {target_str(target)}")
                 return _cupy_move(_cupy_from_torch_cuda(t, None), want)

@@ -6,6 +6,7 @@ benchmark (docs/benchmarks.md), never a test outcome.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -392,6 +393,47 @@ def test_gpu_rows_run(tmp_path):
     assert targets == {"cupy.asnumpy(x)", "t.cpu().numpy()"}
     if "dask_save_npy_cupy" in rows:
         assert rows["dask_save_npy_cupy"]["memory"]["extra_device_bytes"] is not None
+    for label in ("to_cupy(t)", "to_torch(c)"):  # where a call's time goes
+        top = rows["exchange_us"]["profile"][label]
+        assert top, label
+        assert any("exchange.py" in entry["function"] for entry in top), top
+    assert "profile of to_cupy(t): " in proc.stdout
+    where = rows["save_npy"]["trace"]  # the save's own time beside its transfer's
+    assert where["call_seconds"] >= where["wall_seconds"]
+
+
+def test_a_profile_ranks_the_functions_a_call_spends_its_time_in():
+    import time
+
+    from interop.bench.measure import profile_per_call
+    from interop.bench.report import profile_text
+
+    def slow() -> None:
+        time.sleep(0.002)
+
+    def quick() -> int:
+        return sum(range(10))
+
+    def call() -> None:
+        quick()
+        slow()
+        quick()
+
+    top = profile_per_call(call, 20, top=3)
+    assert len(top) == 3
+    assert top[0]["function"] == "<built-in method time.sleep>"
+    assert top[0]["own_us"] >= 2000
+    assert top[0]["calls"] == 1
+    assert [e["own_us"] for e in top] == sorted((e["own_us"] for e in top), reverse=True)
+    found = {e["function"].rsplit("(", 1)[-1]: e for e in profile_per_call(call, 20, top=20)}
+    assert found["slow)"]["cumulative_us"] >= 2000
+    assert found["quick)"]["calls"] == 2
+    assert found["call)"]["calls"] == 1
+    assert not any("measure.py" in name for name in found)  # the calling loop is not listed
+    assert gc.isenabled()
+    text = profile_text(top, shown=2)
+    assert text.startswith(f"<built-in method time.sleep> {top[0]['own_us']:.1f} us; ")
+    assert text.endswith("(own time per call under cProfile, which inflates it)")
 
 
 def test_measure_warms_again_only_after_emptying_caches():

@@ -204,6 +204,31 @@ def test_explicit_device_zero_contexts(cp, torch):
     assert cptr(same) == t.data_ptr()
 
 
+def test_an_export_on_the_current_device_switches_no_device(cp, torch):
+    from interop import exchange
+
+    assert exchange._torch_export_context(0) is exchange._ALREADY_CURRENT
+    t = torch.arange(4.0, device="cuda:0")
+    c = interop.to_cupy(t)
+    assert cptr(c) == t.data_ptr()
+    assert (cp.cuda.runtime.getDevice(), torch.cuda.current_device()) == (0, 0)
+
+
+@pytest.mark.multigpu
+def test_an_export_from_another_device_switches_there_and_back(cp, torch):
+    from interop import exchange
+
+    assert exchange._torch_export_context(1) is not exchange._ALREADY_CURRENT
+    t = torch.arange(4.0, device="cuda:1")
+    c = interop.to_cupy(t)
+    assert int(c.device.id) == 1
+    assert (cp.cuda.runtime.getDevice(), torch.cuda.current_device()) == (0, 0)
+    with cp.cuda.Device(1):
+        a = cp.arange(3.0)
+    assert interop.to_torch(a).device == torch.device("cuda", 1)
+    assert (cp.cuda.runtime.getDevice(), torch.cuda.current_device()) == (0, 0)
+
+
 @pytest.mark.multigpu
 def test_data_on_another_device_stays_there(cp, torch):
     t = torch.arange(4.0, device="cuda:1")

@@ -183,6 +183,12 @@ def trace_text(where: dict[str, Any]) -> str:
     )
 
 
+def profile_text(top: list[dict[str, Any]], shown: int = 4) -> str:
+    """The largest own times per call of a profiled call (see ``profile_per_call``)."""
+    parts = [f"{entry['function']} {entry['own_us']:.1f} us" for entry in top[:shown]]
+    return "; ".join(parts) + " (own time per call under cProfile, which inflates it)"
+
+
 def format_table(results: dict[str, Any]) -> str:
     """The printed report of a run's results (as returned by the run or read from its JSON).
 
@@ -230,6 +236,8 @@ def format_table(results: dict[str, Any]) -> str:
             lines += _wrap(f"ring stages alone: {stages_text(row['stages'])}", indent, "    ")
         if row.get("trace"):
             lines += _wrap(f"where the time went: {trace_text(row['trace'])}", indent, "    ")
+        for label, top in row.get("profile", {}).items():
+            lines += _wrap(f"profile of {label}: {profile_text(top)}", indent, "    ")
     for (status, reason), names in not_run.items():
         rows = f"{len(names)} rows" if len(names) > 1 else "1 row"
         lines += _wrap(f"{status} ({rows}: {', '.join(names)}): {reason}", hanging="    ")

@@ -22,7 +22,15 @@ import numpy as np
 from ...config import chunk_bytes_or_default, config
 from ...pipeline import trace
 from ..context import BenchContext, GpuArrays
-from ..measure import Case, Measured, WrongResultError, expect_equal, measure, measure_per_call
+from ..measure import (
+    Case,
+    Measured,
+    WrongResultError,
+    expect_equal,
+    measure,
+    measure_per_call,
+    profile_per_call,
+)
 from ..ratios import Ratio
 from ..sizes import GiB
 from .api import api
@@ -491,6 +499,10 @@ def exchange_us(ctx: BenchContext) -> dict[str, Any]:
         "torch.from_dlpack(c)": lambda: th.from_dlpack(c),
     }
     got = measure_per_call(cases, ctx.sizes.calls, ctx.sizes.repeats)
+    profiled = {
+        label: profile_per_call(cases[label], max(1, ctx.sizes.calls // 4))
+        for label in ("to_cupy(t)", "to_torch(c)")
+    }
     g.sync()
     us = {label: m.us for label, m in got.items()}
     return {
@@ -518,6 +530,7 @@ def exchange_us(ctx: BenchContext) -> dict[str, Any]:
                 at_most=1.5,
             ),
         ],
+        "profile": profiled,
         "samples": _records(got),
     }
 
