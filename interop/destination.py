@@ -69,6 +69,28 @@ _TEMPORARY_TRIES = 16
 # freed in the rename (a hand-over costs more); at most this many are held.
 _FREE_LATER_BYTES = 8 << 20
 _FREE_LATER_MAX = 4
+# Local file systems, where the last close frees a file with no name left. On
+# a network file system the client would instead rename an open file to a
+# visible ".nfs..." name until the close (left behind if the process dies).
+_FREE_ON_CLOSE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay"})
+
+
+def _file_system_types() -> dict[tuple[int, int], str]:
+    """The type of each mounted file system, by device number (Linux's
+    ``/proc/self/mountinfo``; empty where there is none)."""
+    types = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 3 or not rest:
+                    continue
+                major, _, minor = parts[2].partition(":")
+                types[(int(major), int(minor))] = rest.split()[0]
+    except (OSError, ValueError):
+        return {}
+    return types
 
 
 def _temporary_name(target: Path) -> Path:
@@ -199,7 +221,8 @@ class Destination:
         does not either). For a streaming destination this does nothing (the
         data is already there).
 
-        A replaced file of 8 MiB or more is freed after the call returns: a
+        A replaced file of 8 MiB or more on a local file system (ext2/3/4,
+        xfs, btrfs, tmpfs, f2fs, overlay) is freed after the call returns: a
         read-only descriptor of it, opened before the rename, is closed by a
         background thread, which is where the file system frees its blocks
         and page cache (at most four such files wait at a time; beyond that,
@@ -300,13 +323,17 @@ class _ReplacedFiles:
         self._queue: queue.SimpleQueue[int | threading.Event] = queue.SimpleQueue()
         self._held: set[int] = set()
         self._thread: threading.Thread | None = None
+        self._types: dict[tuple[int, int], str] = {}
 
     def hold(self, target: Path, st: os.stat_result) -> int | None:
         """A read-only descriptor of ``target`` (the regular file ``st``), or
         None where there is nothing worth holding: a small file, a file with
-        other links (the rename frees nothing), a file this process may not
-        read, or a file that changed since ``st``."""
+        other links (the rename frees nothing), a file on a network or unknown
+        file system, a file this process may not read, or a file that changed
+        since ``st``."""
         if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
+            return None
+        if not self._frees_on_close(st.st_dev):
             return None
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
         try:
@@ -321,6 +348,14 @@ class _ReplacedFiles:
             os.close(fd)
             return None
         return fd
+
+    def _frees_on_close(self, dev: int) -> bool:
+        """Whether the file system of device ``dev`` is one of :data:`_FREE_ON_CLOSE`
+        (the mount table is read again for a device not seen before)."""
+        key = (os.major(dev), os.minor(dev))
+        if key not in self._types:
+            self._types = _file_system_types()
+        return self._types.get(key) in _FREE_ON_CLOSE
 
     def close_later(self, fd: int | None) -> None:
         """Close ``fd`` on the background thread (at once when enough wait)."""

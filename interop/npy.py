@@ -387,7 +387,8 @@ def save_npy(
     bfloat16/float8 data is written under its ``ml_dtypes`` name (see the
     module docstring for reading it with ``numpy.load``). The file is not
     synced to disk (``numpy.save`` does not either). A replaced file of 8 MiB
-    or more is freed by a background thread just after the rename: the name
+    or more on a local file system is freed by a background thread just
+    after the rename: the name
     is the new file's when the call returns, and the old file's disk space
     comes back a moment later.
 

@@ -74,6 +74,16 @@ def _held_names() -> list[str]:
 
 
 @pytest.fixture
+def local_fs(tmp_path):
+    """``tmp_path``, on a file system where a replaced file is freed in the background."""
+    dev = os.stat(tmp_path).st_dev
+    kind = destination._file_system_types().get((os.major(dev), os.minor(dev)))
+    if kind not in destination._FREE_ON_CLOSE:
+        pytest.skip(f"the temporary directory is on {kind!r}: replaced files are freed inline")
+    return tmp_path
+
+
+@pytest.fixture
 def gated_closes(monkeypatch):
     """Hold the background closer inside its next ``os.close`` until the test opens the gate."""
     gate, entered = threading.Event(), threading.Event()
@@ -93,7 +103,8 @@ def gated_closes(monkeypatch):
     gate.set()
 
 
-def test_a_replaced_large_file_is_freed_after_the_save_returns(tmp_path, gated_closes):
+def test_a_replaced_large_file_is_freed_after_the_save_returns(local_fs, gated_closes):
+    tmp_path = local_fs
     gate, entered, _ = gated_closes
     path = tmp_path / "a.npy"
     _big_file(path)
@@ -109,7 +120,8 @@ def test_a_replaced_large_file_is_freed_after_the_save_returns(tmp_path, gated_c
     assert f"{path} (deleted)" not in _held_names()
 
 
-def test_the_background_closer_holds_at_most_four_waiting_files(tmp_path, gated_closes):
+def test_the_background_closer_holds_at_most_four_waiting_files(local_fs, gated_closes):
+    tmp_path = local_fs
     gate, entered, closed_by = gated_closes
     files = destination._ReplacedFiles()
     fds = []
@@ -130,7 +142,16 @@ def test_the_background_closer_holds_at_most_four_waiting_files(tmp_path, gated_
     files.close_later(None)  # nothing to hold: nothing happens
 
 
-def test_files_not_worth_holding_are_freed_by_the_rename(tmp_path):
+def test_the_mount_table_names_each_devices_file_system(tmp_path):
+    types = destination._file_system_types()
+    proc = os.stat("/proc").st_dev
+    assert types[(os.major(proc), os.minor(proc))] == "proc"
+    here = os.stat(tmp_path).st_dev
+    assert types.get((os.major(here), os.minor(here)), "").isidentifier()
+
+
+def test_files_not_worth_holding_are_freed_by_the_rename(local_fs):
+    tmp_path = local_fs
     files = destination._ReplacedFiles()
     small = _big_file(tmp_path / "small", (8 << 20) - 4096)
     assert files.hold(tmp_path / "small", small) is None
@@ -139,12 +160,20 @@ def test_files_not_worth_holding_are_freed_by_the_rename(tmp_path):
     assert files.hold(tmp_path / "linked", os.stat(tmp_path / "linked")) is None
     assert files.hold(tmp_path / "small", linked) is None  # not the file that was checked
     assert files.hold(tmp_path / "missing", small) is None
+    big = _big_file(tmp_path / "big")
+    held = files.hold(tmp_path / "big", big)
+    assert held is not None
+    os.close(held)
+    dev = (os.major(big.st_dev), os.minor(big.st_dev))
+    files._types[dev] = "nfs4"  # a network file system: holding would leave a ".nfs..." file
+    assert files.hold(tmp_path / "big", big) is None
     names = _held_names()
     assert not any(str(tmp_path) in name for name in names)
 
 
-def test_a_forked_child_closes_the_files_its_parent_holds(tmp_path):
+def test_a_forked_child_closes_the_files_its_parent_holds(local_fs):
     """The child gets copies of the held descriptors but not the thread that closes them."""
+    tmp_path = local_fs
     _big_file(tmp_path / "old")
     done = run_python(
         f"""
