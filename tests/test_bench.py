@@ -388,6 +388,11 @@ def test_gpu_rows_run(tmp_path):
             "chunk_bytes": stages["settings"]["chunk_bytes"]
         }
         assert any(r["to"] == "the slower ring stage alone" for r in rows[name]["ratios"])
+    pinning = rows["d2h_prealloc"]["stages"]["registration"]  # pinning out in place instead
+    assert "error" not in pinning, pinning
+    assert pinning["whole GB/s"] > 0
+    assert pinning["chunks GB/s"] > 0
+    assert "registration" not in rows["h2d_pageable"]["stages"]
     assert "ring stages alone: DMA " in proc.stdout
     targets = {r["to"] for r in rows["d2h_fresh"]["ratios"] if r["target"]}
     assert targets == {"cupy.asnumpy(x)", "t.cpu().numpy()"}

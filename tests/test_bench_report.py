@@ -298,10 +298,20 @@ def test_report_shows_the_ring_stages_of_a_transfer_row():
         "met": None, "ratios": [ratio.record(False)], "stages": stages,
     }  # fmt: skip
     failed = row | {"name": "h2d_pageable", "stages": {"settings": settings, "error": "E: x"}}
-    flat = " ".join(format_table(_results(True, [row, failed])).split())
+    pinned = row | {
+        "name": "d2h_strided",
+        "stages": stages | {"registration": {"whole GB/s": 12.345, "chunks GB/s": 9.0}},
+    }
+    unpinned = row | {"name": "d2h_fresh", "stages": stages | {"registration": {"error": "E: y"}}}
+    flat = " ".join(format_table(_results(True, [row, failed, pinned, unpinned])).split())
     assert (
         "ring stages alone: DMA 51.00 GB/s, host copies 20.50 GB/s at chunk_bytes 32 MiB, "
-        "num_buffers 4, host_threads 8"
+        "num_buffers 4, host_threads 8 h2d_pageable"  # the next row: no pinning figures here
     ) in flat
     assert "0.93x the throughput of the slower ring stage alone" in flat
     assert "ring stages alone: not measured (E: x) at chunk_bytes 32 MiB" in flat
+    assert (
+        "num_buffers 4, host_threads 8; pinning the array in place (cudaHostRegister + "
+        "unregister) 12.35 GB/s whole, 9.00 GB/s by chunks"
+    ) in flat
+    assert "host_threads 8; pinning the array in place not measured (E: y)" in flat

@@ -157,7 +157,16 @@ def stages_text(stages: dict[str, Any]) -> str:
     )
     if "error" in stages:
         return f"not measured ({stages['error']}) {at}"
-    return f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"
+    text = f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"
+    pinning = stages.get("registration")
+    if pinning is None:
+        return text
+    if "error" in pinning:
+        return f"{text}; pinning the array in place not measured ({pinning['error']})"
+    return (
+        f"{text}; pinning the array in place (cudaHostRegister + unregister) "
+        f"{pinning['whole GB/s']:.2f} GB/s whole, {pinning['chunks GB/s']:.2f} GB/s by chunks"
+    )
 
 
 def trace_text(where: dict[str, Any]) -> str:

@@ -129,6 +129,48 @@ def stage_components(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int
         "host GB/s": got["host"].gbps,
         "bound GB/s": min(got["DMA"].gbps, got["host"].gbps),
         "samples": _records(got),
+        # pinning out in place, measured once (h2d would pin the same kind of memory)
+        **({"registration": host_registration(g, host, min(repeats, 3))} if to_host else {}),
+    }
+
+
+def host_registration(g: GpuArrays, host: np.ndarray, repeats: int) -> dict[str, Any]:
+    """What pinning ``host`` in place would cost: ``cudaHostRegister`` and
+    ``cudaHostUnregister`` of the pageable array, whole and chunk by chunk.
+
+    Not used by the pipeline: a diagnosis of whether a copy that pins the
+    caller's array for its duration (a DMA straight into it, no staging
+    and no host copy) could beat the staging ring, which needs the register
+    and unregister rate above the link's.
+
+    Returns
+    -------
+    dict
+        ``"whole GB/s"`` and ``"chunks GB/s"`` (register then unregister, the
+        array's bytes over the time), and ``samples``; or ``error``.
+    """
+    runtime = g.cp.cuda.runtime
+    chunk = chunk_bytes_or_default(None)
+    base, nbytes = host.ctypes.data, host.nbytes
+
+    def whole() -> None:
+        runtime.hostRegister(base, nbytes, 0)
+        runtime.hostUnregister(base)
+
+    def chunks() -> None:
+        for off in range(0, nbytes, chunk):
+            runtime.hostRegister(base + off, min(chunk, nbytes - off), 0)
+            runtime.hostUnregister(base + off)
+
+    try:
+        got = measure({"whole": Case(whole, nbytes), "chunks": Case(chunks, nbytes)}, repeats)
+    except Exception as exc:  # a diagnosis: its failure must not cost the row
+        traceback.print_exc(file=sys.stderr)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "whole GB/s": got["whole"].gbps,
+        "chunks GB/s": got["chunks"].gbps,
+        "samples": _records(got),
     }
 
 
