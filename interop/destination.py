@@ -225,8 +225,8 @@ class Destination:
         xfs, btrfs, tmpfs, f2fs, overlay) is freed after the call returns: a
         read-only descriptor of it, opened before the rename, is closed by a
         background thread, which is where the file system frees its blocks
-        and page cache (at most four such files wait at a time; beyond that,
-        and for smaller files, the rename frees them as ``numpy.save``'s
+        and page cache (at most four such files are held at a time; beyond
+        that, and for smaller files, the rename frees them as ``numpy.save``'s
         truncation would). Its name is gone at once; only its space comes
         back a moment later.
 
@@ -308,12 +308,21 @@ class Destination:
 
 
 class _ReplacedFiles:
-    """Descriptors of replaced files, closed by one background thread.
+    """Descriptors of replaced files, closed by a background thread.
 
     The last close of a file with no name left is where the file system frees
     its blocks and drops its page cache; :meth:`hold` opens the file before
-    the rename, :meth:`close_later` hands the descriptor to the thread.
+    the rename, :meth:`close_later` hands the descriptor to the thread. The
+    thread leaves after a second without work (a process with threads warns
+    at ``os.fork``), and the next hand-over starts another.
+
+    Every held descriptor is kept in ``_held`` with its file's (device,
+    inode) until it is closed, so that a forked child, which inherits the
+    descriptors but not the thread, closes its copies (and only those: the
+    number may have been reused in the parent for another file).
     """
+
+    _IDLE_SECONDS = 1.0
 
     def __init__(self) -> None:
         self._reset()
@@ -321,19 +330,20 @@ class _ReplacedFiles:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[int | threading.Event] = queue.SimpleQueue()
-        self._held: set[int] = set()
+        self._held: dict[int, tuple[int, int]] = {}
         self._thread: threading.Thread | None = None
-        self._types: dict[tuple[int, int], str] = {}
 
     def hold(self, target: Path, st: os.stat_result) -> int | None:
         """A read-only descriptor of ``target`` (the regular file ``st``), or
         None where there is nothing worth holding: a small file, a file with
         other links (the rename frees nothing), a file on a network or unknown
         file system, a file this process may not read, or a file that changed
-        since ``st``."""
+        since ``st``. The caller passes it to :meth:`close_later`."""
         if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
             return None
-        if not self._frees_on_close(st.st_dev):
+        # read each time: device numbers of tmpfs, overlay or NFS mounts are reused
+        kind = _file_system_types().get((os.major(st.st_dev), os.minor(st.st_dev)))
+        if kind not in _FREE_ON_CLOSE:
             return None
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
         try:
@@ -347,65 +357,85 @@ class _ReplacedFiles:
         if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
             return None
+        with self._lock:
+            self._held[fd] = (now.st_dev, now.st_ino)
         return fd
 
-    def _frees_on_close(self, dev: int) -> bool:
-        """Whether the file system of device ``dev`` is one of :data:`_FREE_ON_CLOSE`
-        (the mount table is read again for a device not seen before)."""
-        key = (os.major(dev), os.minor(dev))
-        if key not in self._types:
-            self._types = _file_system_types()
-        return self._types.get(key) in _FREE_ON_CLOSE
-
     def close_later(self, fd: int | None) -> None:
-        """Close ``fd`` on the background thread (at once when enough wait)."""
+        """Close ``fd`` (from :meth:`hold`) on the background thread; at once
+        when enough already wait or no thread can be started. Never raises."""
         if fd is None:
             return
         with self._lock:
-            if len(self._held) < _FREE_LATER_MAX:
-                self._held.add(fd)
-                if self._thread is None:
-                    # Not named "interop-...": the exit handler joins those (transfer
-                    # threads), and this one waits for work forever. At exit the
-                    # kernel closes what is still held.
-                    self._thread = threading.Thread(
-                        target=self._run, name="free-replaced-files", daemon=True
-                    )
-                    self._thread.start()
+            if len(self._held) <= _FREE_LATER_MAX and self._started():
                 self._queue.put(fd)
                 return
-        os.close(fd)
+        self._close(fd)
+
+    def _started(self) -> bool:
+        """A running thread (called with the lock held); False if none can start."""
+        if self._thread is not None:
+            return True
+        # Not named "interop-...": the exit handler joins those (transfer threads).
+        # At exit the kernel closes what is still held.
+        thread = threading.Thread(target=self._run, name="free-replaced-files", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread"
+            return False
+        self._thread = thread
+        return True
+
+    def _close(self, fd: int) -> None:
+        """Close a held descriptor, then forget it (in that order: a child forked
+        in between finds its number closed or another file's, and leaves it)."""
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with self._lock:
+            self._held.pop(fd, None)
 
     def wait(self) -> None:
-        """Block until every held file was closed (for tests and benchmarks)."""
+        """Block until every descriptor handed over so far was closed (for tests)."""
         done = threading.Event()
         with self._lock:
-            if not self._held:
+            if self._thread is None:
                 return
-            self._queue.put(done)  # set by the thread after the descriptors queued before it
+            self._queue.put(done)  # set by the thread after what was queued before it
         done.wait()
 
     def _run(self) -> None:
         while True:
-            fd = self._queue.get()
-            if isinstance(fd, threading.Event):
-                fd.set()
+            try:
+                item = self._queue.get(timeout=self._IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:  # every put happens under the lock: nothing can slip in
+                    if self._queue.empty():
+                        self._thread = None
+                        return
                 continue
-            with self._lock:  # first: a child forked from now on must not close it
-                self._held.discard(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if isinstance(item, threading.Event):
+                item.set()
+            else:
+                self._close(item)
 
     def after_fork_in_child(self) -> None:
-        """A forked child holds copies of the descriptors and has no thread."""
-        for fd in self._held:
+        """Close the child's copies of the held descriptors (it has no thread)."""
+        for fd, key in list(self._held.items()):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == key:
+                    os.close(fd)
         self._reset()
 
 
 _replaced_files = _ReplacedFiles()
 os.register_at_fork(after_in_child=_replaced_files.after_fork_in_child)
+
+
+def wait_for_replaced_files() -> None:
+    """Block until every file replaced so far was freed (closed by the
+    background thread): for benchmarks and tests that time what follows."""
+    _replaced_files.wait()
 
 
 def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:

@@ -434,11 +434,34 @@ def test_a_profile_ranks_the_functions_a_call_spends_its_time_in():
     assert found["slow)"]["cumulative_us"] >= 2000
     assert found["quick)"]["calls"] == 2
     assert found["call)"]["calls"] == 1
-    assert not any("measure.py" in name for name in found)  # the calling loop is not listed
+    everything = profile_per_call(call, 20, top=100)
+    assert not any("measure.py" in e["function"] for e in everything)  # not the calling loop
     assert gc.isenabled()
     text = profile_text(top, shown=2)
     assert text.startswith(f"<built-in method time.sleep> {top[0]['own_us']:.1f} us; ")
     assert text.endswith("(own time per call under cProfile, which inflates it)")
+
+
+def test_a_case_settles_untimed_after_every_call():
+    """Background work a call leaves (a replaced file being freed) is waited for
+    after each of its calls, outside its timing and before the next case."""
+    import time
+
+    from interop.bench.measure import Case, measure
+
+    calls: list[str] = []
+
+    def settle() -> None:
+        time.sleep(0.05)
+        calls.append("settled")
+
+    cases = {
+        "ours": Case(lambda: calls.append("ours"), 1, settle=settle),
+        "anchor": Case(lambda: calls.append("anchor"), 1),
+    }
+    got = measure(cases, 2, release=lambda: None)
+    assert calls == ["ours", "settled", "anchor"] * 4  # first calls, warm-up, 2 rounds
+    assert max(got["ours"].seconds) < 0.05  # the settling is not timed
 
 
 def test_measure_warms_again_only_after_emptying_caches():

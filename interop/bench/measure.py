@@ -158,12 +158,17 @@ class Case:
     prepare : callable, optional
         Called once, untimed, before the first call (e.g. to poison ``out``
         so that the check sees what this call wrote).
+    settle : callable, optional
+        Called untimed after every call: waits for work the call left running
+        in the background, so that it does not overlap (and slow) the next
+        case's timed call.
     """
 
     fn: Callable[[], Any]
     nbytes: int = 0
     check: Callable[[Any], None] | None = None
     prepare: Callable[[], None] | None = None
+    settle: Callable[[], None] | None = None
 
 
 @dataclasses.dataclass
@@ -273,6 +278,8 @@ def measure(
             value = case.fn()
             if sync is not None:
                 sync()
+        if case.settle is not None:
+            case.settle()
         if case.check is not None:
             case.check(value)
         del value
@@ -288,6 +295,8 @@ def measure(
             case.fn()
             if sync is not None:
                 sync()
+            if case.settle is not None:
+                case.settle()
     for _ in range(repeats):
         for label, case in cases.items():
             start = time.perf_counter()
@@ -295,6 +304,8 @@ def measure(
             if sync is not None:
                 sync()
             results[label].seconds.append(time.perf_counter() - start)
+            if case.settle is not None:
+                case.settle()
     return results
 
 
@@ -339,11 +350,16 @@ def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[d
     """
     for _ in range(max(1, calls // 10)):  # warm-up: imports and caches are not the call's
         fn()
+
+    def run() -> None:  # each result is dropped inside the profile (its free is the call's)
+        for _ in range(calls):
+            fn()
+
     profiler = cProfile.Profile()
     collecting = gc.isenabled()
     gc.disable()  # as timeit: a collection would be charged to whatever function it interrupts
     try:
-        profiler.runcall(lambda: [fn() for _ in range(calls)])
+        profiler.runcall(run)
     finally:
         if collecting:
             gc.enable()
