@@ -64,7 +64,7 @@ _TEMPORARY_TRIES = 16
 
 
 # Replacing a file frees the old one's blocks and page cache inside the
-# rename (about a second per few GiB); a held descriptor moves that work to
+# rename (about half a second per GiB on ext4); a held descriptor moves that work to
 # its close, which a background thread does. Files smaller than this are
 # freed in the rename (a hand-over costs more); at most this many are held.
 _FREE_LATER_BYTES = 8 << 20
