@@ -151,18 +151,28 @@ class Config:
     # wherever it is in the stack, so blocks entered and left by different
     # threads in any interleaving restore the base exactly, instead of one
     # thread "restoring" another thread's temporary value forever.
-    __slots__ = ("__weakref__", "_base", "_lock", "_overlays", "_values")
+    __slots__ = ("__weakref__", "_base", "_chosen", "_lock", "_overlays", "_values")
     _lock: threading.Lock
     _base: dict[str, int]
+    _chosen: set[str]
     _overlays: list[_Overlay]
     _values: dict[str, int]
 
     def __init__(self) -> None:
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_base", {name: _from_env(name) for name in _DEFAULTS})
+        # the settings given a value (assigned, or from the environment), not defaulted
+        chosen = {name for name in _DEFAULTS if os.environ.get(_ENV[name], "").strip()}
+        object.__setattr__(self, "_chosen", chosen)
         object.__setattr__(self, "_overlays", [])
         object.__setattr__(self, "_values", dict(self._base))
         _instances.add(self)
+
+    def _is_chosen(self, name: str) -> bool:
+        """Whether ``name`` has a value someone gave it (an assignment, its
+        environment variable, or an active ``set`` block) rather than its default."""
+        with self._lock:
+            return name in self._chosen or any(name in o.values for o in self._overlays)
 
     def _recompute(self) -> None:  # with self._lock held
         values = dict(self._base)
@@ -199,6 +209,7 @@ class Config:
                     break
             else:
                 self._base[name] = checked
+                self._chosen.add(name)
             self._recompute()
 
     def as_dict(self) -> dict[str, int]:
@@ -259,6 +270,20 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 config = Config()
+
+
+def host_copy_threads() -> int:
+    """Threads of a host-to-host copy (host data into a host ``out``).
+
+    ``config.host_threads`` where someone set it (an assignment,
+    ``INTEROP_HOST_THREADS`` or a ``config.set`` block); by default all the
+    CPUs this process may run on, at most 8. The default ``host_threads``
+    (half of them) leaves cores to the thread that issues device copies and
+    waits on events; a host copy issues none, and its caller waits for it.
+    """
+    if config._is_chosen("host_threads"):
+        return config.host_threads
+    return max(1, min(8, _cores()))
 
 
 def chunk_bytes_or_default(chunk_bytes: object | None) -> int:

@@ -27,7 +27,7 @@ from .arrays import (
     parse_device,
     raw_host_memory,
 )
-from .config import chunk_bytes_or_default, config
+from .config import chunk_bytes_or_default, config, host_copy_threads
 from .errors import InvalidTypeError, InvalidValueError
 from .pipeline.backend import Backend, DeviceData
 from .pipeline.future import Transfer
@@ -327,7 +327,7 @@ def copy_to_host_async(
     queued before the call. Non-contiguous device chunks are packed on the
     device into ring-sized staging rows (no full-size temporary). Host
     sources are copied chunk by chunk by ``interop.config.host_threads``
-    threads.
+    threads where that setting was set, else by all the CPUs (at most 8).
 
     Raises
     ------
@@ -348,8 +348,8 @@ def copy_to_host_async(
         out = np.empty(src.shape, src.dtype)
     else:
         _check_host_out(out, src)
-    threads = config.host_threads
     if src.on_device:
+        threads = config.host_threads
         return device_to_host(
             src.obj,
             chunk,
@@ -359,6 +359,7 @@ def copy_to_host_async(
             func="copy_to_host",
             order="the source's C order",
         )
+    threads = host_copy_threads()
     nbytes = nbytes_of(src.shape, src.dtype.itemsize)
     if chunk_bytes is None:
         chunk = host_chunk_bytes(nbytes, chunk, threads)

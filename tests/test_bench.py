@@ -180,6 +180,8 @@ def test_host_rows_report_figures_and_directed_ratios(quick_run):
     assert rows["host_copy"]["gbps"] > 0
     assert rows["host_copy"]["samples"]["copy_to_host"]["result_checked"] is True
     assert len(rows["host_copy"]["samples"]["numpy.copyto"]["seconds"]) == 9
+    if not os.environ.get("INTEROP_HOST_THREADS", "").strip():  # a host copy takes every CPU
+        assert rows["host_copy"]["threads"] == max(1, min(8, len(os.sched_getaffinity(0))))
     rss = rows["save_npy_rss"]["memory"]
     assert rss["bound_bytes"] == 2 * data["config"]["num_buffers"] * data["config"]["chunk_bytes"]
     assert rss["extra_host_rss_bytes"] >= 0  # 0 is possible: the tensor is written in place

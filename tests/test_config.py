@@ -40,6 +40,53 @@ def test_default_host_threads_are_half_the_cpus_at_least_one():
         assert int(proc.stdout) == max(1, min(8, k // 2)), k
 
 
+def test_host_copies_use_all_the_cpus_unless_host_threads_was_set():
+    """A host-to-host copy has no device copies to leave cores for: by default
+    it takes every CPU (at most 8); a host_threads someone set is kept."""
+    cpus = sorted(os.sched_getaffinity(0))
+    code = """
+        import os, threading
+        os.sched_setaffinity(0, {cpus!r})
+        import numpy as np
+        import interop
+        from interop.config import host_copy_threads
+
+        def copying_threads():
+            seen = set()
+            def progress(done, total):
+                names = (t.name for t in threading.enumerate())
+                seen.update(n for n in names if n.startswith("interop-host"))
+            # one 32 MiB chunk (the default chunk_bytes) per thread
+            src = np.arange(host_copy_threads() * (8 << 20), dtype=np.float32)
+            out = interop.copy_to_host(src, progress=progress)
+            assert np.array_equal(out, src)
+            return len(seen)
+
+        print(interop.config.host_threads, host_copy_threads(), copying_threads())
+        with interop.config.set(host_threads=1):
+            print(host_copy_threads(), copying_threads())
+        print(host_copy_threads())
+        interop.config.host_threads = 1
+        print(host_copy_threads(), copying_threads())
+        """
+    for k in sorted({1, 2, len(cpus)} & set(range(1, len(cpus) + 1))):
+        proc = run_python(code.format(cpus=cpus[:k]), env={"INTEROP_HOST_THREADS": ""})
+        assert proc.returncode == 0, proc.stderr
+        every = max(1, min(8, k))
+        lines = [line.split() for line in proc.stdout.splitlines()]
+        assert lines == [
+            [str(max(1, min(8, k // 2))), str(every), str(every)],  # defaults
+            ["1", "1"],  # a set block
+            [str(every)],  # the block left: the default again
+            ["1", "1"],  # assigned
+        ], k
+    proc = run_python(
+        "from interop.config import host_copy_threads; print(host_copy_threads())",
+        env={"INTEROP_HOST_THREADS": "3"},
+    )
+    assert proc.stdout.split() == ["3"], proc.stderr  # from the environment: kept
+
+
 def test_set_block_restores_also_on_error_and_nests():
     before = interop.config.as_dict()
     with interop.config.set(chunk_bytes=1024, num_buffers=2):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ... import _backends
-from ...config import chunk_bytes_or_default, config
+from ...config import chunk_bytes_or_default, config, host_copy_threads
 from ..context import BenchContext
 from ..measure import (
     Case,
@@ -107,6 +107,7 @@ def host_copy(ctx: BenchContext) -> dict[str, Any]:
             )
         ],
         "memory": {"extra_host_rss_bytes": ours.extra_host_bytes},
+        "threads": host_copy_threads(),
         "samples": {label: m.record() for label, m in got.items()},
     }
 
