@@ -137,6 +137,8 @@ class Config:
         Number of staging buffers in the ring: 1 to 64.
     host_threads : int
         Threads that copy between staging buffers and host arrays: 1 to 256.
+        Where set, also the threads of host-to-host copies, which by default
+        use every CPU, at most 8 (:func:`host_copy_threads`).
 
     Examples
     --------
