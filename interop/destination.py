@@ -388,14 +388,20 @@ class _ReplacedFiles:
 
     def _close(self, fd: int) -> None:
         """Close a held descriptor, then forget it (in that order: a child forked
-        in between finds its number closed or another file's, and leaves it)."""
+        in between finds its number closed or another file's, and leaves it).
+        Once closed, the number may already be held again, for another file
+        that :meth:`hold` opened meanwhile: only this file's entry is forgotten."""
+        with self._lock:
+            key = self._held.get(fd)
         with contextlib.suppress(OSError):
             os.close(fd)
         with self._lock:
-            self._held.pop(fd, None)
+            if key is not None and self._held.get(fd) == key:
+                del self._held[fd]
 
     def wait(self) -> None:
-        """Block until every descriptor handed over so far was closed (for tests)."""
+        """Block until every descriptor handed over so far was closed (for
+        benchmarks and tests, through :func:`wait_for_replaced_files`)."""
         done = threading.Event()
         with self._lock:
             if self._thread is None:

@@ -143,6 +143,31 @@ def test_the_background_closer_holds_at_most_four_files(local_fs, gated_closes):
     files.close_later(None)  # nothing was held: nothing happens
 
 
+def test_a_number_held_again_before_its_close_is_forgotten_stays_held(local_fs, monkeypatch):
+    """The descriptor number a close frees may be handed out at once, for the
+    next replaced file: forgetting the closed one must not forget that one."""
+    tmp_path = local_fs
+    files = destination._ReplacedFiles()
+    first, second = tmp_path / "first", tmp_path / "second"
+    fd = files.hold(first, _big_file(first))
+    again: list[int | None] = []
+    real_close = os.close
+
+    def close_then_hold(number: int) -> None:
+        real_close(number)
+        if number == fd and not again:
+            again.append(files.hold(second, _big_file(second)))  # the lowest free number
+
+    monkeypatch.setattr(os, "close", close_then_hold)
+    files._close(fd)
+    monkeypatch.undo()
+    assert again == [fd]  # the same number, now the second file's
+    st = os.stat(second)
+    assert files._held == {fd: (st.st_dev, st.st_ino)}
+    files._close(fd)
+    assert files._held == {}
+
+
 def test_the_closer_leaves_when_idle_and_wait_returns_at_once_without_it(local_fs):
     """A process with a thread warns at os.fork(): the closer does not linger."""
     tmp_path = local_fs
