@@ -98,16 +98,22 @@ def _validate(name: str, value: object, source: str | None = None) -> int:
     return number
 
 
+def _env_text(name: str) -> str | None:
+    """The setting's environment variable, stripped; None where unset or empty."""
+    return os.environ.get(_ENV[name], "").strip() or None
+
+
 def _from_env(name: str) -> int:
     variable = _ENV[name]
-    raw = os.environ.get(variable)
-    if raw is None or raw.strip() == "":
+    text = _env_text(name)
+    if text is None:
         return _DEFAULTS[name]
     try:
-        value = int(raw.strip(), 0)
+        value = int(text, 0)
     except ValueError:
         raise InvalidValueError(
-            f"expected {variable} to be an integer (got {raw!r}); unset it or fix it"
+            f"expected {variable} to be an integer (got {os.environ[variable]!r}); "
+            "unset it or fix it"
         ) from None
     try:
         return _validate(name, value, variable)
@@ -164,7 +170,7 @@ class Config:
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_base", {name: _from_env(name) for name in _DEFAULTS})
         # the settings given a value (assigned, or from the environment), not defaulted
-        chosen = {name for name in _DEFAULTS if os.environ.get(_ENV[name], "").strip()}
+        chosen = {name for name in _DEFAULTS if _env_text(name) is not None}
         object.__setattr__(self, "_chosen", chosen)
         object.__setattr__(self, "_overlays", [])
         object.__setattr__(self, "_values", dict(self._base))
