@@ -388,9 +388,8 @@ def save_npy(
     module docstring for reading it with ``numpy.load``). The file is not
     synced to disk (``numpy.save`` does not either). A replaced file of 8 MiB
     or more on a local file system is freed by a background thread just
-    after the rename: the name
-    is the new file's when the call returns, and the old file's disk space
-    comes back a moment later.
+    after the rename: the name is the new file's when the call returns, and
+    the old file's disk space comes back a moment later.
 
     Raises
     ------
