@@ -23,6 +23,7 @@ from .arrays import (
     bits,
     host_values,
     is_emulated_device_array,
+    numpy_view_of_cpu_tensor,
     overlaps,
     parse_device,
     raw_host_memory,
@@ -98,6 +99,7 @@ def _start(
     func: str,
     order: str,
     threads: int | None,
+    host: np.ndarray | None,
 ) -> Transfer:
     backend = backend_of(x)
     data = data_of(backend)
@@ -116,8 +118,24 @@ def _start(
         data,
         host_step(plan),
         config.host_threads if threads is None else threads,
+        pinned=_pinned_addresses(backend, host, plan),
     )
     return transfer.start(lambda t: run_slots(t, job))
+
+
+def _pinned_addresses(
+    backend: Backend, host: np.ndarray | None, plan: Plan
+) -> Callable[[int], int] | None:
+    """Chunk ``i``'s address in ``host`` when the DMAs can use it directly: a
+    C-contiguous array (chunk ``i`` is then its bytes ``[starts[i], starts[i] +
+    sizes[i])``) in page-locked memory. None: go through the staging ring."""
+    if host is None or not host.flags.c_contiguous or host.nbytes != plan.nbytes:
+        return None
+    base = int(host.ctypes.data)
+    if not backend.is_pinned(base, plan.nbytes):
+        return None
+    starts = plan.starts
+    return lambda i: base + starts[i]
 
 
 def device_to_host(
@@ -130,16 +148,30 @@ def device_to_host(
     func: str,
     order: str,
     threads: int | None = None,
+    into: np.ndarray | None = None,
 ) -> Transfer:
     """Start the device-to-host slot pipeline for device data ``x``.
 
     ``host_step(plan)(i)`` gives the pieces that copy chunk ``i`` out of its
     pinned slot (into ``out``, or into a file), run on ``threads`` host
     threads (default ``config.host_threads``); the copy is ordered after the
-    work queued on ``x``'s library's current stream at this call.
+    work queued on ``x``'s library's current stream at this call. ``into``,
+    the host array the pieces write (if they write one), is written by the
+    DMAs directly, without the ring and the pieces, where it is page-locked
+    and C-contiguous.
     """
     return _start(
-        "d2h", x, lambda b: b.source(x), chunk, host_step, result, progress, func, order, threads
+        "d2h",
+        x,
+        lambda b: b.source(x),
+        chunk,
+        host_step,
+        result,
+        progress,
+        func,
+        order,
+        threads,
+        into,
     )
 
 
@@ -153,16 +185,21 @@ def host_to_device(
     func: str,
     order: str,
     threads: int | None = None,
+    source: np.ndarray | None = None,
 ) -> Transfer:
     """Start the host-to-device slot pipeline into device array ``out``.
 
     ``host_step(plan)(i)`` gives the pieces that fill chunk ``i``'s pinned
     slot; the copy is ordered after the work queued on ``out``'s library's
     current stream at this call, and the transfer completes when the data is
-    on the device.
+    on the device. ``source``, host memory holding exactly the bytes the
+    pieces would fill the slots with, is read by the DMAs directly, without
+    the ring and the pieces, where it is page-locked and C-contiguous.
     """
     data_of: Callable[[Backend], DeviceData] = lambda b: b.target(out, func)  # noqa: E731
-    return _start("h2d", out, data_of, chunk, host_step, result, progress, func, order, threads)
+    return _start(
+        "h2d", out, data_of, chunk, host_step, result, progress, func, order, threads, source
+    )
 
 
 def _into_array(out: np.ndarray, threads: int) -> HostStep:
@@ -204,6 +241,17 @@ def _from_host(src: Any, dtype: np.dtype, threads: int) -> HostStep:
         return tasks
 
     return step
+
+
+def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
+    """The host source's memory where it holds exactly the bytes the device
+    gets (native byte order, no conjugate/negative bit to apply); else None."""
+    obj = src.obj
+    if isinstance(obj, np.ndarray):
+        return obj if obj.dtype == dtype else None
+    if obj.is_conj() or obj.is_neg():
+        return None
+    return numpy_view_of_cpu_tensor(obj)
 
 
 # ----------------------------------------------------------------- checks
@@ -325,7 +373,10 @@ def copy_to_host_async(
     non-blocking stream that waits (an event, not a device-wide sync) on the
     producer's current stream of the data's device, so the copy sees all work
     queued before the call. Non-contiguous device chunks are packed on the
-    device into ring-sized staging rows (no full-size temporary). Host
+    device into ring-sized staging rows (no full-size temporary). An ``out``
+    already in page-locked memory (``cupyx.empty_pinned``, a pinned tensor's
+    ``.numpy()``, registered memory) and C-contiguous is written by the DMAs
+    directly, with no ring and no host threads. Host
     sources are copied chunk by chunk by ``interop.config.host_threads``
     threads where that setting was set, else by all the CPUs (at most 8).
 
@@ -358,6 +409,7 @@ def copy_to_host_async(
             progress=progress,
             func="copy_to_host",
             order="the source's C order",
+            into=out,
         )
     threads = host_copy_threads()
     nbytes = nbytes_of(src.shape, src.dtype.itemsize)
@@ -461,6 +513,7 @@ def copy_to_device_async(
         progress=progress,
         func="copy_to_device",
         order="the source's C order",
+        source=_host_bytes(src, native),
     )
 
 
@@ -510,6 +563,9 @@ def copy_to_device(
     the result can be used on any stream. Non-native byte order is converted
     while filling the slots. Extra pinned host memory is the ring; a
     non-contiguous ``out`` uses as much device memory again for unpacking.
+    A source already in page-locked memory, C-contiguous, in native byte
+    order and without a conjugate/negative bit is read by the DMAs directly,
+    with no ring and no host threads.
 
     Device data: one device-side copy queued on the current stream of
     ``out``'s library, after an event on the current stream of ``x``'s

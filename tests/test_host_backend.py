@@ -127,7 +127,7 @@ def test_a_slot_touched_before_its_dma_was_seen_complete_is_refused(backend):
     ready.record(backend.default_stream)
     s.wait(ready)
     with StagingRing(backend, 1, 256) as ring:
-        backend.copy_to_host(ring, 0, src, 32, s)
+        backend.copy_to_host(ring.ptrs[0], src, 32, s)
         with pytest.raises(RuleViolation, match="before the device copy"), ring.host(0, 32):
             pass
         done = backend.event()
@@ -147,7 +147,7 @@ def test_a_dma_queued_on_a_slot_a_host_thread_uses_is_refused(backend):
         ring.host(0, 16),
         pytest.raises(RuleViolation, match="while a host thread uses it"),
     ):
-        backend.copy_to_host(ring, 0, src, 16, s)
+        backend.copy_to_host(ring.ptrs[0], src, 16, s)
     s.close()
 
 
@@ -156,9 +156,10 @@ def test_use_after_free_is_refused(backend):
     backend.synchronize()
     s = backend.stream()
     ring = StagingRing(backend, 1, 256)
+    ptr = ring.ptrs[0]
     ring.free()
     with pytest.raises(RuleViolation, match="freed"):
-        backend.copy_to_host(ring, 0, src, 16, s)
+        backend.copy_to_host(ptr, src, 16, s)
     staging = backend.staging(1, 16)
     backend.synchronize()
     staging.free()
@@ -173,10 +174,44 @@ def test_a_dma_must_copy_a_contiguous_array_of_exactly_its_bytes(backend):
     with StagingRing(backend, 1, 256) as ring:
         s = backend.stream()
         with pytest.raises(RuleViolation, match="C-contiguous: False"):
-            backend.copy_to_host(ring, 0, src.T, 16, s)
+            backend.copy_to_host(ring.ptrs[0], src.T, 16, s)
         with pytest.raises(RuleViolation, match="DMA of 8 bytes"):
-            backend.copy_to_host(ring, 0, src, 8, s)
+            backend.copy_to_host(ring.ptrs[0], src, 8, s)
         s.close()
+
+
+def test_a_dma_reaches_only_live_page_locked_memory(backend):
+    src = backend.asarray(np.arange(16, dtype=np.uint8))
+    backend.synchronize()
+    s = backend.stream()
+    pageable = np.zeros(16, np.uint8)
+    with pytest.raises(RuleViolation, match="not inside one live page-locked buffer"):
+        backend.copy_to_host(pageable.ctypes.data, src, 16, s)
+    ptr, buf = backend.host_alloc(64)
+    buf[:] = 0
+    assert backend.is_pinned(ptr, 64)
+    assert backend.is_pinned(ptr + 48, 16)
+    assert not backend.is_pinned(ptr + 49, 16)  # runs past the buffer's end
+    assert not backend.is_pinned(ptr, 0)
+    assert not backend.is_pinned(pageable.ctypes.data, 16)
+    with pytest.raises(RuleViolation, match="past the buffer's end"):
+        backend.copy_to_host(ptr + 49, src, 16, s)
+    backend.copy_to_host(ptr + 48, src, 16, s)  # anywhere inside a pinned buffer
+    s.synchronize()
+    assert buf[48:].tolist() == list(range(16))
+    assert buf[:48].tolist() == [0] * 48
+    dst = backend.empty((16,), np.uint8)
+    ready = backend.event()
+    ready.record(backend.default_stream)  # dst was allocated there
+    s.wait(ready)
+    backend.copy_to_device(dst, ptr + 40, 16, s)
+    s.synchronize()
+    assert dst.data.tolist() == [0] * 8 + list(range(8))
+    backend.host_free(ptr)
+    assert not backend.is_pinned(ptr, 16)
+    with pytest.raises(RuleViolation, match="freed"):
+        backend.copy_to_device(dst, ptr, 16, s)
+    s.close()
 
 
 def test_an_injected_device_fault_is_sticky():

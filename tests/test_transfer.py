@@ -580,6 +580,83 @@ def test_gpu_error_in_a_worker_releases_and_stays_usable(cp):
     np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
 
 
+@pytest.mark.gpu
+def test_gpu_pinned_outs_and_sources_skip_the_ring(cp, torch):
+    """Page-locked host memory (CuPy's pinned pool, PyTorch's pin_memory,
+    cudaHostRegister) is copied to and from by the DMAs alone: no staging
+    ring is borrowed, so none is cached afterwards; pageable memory is."""
+    import cupyx
+
+    from interop.pipeline.ring import free_cached_rings
+
+    a = cp.arange(3 << 20, dtype=cp.float32).reshape(3 << 10, 1 << 10)  # 12 MiB
+    expect = cp.asnumpy(a)
+    free_cached_rings()
+    pinned = cupyx.empty_pinned(a.shape, np.float32)
+    pinned.fill(-1)
+    assert interop.copy_to_host(a, pinned, chunk_bytes=1 << 20) is pinned
+    np.testing.assert_array_equal(pinned, expect)
+    transposed = cupyx.empty_pinned((1 << 10, 3 << 10), np.float32)
+    interop.copy_to_host(a.T, transposed, chunk_bytes=1 << 20)  # packed on the device
+    np.testing.assert_array_equal(transposed, expect.T)
+    page_locked = torch.empty(a.shape, dtype=torch.float32, pin_memory=True)
+    interop.copy_to_host(a, page_locked.numpy(), chunk_bytes=1 << 20)
+    np.testing.assert_array_equal(page_locked.numpy(), expect)
+    back = interop.copy_to_device(pinned, chunk_bytes=1 << 20)
+    assert bool(cp.array_equal(back, a))
+    into_t = torch.empty((1 << 10, 3 << 10), device="cuda").T  # unpacked on the device
+    interop.copy_to_device(page_locked, into_t, chunk_bytes=1 << 20)
+    assert bool((into_t.cpu() == page_locked).all())
+    registered = np.zeros(a.shape, np.float32)
+    runtime = cp.cuda.runtime
+    runtime.hostRegister(registered.ctypes.data, registered.nbytes, 0)
+    try:
+        interop.copy_to_host(a, registered, chunk_bytes=1 << 20)
+        np.testing.assert_array_equal(registered, expect)
+    finally:
+        runtime.hostUnregister(registered.ctypes.data)
+    assert cached_rings() == 0  # no copy above borrowed a ring
+    pageable = np.zeros(a.shape, np.float32)
+    interop.copy_to_host(a, pageable, chunk_bytes=1 << 20)
+    np.testing.assert_array_equal(pageable, expect)
+    assert cached_rings() == 1  # the staged copy borrowed one and gave it back
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_memory_is_recognised_by_address(cp):
+    import cupyx
+
+    from interop.pipeline.cuda import cuda_backend
+
+    backend = cuda_backend(cp.cuda.runtime.getDevice())
+    pinned = cupyx.empty_pinned(1 << 16, np.uint8)
+    base = pinned.ctypes.data
+    assert backend.is_pinned(base, pinned.nbytes)
+    assert backend.is_pinned(base + 100, 1000)
+    assert not backend.is_pinned(base, 0)
+    pageable = np.ones(1 << 16, np.uint8)
+    assert not backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
+
+
+@pytest.mark.gpu
+def test_gpu_a_direct_copy_waits_for_the_producer_stream(torch):
+    side = torch.cuda.Stream()
+    x = torch.zeros(1 << 22, device="cuda")
+    out = torch.empty(1 << 22, pin_memory=True).numpy()
+    side.wait_stream(torch.cuda.current_stream())  # the zeros first
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x.fill_(7.0)
+        interop.copy_to_host(x, out, chunk_bytes=1 << 20)
+        assert (out == 7.0).all()
+        src = torch.full((1 << 22,), 5.0, pin_memory=True)
+        torch.cuda._sleep(100_000_000)
+        x.fill_(1.0)  # queued before the copy: the copy must land after it
+        interop.copy_to_device(src, x, chunk_bytes=1 << 20)
+    torch.cuda.synchronize()
+    assert bool((x == 5.0).all())
+
+
 def test_ctrl_c_while_waiting_cancels_releases_and_reraises():
     """SIGINT during result(): KeyboardInterrupt is re-raised after the transfer
     stopped and its threads are gone; the process stays usable."""

@@ -177,10 +177,15 @@ def trace_text(where: dict[str, Any]) -> str:
     def rate(gbps: float | None) -> str:
         return "-" if gbps is None else f"{gbps:.2f} GB/s"
 
+    host = (
+        f"{where['threads']} host threads {rate(where['host_gbps_per_thread'])} each "
+        f"(busy {where['host_busy']:.0%})"
+        if where["threads"]
+        else "no host threads (DMAs straight to or from pinned memory)"
+    )
     return (
         f"{rate(where['rate_gbps'])} in all; device copies {rate(where['device_gbps'])} "
-        f"(busy {where['device_busy']:.0%}); {where['threads']} host threads "
-        f"{rate(where['host_gbps_per_thread'])} each (busy {where['host_busy']:.0%}); "
+        f"(busy {where['device_busy']:.0%}); {host}; "
         f"issuer waited {where['issuer_wait_seconds']:.3f} s"
         + (
             f"; the call took {where['call_seconds']:.3f} s, {where['outside_seconds']:.3f} s "

@@ -106,6 +106,10 @@ class Backend(Protocol):
     def host_free(self, ptr: int) -> None:
         """Free a buffer of :meth:`host_alloc`."""
 
+    def is_pinned(self, ptr: int, nbytes: int) -> bool:
+        """True if the host bytes ``[ptr, ptr + nbytes)`` are page-locked memory
+        this device can DMA to and from (a copy then needs no staging)."""
+
     def host_access(self, ring: Any, k: int) -> AbstractContextManager[Any]:
         """Bracket a host thread's access to slot ``k`` of ``ring``."""
 
@@ -118,11 +122,13 @@ class Backend(Protocol):
     def is_contiguous(self, view: Any) -> bool:
         """True if the device array is C-contiguous (one DMA copies it)."""
 
-    def copy_to_host(self, ring: Any, k: int, src: Any, nbytes: int, s: Any) -> None:
-        """Queue a DMA of the contiguous device array ``src`` into slot ``k``."""
+    def copy_to_host(self, dst: int, src: Any, nbytes: int, s: Any) -> None:
+        """Queue a DMA of the contiguous device array ``src`` to the page-locked
+        host address ``dst`` (a staging slot, or a pinned destination)."""
 
-    def copy_to_device(self, dst: Any, ring: Any, k: int, nbytes: int, s: Any) -> None:
-        """Queue a DMA of slot ``k`` into the contiguous device array ``dst``."""
+    def copy_to_device(self, dst: Any, src: int, nbytes: int, s: Any) -> None:
+        """Queue a DMA from the page-locked host address ``src`` into the
+        contiguous device array ``dst``."""
 
     def copy_on_device(self, dst: Any, src: Any, s: Any) -> None:
         """Queue an element-wise copy between device arrays of one shape and dtype."""

@@ -4,7 +4,8 @@ Streams are non-blocking CuPy streams, events are created with blocking
 synchronisation (``cudaEventBlockingSync``: a host thread waiting on one
 sleeps instead of spinning a core the host copies need), staging slots are
 portable pinned memory from ``cudaHostAlloc`` (exact size, usable from every
-device), DMAs are ``cudaMemcpyAsync``, and pack/unpack are CuPy element-wise
+device), DMAs are ``cudaMemcpyAsync`` (to a slot, or to the caller's memory
+where ``cudaPointerGetAttributes`` calls it page-locked), and pack/unpack are CuPy element-wise
 copies on the copy stream. Device staging rows come from CuPy's own memory
 pool (never from an allocator the user installed) on the allocating thread's
 current stream; the schedule makes the copy stream wait on an event recorded
@@ -131,6 +132,26 @@ class CudaBackend:
     def host_free(self, ptr: int) -> None:
         self._cp.cuda.runtime.freeHost(ptr)
 
+    def is_pinned(self, ptr: int, nbytes: int) -> bool:
+        """Both ends of the range are page-locked host memory (``cudaHostAlloc``,
+        ``cudaMallocHost`` or ``cudaHostRegister``: PyTorch's ``pin_memory``,
+        CuPy's pinned pool), as ``cudaPointerGetAttributes`` reports them.
+
+        A wrong answer costs speed, never data: ``cudaMemcpyAsync`` copies
+        pageable memory correctly too (staged by the driver, synchronously).
+        """
+        if nbytes <= 0:
+            return False
+        runtime = self._cp.cuda.runtime
+        try:
+            with self.activate():
+                return all(
+                    runtime.pointerGetAttributes(p).type == runtime.memoryTypeHost
+                    for p in (ptr, ptr + nbytes - 1)
+                )
+        except runtime.CUDARuntimeError:  # not memory CUDA knows of
+            return False
+
     def host_access(self, ring: Any, k: int) -> Any:
         return contextlib.nullcontext()
 
@@ -146,11 +167,11 @@ class CudaBackend:
     def is_contiguous(self, view: Any) -> bool:
         return bool(view.flags.c_contiguous)
 
-    def copy_to_host(self, ring: Any, k: int, src: Any, nbytes: int, s: CudaStream) -> None:
-        self._cp.cuda.runtime.memcpyAsync(ring.ptrs[k], src.data.ptr, nbytes, _D2H, s.ptr)
+    def copy_to_host(self, dst: int, src: Any, nbytes: int, s: CudaStream) -> None:
+        self._cp.cuda.runtime.memcpyAsync(dst, src.data.ptr, nbytes, _D2H, s.ptr)
 
-    def copy_to_device(self, dst: Any, ring: Any, k: int, nbytes: int, s: CudaStream) -> None:
-        self._cp.cuda.runtime.memcpyAsync(dst.data.ptr, ring.ptrs[k], nbytes, _H2D, s.ptr)
+    def copy_to_device(self, dst: Any, src: int, nbytes: int, s: CudaStream) -> None:
+        self._cp.cuda.runtime.memcpyAsync(dst.data.ptr, src, nbytes, _H2D, s.ptr)
 
     def copy_on_device(self, dst: Any, src: Any, s: CudaStream) -> None:
         if not dst.size:

@@ -213,32 +213,48 @@ class HostBackend:
     def is_contiguous(self, view: DeviceArray) -> bool:
         return bool(view.data.flags.c_contiguous)
 
-    def copy_to_host(self, ring: Any, k: int, src: DeviceArray, nbytes: int, s: HostStream) -> None:
-        self._check_dma(src, ring, nbytes)
-        slot, data = ring.arrays[k], src.data
+    def is_pinned(self, ptr: int, nbytes: int) -> bool:
+        """The range lies inside one live buffer of :meth:`host_alloc`."""
+        return nbytes > 0 and self._pinned(ptr, nbytes) is not None
+
+    def _pinned(self, ptr: int, nbytes: int) -> tuple[np.ndarray, _Region] | None:
+        """The bytes ``[ptr, ptr + nbytes)`` of the live pinned buffer holding
+        them, and that buffer's region; None where no buffer holds them all."""
+        with self._lock:
+            for base, array in self.host_buffers.items():
+                if base <= ptr and ptr + nbytes <= base + array.nbytes:
+                    return array[ptr - base : ptr - base + nbytes], self._slots[base]
+        return None
+
+    def copy_to_host(self, dst: int, src: DeviceArray, nbytes: int, s: HostStream) -> None:
+        host, region = self._check_dma(src, dst, nbytes)
+        data = src.data
         s.enqueue(
-            "copy", lambda: np.copyto(slot[:nbytes], data.reshape(-1).view(np.uint8)),
-            reads=[src.region], writes=[self._slots[ring.ptrs[k]]],
+            "copy", lambda: np.copyto(host, data.reshape(-1).view(np.uint8)),
+            reads=[src.region], writes=[region],
         )  # fmt: skip
 
-    def copy_to_device(
-        self, dst: DeviceArray, ring: Any, k: int, nbytes: int, s: HostStream
-    ) -> None:
-        self._check_dma(dst, ring, nbytes)
-        slot, data = ring.arrays[k], dst.data
+    def copy_to_device(self, dst: DeviceArray, src: int, nbytes: int, s: HostStream) -> None:
+        host, region = self._check_dma(dst, src, nbytes)
+        data = dst.data
         s.enqueue(
-            "copy", lambda: np.copyto(data.reshape(-1).view(np.uint8), slot[:nbytes]),
-            reads=[self._slots[ring.ptrs[k]]], writes=[dst.region],
+            "copy", lambda: np.copyto(data.reshape(-1).view(np.uint8), host),
+            reads=[region], writes=[dst.region],
         )  # fmt: skip
 
-    def _check_dma(self, view: DeviceArray, ring: Any, nbytes: int) -> None:
-        if ring.closed:
-            raise self.violation("DMA queued on a staging ring that was freed")
-        if not view.data.flags.c_contiguous or view.nbytes != nbytes or nbytes > ring.nbytes:
+    def _check_dma(self, view: DeviceArray, ptr: int, nbytes: int) -> tuple[np.ndarray, _Region]:
+        if not view.data.flags.c_contiguous or view.nbytes != nbytes:
             raise self.violation(
                 f"DMA of {nbytes} bytes for a device array of {view.nbytes} bytes "
-                f"(C-contiguous: {view.data.flags.c_contiguous}) through {ring.nbytes}-byte slots"
+                f"(C-contiguous: {view.data.flags.c_contiguous})"
             )
+        pinned = self._pinned(ptr, nbytes)
+        if pinned is None:
+            raise self.violation(
+                f"DMA of {nbytes} bytes at host address {ptr:#x}, which is not inside one live "
+                "page-locked buffer (freed, pageable, or past the buffer's end)"
+            )
+        return pinned
 
     def copy_on_device(self, dst: DeviceArray, src: DeviceArray, s: HostStream) -> None:
         if dst.shape != src.shape or dst.dtype != src.dtype:

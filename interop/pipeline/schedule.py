@@ -20,6 +20,13 @@ Host to device, per chunk::
              -> DMA slot k [into staging row k -> unpack] -> record event[k]
              -> submit the fill of chunk i + nslots, after event[k]
 
+Pinned host memory (the direct form, ``SlotJob.pinned``): when the
+destination (device to host) or the source (host to device) is already
+page-locked and C-contiguous, each chunk is one DMA between its place there
+and the device, with its pack or unpack; no ring, no host threads. Chunk
+``i`` is issued after ``event[i - nslots]`` was synchronised, so at most
+``nslots`` chunks are in flight.
+
 Chunks are reported complete in order (progress counts completed chunks, never
 queued ones). An event is waited on only after it was recorded: the pieces that
 wait on ``event[k]`` are submitted after it was recorded, and ``event[k]`` is
@@ -70,6 +77,11 @@ class SlotJob:
         is called with the first ``plan.sizes[i]`` bytes of the chunk's slot.
     threads : int
         Host threads for the pieces.
+    pinned : callable, optional
+        The direct form: ``pinned(i)`` is the page-locked host address of
+        chunk ``i``'s bytes (in the destination, d2h, or the source, h2d).
+        Each chunk is then one DMA between that address and the device, with
+        no staging ring and no host threads (``host_tasks`` is not called).
     """
 
     direction: Literal["d2h", "h2d"]
@@ -79,6 +91,7 @@ class SlotJob:
     data: DeviceData
     host_tasks: Callable[[int], Sequence[HostTask]]
     threads: int
+    pinned: Callable[[int], int] | None = None
 
 
 class _Errors:
@@ -111,18 +124,27 @@ class _Run:
         self.events: list[Event] = [job.backend.event() for _ in range(n)]
         self.pending: list[list[Future[None]]] = [[] for _ in range(n)]
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
-        self.pool = ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="interop-host")
+        self.pool = (
+            None
+            if job.pinned is not None
+            else ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="interop-host")
+        )
         self.ring: StagingRing | None = None
         self.staging: Staging | None = None
         # diagnosis only (interop.pipeline.trace): timing events around each device step
-        self.trace = trace.SlotTrace(job.direction, job.threads) if trace.active() else None
+        self.trace = (
+            trace.SlotTrace(job.direction, 0 if self.pool is None else job.threads)
+            if trace.active()
+            else None
+        )
         self.timers: list[tuple[Timer, Timer]] = []
 
     # -- steps
     def submit(self, i: int, k: int, after: Event | None) -> None:
         """Submit the host pieces of chunk ``i`` (slot ``k``), each waiting ``after``."""
-        ring = self.ring
+        ring, pool = self.ring, self.pool
         assert ring is not None
+        assert pool is not None
         n = self.plan.sizes[i]
         pieces = self.trace.pieces if self.trace is not None else None
 
@@ -136,7 +158,7 @@ class _Run:
             if pieces is not None:
                 pieces.append((i, submitted, waited, trace.now()))
 
-        self.pending[k] = [self.pool.submit(piece, task) for task in self.job.host_tasks(i)]
+        self.pending[k] = [pool.submit(piece, task) for task in self.job.host_tasks(i)]
 
     def wait_host(self, k: int) -> None:
         """Wait for the host pieces in slot ``k``; re-raise the first failure."""
@@ -148,8 +170,13 @@ class _Run:
             self.trace.issuer_wait_seconds += trace.now() - start
 
     def device_step(self, i: int, k: int) -> None:
-        ring = self.ring
-        assert ring is not None
+        """Queue chunk ``i``'s DMA between the device and its host memory (slot
+        ``k`` of the ring, or its pinned address), with its pack or unpack."""
+        if self.job.pinned is not None:
+            host = self.job.pinned(i)
+        else:
+            assert self.ring is not None
+            host = self.ring.ptrs[k]
         backend, stream = self.backend, self.stream
         chunk = self.job.data.chunk(self.plan.chunks[i])
         self.held[k] = chunk.view
@@ -170,17 +197,17 @@ class _Run:
             timers[0].record(stream)
         if contiguous:
             if self.job.direction == "d2h":
-                backend.copy_to_host(ring, k, chunk.view, n, stream)
+                backend.copy_to_host(host, chunk.view, n, stream)
             else:
-                backend.copy_to_device(chunk.view, ring, k, n, stream)
+                backend.copy_to_device(chunk.view, host, n, stream)
         else:
             assert self.staging is not None
             row = self.staging.view(k, chunk.view)
             if self.job.direction == "d2h":
                 backend.copy_on_device(row, chunk.view, stream)  # pack
-                backend.copy_to_host(ring, k, row, n, stream)
+                backend.copy_to_host(host, row, n, stream)
             else:
-                backend.copy_to_device(row, ring, k, n, stream)
+                backend.copy_to_device(row, host, n, stream)
                 backend.copy_on_device(chunk.view, row, stream)  # unpack
         if timers is not None:
             timers[1].record(stream)  # before the event: the host sees both reached
@@ -220,12 +247,39 @@ class _Run:
             self.events[i % nslots].synchronize()
             self.transfer.chunk_done(i)
 
+    def direct(self) -> None:
+        """Both directions with pinned host memory: DMAs only, ``nslots`` chunks
+        in flight (chunk ``i`` waits for chunk ``i - nslots``: progress in
+        order, a cancel stops within that many, and slot ``k``'s staging row
+        and held chunk are reused only after their DMA)."""
+        nslots, count = self.plan.nslots, len(self.plan.chunks)
+        for i in range(count):
+            k = i % nslots
+            if i >= nslots:
+                self.wait_event(k)
+                self.transfer.chunk_done(i - nslots)
+            self.transfer.check_cancel()
+            self.device_step(i, k)
+        for i in range(max(0, count - nslots), count):
+            self.wait_event(i % nslots)
+            self.transfer.chunk_done(i)
+
+    def wait_event(self, k: int) -> None:
+        """Wait until slot ``k``'s last device step is complete; release its chunk."""
+        start = trace.now()
+        self.events[k].synchronize()
+        self.held[k] = None
+        if self.trace is not None:
+            self.trace.issuer_wait_seconds += trace.now() - start
+
     # -- release
     def release(self, errors: _Errors) -> None:
         for futures in self.pending:
             for f in futures:
                 f.cancel()
-        errors.attempt("stopping the host threads", lambda: self.pool.shutdown(wait=True))
+        pool = self.pool
+        if pool is not None:
+            errors.attempt("stopping the host threads", lambda: pool.shutdown(wait=True))
         errors.attempt("synchronising the copy stream", self.stream.synchronize)
         self.held = []
         if self.staging is not None:
@@ -262,11 +316,14 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
             run = _Run(transfer, job)
             if run.trace is not None:
                 run.trace.start = trace.now()
-            run.ring = borrow_ring(job.backend, job.plan.nslots, job.plan.slot_bytes)
-            if job.direction == "d2h":
-                run.device_to_host()
+            if job.pinned is not None:
+                run.direct()
             else:
-                run.host_to_device()
+                run.ring = borrow_ring(job.backend, job.plan.nslots, job.plan.slot_bytes)
+                if job.direction == "d2h":
+                    run.device_to_host()
+                else:
+                    run.host_to_device()
             if run.trace is not None:
                 run.trace.end = trace.now()
         except BaseException as exc:

@@ -41,7 +41,8 @@ class SlotTrace:
     direction : str
         ``"d2h"`` or ``"h2d"``.
     threads : int
-        Host threads of the run.
+        Host threads of the run (0: the DMAs used pinned host memory
+        directly, with no staging ring and no host step).
     chunk_bytes : list of int
         Bytes of each chunk.
     device_seconds : list of float
@@ -91,7 +92,7 @@ class SlotTrace:
         device = sum(self.device_seconds)
         copying = sum(end - waited for _, _, waited, end in self.pieces)
         waiting = sum(waited - submitted for _, submitted, waited, _ in self.pieces)
-        threads = max(1, self.threads)
+        threads = max(1, self.threads)  # a divisor: 0 threads copied nothing
         timed: dict[str, float] = {}
         if call_seconds is not None:
             timed = {"call_seconds": call_seconds, "outside_seconds": max(0.0, call_seconds - wall)}
@@ -99,7 +100,7 @@ class SlotTrace:
             "direction": self.direction,
             "bytes": total,
             "chunks": len(self.chunk_bytes),
-            "threads": threads,
+            "threads": self.threads,
             "wall_seconds": wall,
             "rate_gbps": total / wall / 1e9,
             "device_seconds": device,

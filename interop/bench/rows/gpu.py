@@ -249,8 +249,15 @@ def d2h_prealloc(ctx: BenchContext) -> dict[str, Any]:
     cp = g.cp
     copy_to_host = api("copy_to_host")
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched, poisoned
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(g.nbytes), np.float32, g.ref.size)
     cases = d2h_prealloc_cases(g, out)
     cases |= {
+        "copy_to_host(x, out=pinned)": Case(
+            lambda: copy_to_host(g.x, pinned),
+            g.nbytes,
+            expect_equal(g.ref, "copy_to_host(x, out=pinned)"),
+            lambda: pinned.fill(np.nan),
+        ),
         "copy_to_host(t, out)": Case(
             lambda: copy_to_host(g.t, out),
             g.nbytes,
@@ -282,7 +289,10 @@ def d2h_prealloc(ctx: BenchContext) -> dict[str, Any]:
         "gbps": ours.gbps,
         "stages": stages,
         "trace": traced(lambda: copy_to_host(g.x, out)),
-        "variants": {"copy_to_host(t, out) GB/s": got["copy_to_host(t, out)"].gbps},
+        "variants": {
+            "copy_to_host(t, out) GB/s": got["copy_to_host(t, out)"].gbps,
+            "copy_to_host(x, out=pinned) GB/s": got["copy_to_host(x, out=pinned)"].gbps,
+        },
         "anchors": {
             f"{label} GB/s": m.gbps
             for label, m in got.items()
@@ -474,6 +484,7 @@ def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
 
     cases = h2d_pageable_cases(g, host) | {
         "copy_to_device(host, out)": Case(lambda: copy_to_device(host, out), g.nbytes, on_device),
+        "copy_to_device(pinned)": Case(lambda: copy_to_device(g.ref), g.nbytes, on_device),
         "cupy.asarray(host)": Case(lambda: cp.asarray(host), g.nbytes),
         "torch.from_numpy(host).cuda()": Case(lambda: th.from_numpy(host).cuda(), g.nbytes),
     }
@@ -487,7 +498,10 @@ def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
         "gbps": ours.gbps,
         "stages": stages,
         "trace": traced(lambda: copy_to_device(host)),
-        "variants": {"copy_to_device(host, out) GB/s": with_out},
+        "variants": {
+            "copy_to_device(host, out) GB/s": with_out,
+            "copy_to_device(pinned) GB/s": got["copy_to_device(pinned)"].gbps,
+        },
         "anchors": {
             f"{label} GB/s": m.gbps
             for label, m in got.items()
@@ -507,6 +521,13 @@ def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
                 at_most=1.0,
             ),
             Ratio.between("copy_to_device(host, out)", "throughput", "h2d_limit", with_out, limit),
+            Ratio.between(
+                "copy_to_device(pinned)",
+                "throughput",
+                "h2d_limit",
+                got["copy_to_device(pinned)"].gbps,
+                limit,
+            ),
             Ratio.between(
                 "copy_to_device(host)",
                 "throughput",
