@@ -110,15 +110,16 @@ def _start(
     )
     if not plan.nbytes:
         return transfer.start(lambda t: None)  # zero-size: no ring, no stream
+    tasks, pinned = host_step(plan), _pinned_addresses(backend, host, plan)
     job = SlotJob(
         direction,  # type: ignore[arg-type]
         backend,
-        _ordered_stream(backend, data),
+        _ordered_stream(backend, data),  # last: nothing after it can fail and leak it
         plan,
         data,
-        host_step(plan),
+        tasks,
         config.host_threads if threads is None else threads,
-        pinned=_pinned_addresses(backend, host, plan),
+        pinned=pinned,
     )
     return transfer.start(lambda t: run_slots(t, job))
 
@@ -131,11 +132,22 @@ def _pinned_addresses(
     sizes[i])``) in page-locked memory. None: go through the staging ring."""
     if host is None or not host.flags.c_contiguous or host.nbytes != plan.nbytes:
         return None
-    base = int(host.ctypes.data)
-    if not backend.is_pinned(base, plan.nbytes):
+    if not backend.is_pinned(int(host.ctypes.data), plan.nbytes):
         return None
-    starts = plan.starts
-    return lambda i: base + starts[i]
+    return _ChunkAddresses(host, plan.starts)
+
+
+class _ChunkAddresses:
+    """Chunk ``i``'s address in a C-contiguous host array; holds the array, so
+    its memory stays alive while the DMAs use it."""
+
+    def __init__(self, host: np.ndarray, starts: list[int]) -> None:
+        self.host = host
+        self.base = int(host.ctypes.data)
+        self.starts = starts
+
+    def __call__(self, i: int) -> int:
+        return self.base + self.starts[i]
 
 
 def device_to_host(

@@ -214,6 +214,24 @@ def test_a_dma_reaches_only_live_page_locked_memory(backend):
     s.close()
 
 
+def test_a_stream_closed_before_the_host_saw_its_work_complete_is_refused(backend):
+    """On CUDA the work of a destroyed stream still runs: a copy closing its
+    stream unsynchronised could return while its DMAs write the caller's memory."""
+    gate = threading.Event()
+    s = backend.stream()
+    s.enqueue("op", lambda: gate.wait(5))
+    gate.set()
+    with pytest.raises(RuleViolation, match="never saw complete"):
+        s.close()
+    backend.violations.clear()
+    s = backend.stream()
+    s.enqueue("op", lambda: None)
+    s.synchronize()
+    s.close()  # seen complete: fine
+    s.close()  # and closing twice is a no-op
+    assert backend.violations == []
+
+
 def test_an_injected_device_fault_is_sticky():
     faulty = HostBackend(faults={"pack": 1})
     a = faulty.asarray(np.ones(4))

@@ -81,6 +81,24 @@ def test_a_pinned_source_reaches_the_device_by_dmas_alone(device, dtype):
     assert cached_rings() == 0
 
 
+@pytest.mark.parametrize("direction", ["d2h", "h2d"])
+def test_chunks_of_unequal_sizes_land_at_their_own_offsets(device, direction):
+    """A (3, 100, 700) float64 array in 64 KiB chunks: 11 rows, then 1 row at
+    the end of each leading index, so chunk i does not start at i * sizes[0]."""
+    a = sample((3, 100, 700), np.float64, seed=4)
+    with pinned(device, a.shape, a.dtype) as host:
+        if direction == "d2h":
+            interop.copy_to_host(device.asarray(a), host, chunk_bytes=CHUNK)
+            got = host
+        else:
+            host[...] = a
+            out = device.empty(a.shape, a.dtype)
+            interop.copy_to_device(host, out, chunk_bytes=CHUNK)
+            got = device.to_numpy(out)
+        assert raw(got) == raw(a)
+    assert staged(device) == 0
+
+
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "complex64"])
 def test_a_pinned_cpu_tensor_source_is_copied_directly(device, torch, name):
     t = torch.arange(6000, dtype=torch.float32).reshape(60, 100).to(getattr(torch, name))

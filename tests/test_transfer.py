@@ -626,7 +626,7 @@ def test_gpu_pinned_outs_and_sources_skip_the_ring(cp, torch):
 def test_gpu_pinned_memory_is_recognised_by_address(cp):
     import cupyx
 
-    from interop.pipeline.cuda import cuda_backend
+    from interop.pipeline.cuda import _buffer_id, cuda_backend
 
     backend = cuda_backend(cp.cuda.runtime.getDevice())
     pinned = cupyx.empty_pinned(1 << 16, np.uint8)
@@ -634,12 +634,63 @@ def test_gpu_pinned_memory_is_recognised_by_address(cp):
     assert backend.is_pinned(base, pinned.nbytes)
     assert backend.is_pinned(base + 100, 1000)
     assert not backend.is_pinned(base, 0)
+    other = cupyx.empty_pinned(1 << 16, np.uint8)
+    assert _buffer_id(base) == _buffer_id(base + pinned.nbytes - 1)
+    assert _buffer_id(base) != _buffer_id(other.ctypes.data)
     pageable = np.ones(1 << 16, np.uint8)
     assert not backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
 
 
 @pytest.mark.gpu
+def test_gpu_an_out_pinned_only_at_its_ends_goes_through_the_ring(cp):
+    """Both ends registered, the middle pageable: a DMA over the whole range
+    would fail, so the copy is staged (and right)."""
+    import mmap
+
+    from interop.pipeline.ring import free_cached_rings
+
+    page = mmap.PAGESIZE
+    memory = mmap.mmap(-1, 64 * page)  # page-aligned
+    out = np.frombuffer(memory, np.float32)
+    a = cp.arange(out.size, dtype=cp.float32)
+    runtime = cp.cuda.runtime
+    base = out.ctypes.data
+    runtime.hostRegister(base, page, 0)
+    runtime.hostRegister(base + out.nbytes - page, page, 0)
+    try:
+        free_cached_rings()
+        interop.copy_to_host(a, out, chunk_bytes=4 * page)
+        np.testing.assert_array_equal(out, cp.asnumpy(a))
+        assert cached_rings() == 1  # staged
+    finally:
+        runtime.hostUnregister(base)
+        runtime.hostUnregister(base + out.nbytes - page)
+    del out
+    memory.close()
+
+
+@pytest.mark.gpu
+def test_gpu_a_resolved_tensor_outlives_its_direct_dma(torch):
+    """A tensor with the negative bit is resolved chunk by chunk into
+    temporaries from PyTorch's caching allocator; each must stay alive until
+    its DMA into the pinned out has read it."""
+    from interop.pipeline.ring import free_cached_rings
+
+    t = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
+    out = torch.empty(1 << 22, pin_memory=True).numpy()
+    free_cached_rings()
+    for _ in range(3):
+        out.fill(0)
+        interop.copy_to_host(torch._neg_view(t), out, chunk_bytes=1 << 16)
+        np.testing.assert_array_equal(out, -np.arange(1 << 22, dtype=np.float32))
+    assert cached_rings() == 0
+
+
+@pytest.mark.gpu
 def test_gpu_a_direct_copy_waits_for_the_producer_stream(torch):
+    from interop.pipeline.ring import free_cached_rings
+
+    free_cached_rings()
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 22, device="cuda")
     out = torch.empty(1 << 22, pin_memory=True).numpy()
@@ -655,6 +706,7 @@ def test_gpu_a_direct_copy_waits_for_the_producer_stream(torch):
         interop.copy_to_device(src, x, chunk_bytes=1 << 20)
     torch.cuda.synchronize()
     assert bool((x == 5.0).all())
+    assert cached_rings() == 0  # both copies were direct
 
 
 def test_ctrl_c_while_waiting_cancels_releases_and_reraises():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -133,24 +134,29 @@ class CudaBackend:
         self._cp.cuda.runtime.freeHost(ptr)
 
     def is_pinned(self, ptr: int, nbytes: int) -> bool:
-        """Both ends of the range are page-locked host memory (``cudaHostAlloc``,
-        ``cudaMallocHost`` or ``cudaHostRegister``: PyTorch's ``pin_memory``,
-        CuPy's pinned pool), as ``cudaPointerGetAttributes`` reports them.
+        """The range lies inside one page-locked host allocation or registration
+        (``cudaHostAlloc``, ``cudaMallocHost`` or ``cudaHostRegister``: PyTorch's
+        ``pin_memory``, CuPy's pinned pool).
 
-        A wrong answer costs speed, never data: ``cudaMemcpyAsync`` copies
-        pageable memory correctly too (staged by the driver, synchronously).
+        Its first and last bytes are host memory to ``cudaPointerGetAttributes``
+        and belong to the same buffer (the driver's buffer ID): a range that
+        also covers pageable memory, or two registrations side by side, would
+        make ``cudaMemcpyAsync`` fail. Where the driver cannot say, the answer
+        is False (the staging ring).
         """
         if nbytes <= 0:
             return False
         runtime = self._cp.cuda.runtime
+        ends = (ptr, ptr + nbytes - 1)
+        host = runtime.memoryTypeHost
         try:
             with self.activate():
-                return all(
-                    runtime.pointerGetAttributes(p).type == runtime.memoryTypeHost
-                    for p in (ptr, ptr + nbytes - 1)
-                )
+                if any(runtime.pointerGetAttributes(p).type != host for p in ends):
+                    return False
+                first, last = (_buffer_id(p) for p in ends)
         except runtime.CUDARuntimeError:  # not memory CUDA knows of
             return False
+        return first is not None and first == last
 
     def host_access(self, ring: Any, k: int) -> Any:
         return contextlib.nullcontext()
@@ -238,6 +244,34 @@ class CudaBackend:
         # CuPy would name the per-thread default stream, which PyTorch refuses).
         with self.activate(), th.cuda.device(self.index), producer.cupy:
             return self._cp.from_dlpack(Unsynchronised(bits))
+
+
+_BUFFER_ID = 7  # CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per allocation for the process's life
+
+
+@functools.cache
+def _pointer_attribute() -> Any:
+    """The driver's ``cuPointerGetAttribute`` (not in CuPy's bindings); None
+    where the driver library cannot be loaded."""
+    try:
+        function = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _buffer_id(ptr: int) -> int | None:
+    """The driver's ID of the allocation holding ``ptr``; None if it has none
+    (the driver API keeps no error state, so a failure leaves nothing behind)."""
+    function = _pointer_attribute()
+    if function is None:
+        return None
+    value = ctypes.c_uint64()
+    if function(ctypes.byref(value), _BUFFER_ID, ptr) != 0:
+        return None
+    return int(value.value)
 
 
 def _bit_view(x: Any) -> Any:

@@ -56,7 +56,12 @@ class HostDeviceError(RuntimeError):
 
 
 class _Region:
-    """Memory whose uses are checked: a device allocation or one staging slot."""
+    """Memory whose uses are checked: a device allocation, or one pinned buffer
+    (a staging slot, or page-locked memory a caller copies to or from).
+
+    A pinned buffer is one region: two streams copying into disjoint parts
+    of it at once are refused, which CUDA allows; it is stricter, never looser.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -169,7 +174,7 @@ class HostBackend:
         ptr = int(array.ctypes.data)
         with self._lock:
             self.host_buffers[ptr] = array
-            self._slots[ptr] = _Region(f"staging slot {ptr:#x}")
+            self._slots[ptr] = _Region(f"pinned buffer {ptr:#x}")
         return ptr, array
 
     def host_free(self, ptr: int) -> None:
@@ -333,11 +338,11 @@ class HostBackend:
         return self.source(x)
 
     def close(self) -> None:
-        """Stop every stream's worker thread."""
+        """Stop every stream's worker thread (after its queued work ran)."""
         with self._lock:
             streams = list(self._streams)
         for s in streams:
-            s.close()
+            s.stop()
 
 
 class HostStream:
@@ -425,6 +430,22 @@ class HostStream:
         self.backend._check_alive()
 
     def close(self) -> None:
+        """Release the stream: the host must have seen its queued work complete.
+
+        On CUDA a destroyed stream's queued work still runs: a copy that
+        closed its stream without synchronising it could return while its
+        DMAs still write the caller's memory. Here that is a rule violation
+        (recorded, raised after the worker stopped).
+        """
+        b = self.backend
+        with b._lock:
+            unseen = not self._closed and b._completed.get(self.id, 0) < self.clock[self.id]
+        self.stop()
+        if unseen:
+            raise b.violation(f"stream {self.id} closed with work the host never saw complete")
+
+    def stop(self) -> None:
+        """Stop the worker thread after the work queued so far ran."""
         with self.backend._lock:
             if self._closed:
                 return

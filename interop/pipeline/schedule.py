@@ -333,7 +333,8 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
                 run.release(errors)
                 if errors.first is None:
                     run.publish_trace()
-            else:
+            else:  # it may still hold the wait on the producer
+                errors.attempt("synchronising the copy stream", job.stream.synchronize)
                 errors.attempt("closing the copy stream", job.stream.close)
     if errors.first is not None:
         raise errors.first
