@@ -66,6 +66,36 @@ class Producer:
         return self.inner.__dlpack_device__()
 
 
+def cancel_on_progress():
+    """``(holder, progress)``: a progress callback that cancels the transfer
+    put in ``holder["t"]``, from the first callback after it was put there."""
+    holder = {}
+
+    def progress(done, total):
+        if "t" in holder:
+            holder["t"].cancel()
+
+    return holder, progress
+
+
+@contextlib.contextmanager
+def pinned(device, shape, dtype, order="C"):
+    """A NumPy array in an emulated device's page-locked memory, freed after the block."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    ptr, buf = device.host_alloc(max(n, 1))
+    try:
+        buf[:] = 0
+        yield buf[:n].view(dtype).reshape(shape, order=order)
+    finally:
+        device.host_free(ptr)
+
+
+def staged(device):
+    """How many host-thread slot accesses (drains and fills) ran so far."""
+    return device.counts["drain"] + device.counts["fill"]
+
+
 def sample(shape, dtype, seed=0):
     """Deterministic test data of any dtype above (values exact in every dtype)."""
     rng = np.random.default_rng(seed)

@@ -5,7 +5,9 @@ cannot show (real DMA, kernels, speed) is for the ``gpu`` tests."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -15,7 +17,7 @@ import interop
 from interop.pipeline.host import HostBackend, HostDeviceError
 from interop.pipeline.ring import cached_rings, free_cached_rings
 
-from .helpers import NUMPY_DTYPES, in_threads, sample
+from .helpers import NUMPY_DTYPES, cancel_on_progress, in_threads, pinned, sample, staged
 
 CHUNK = 64 << 10  # the smallest chunk interop uses
 
@@ -228,33 +230,41 @@ def test_progress_of_copy_to_host_counts_chunks_in_out():
 # ----------------------------------------------------------------- cancel, faults, threads
 
 
+@pytest.mark.parametrize("memory", ["pageable", "pinned"])  # pinned: DMAs only, no ring
 @pytest.mark.parametrize("direction", ["d2h", "h2d"])
-def test_cancel_reports_the_complete_prefix_and_frees_the_ring(direction):
+def test_cancel_reports_the_complete_prefix_and_stops_before_returning(direction, memory):
     device = make_device(delay=0.003)
     a = sample((1024, 256), np.float64)  # 2 MiB: 32 chunks
-    holder = {}
-
-    def progress(done, total):
-        if "t" in holder:
-            holder["t"].cancel()
+    holder, progress = cancel_on_progress()
 
     free_cached_rings()
-    if direction == "d2h":
-        out = np.zeros_like(a)
-        transfer = interop.copy_to_host_async(
-            device.asarray(a), out, chunk_bytes=CHUNK, progress=progress
-        )
-    else:
-        out = device.empty(a.shape, a.dtype)
-        transfer = interop.copy_to_device_async(a, out, chunk_bytes=CHUNK, progress=progress)
-    holder["t"] = transfer
-    with pytest.raises(interop.TransferError, match=r"cancelled; bytes \[0, \d+\)") as info:
-        transfer.result(timeout=60)
-    done = info.value.bytes_done
-    assert 0 < done < a.nbytes
-    assert done % CHUNK == 0
-    got = out if direction == "d2h" else device.to_numpy(out)
-    assert raw(got)[:done] == raw(a)[:done]
+    with contextlib.ExitStack() as stack:
+        if memory == "pinned":
+            host = stack.enter_context(pinned(device, a.shape, a.dtype))
+        else:
+            host = np.zeros_like(a)
+        if direction == "d2h":
+            transfer = interop.copy_to_host_async(
+                device.asarray(a), host, chunk_bytes=CHUNK, progress=progress
+            )
+            written = lambda: raw(host)  # noqa: E731
+        else:
+            host[...] = a
+            out = device.asarray(np.zeros_like(a))
+            transfer = interop.copy_to_device_async(host, out, chunk_bytes=CHUNK, progress=progress)
+            written = lambda: raw(out.data)  # noqa: E731 (the run synchronised its stream)
+        holder["t"] = transfer
+        with pytest.raises(interop.TransferError, match=r"cancelled; bytes \[0, \d+\)") as info:
+            transfer.result(timeout=60)
+        done = info.value.bytes_done
+        assert 0 < done < a.nbytes
+        assert done % CHUNK == 0
+        after = written()
+        assert after[:done] == raw(a)[:done]
+        assert after[-CHUNK:] == bytes(CHUNK)  # the last chunk was never queued
+        time.sleep(0.05)  # many stream delays: no copy is still queued
+        assert written() == after
+    assert (staged(device) == 0) == (memory == "pinned")
     assert cached_rings() == 0  # a failed transfer's ring is freed, not cached
     check_released(device)
     device.close()
