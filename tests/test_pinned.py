@@ -15,19 +15,13 @@ import pytest
 import interop
 from interop.pipeline import trace
 from interop.pipeline.host import HostDeviceError
-from interop.pipeline.ring import cached_rings, free_cached_rings
+from interop.pipeline.ring import cached_rings
 
+from . import test_schedule
 from .helpers import NUMPY_DTYPES, pinned, sample, staged
 from .test_schedule import CHUNK, check_released, make_device, raw
 
-
-@pytest.fixture
-def device():
-    b = make_device()
-    free_cached_rings()
-    yield b
-    check_released(b)
-    b.close()
+device = test_schedule.device  # the fixture: an emulated device, checked after each test
 
 
 # ----------------------------------------------------------------- values, no ring

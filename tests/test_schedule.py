@@ -43,6 +43,7 @@ def check_released(device, leaked_ok=False):
 @pytest.fixture
 def device():
     b = make_device()
+    free_cached_rings()  # ring counts start from none cached
     yield b
     check_released(b)
     b.close()
