@@ -226,6 +226,36 @@ def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
     )
 
 
+def test_a_traced_direct_copy_says_no_host_threads_copied():
+    """A pinned out: the trace of the DMAs-only run, as the report prints it."""
+    from interop.bench.rows.gpu import traced
+    from interop.pipeline.host import HostBackend
+
+    from .helpers import pinned
+
+    device = HostBackend(delay=0.001)
+    try:
+        x = device.asarray(np.arange(1 << 17, dtype=np.float32))  # 512 KiB: 8 chunks
+        with pinned(device, (1 << 17,), np.float32) as out:
+            where = traced(lambda: interop.copy_to_host(x, out, chunk_bytes=64 << 10))
+            np.testing.assert_array_equal(out, np.arange(1 << 17, dtype=np.float32))
+    finally:
+        device.close()
+    assert (where["bytes"], where["chunks"], where["threads"]) == (1 << 19, 8, 0)
+    assert where["host_seconds"] == 0
+    assert where["host_gbps_per_thread"] is None
+    row = {
+        "name": "d2h_prealloc", "status": "ok", "what": "w", "target": "t", "gbps": 9.0,
+        "met": None, "ratios": [], "trace": where,
+    }  # fmt: skip
+    flat = " ".join(format_table(_results(False, [row])).split())
+    assert re.search(
+        r"device copies [\d.]+ GB/s \(busy \d+%\); no host threads \(DMAs straight to or "
+        r"from pinned memory\); issuer waited",
+        flat,
+    ), flat
+
+
 # ----------------------------------------------------------------- help and wording
 
 
