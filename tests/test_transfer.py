@@ -639,6 +639,14 @@ def test_gpu_pinned_memory_is_recognised_by_address(cp):
     assert _buffer_id(base) != _buffer_id(other.ctypes.data)
     pageable = np.ones(1 << 16, np.uint8)
     assert not backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
+    runtime = cp.cuda.runtime
+    runtime.hostRegister(pageable.ctypes.data, pageable.nbytes, 0)
+    try:  # a registration is one buffer to the driver too
+        assert _buffer_id(pageable.ctypes.data) is not None
+        assert backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
+    finally:
+        runtime.hostUnregister(pageable.ctypes.data)
+    assert not backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
 
 
 @pytest.mark.gpu
