@@ -5,7 +5,7 @@ synchronisation (``cudaEventBlockingSync``: a host thread waiting on one
 sleeps instead of spinning a core the host copies need), staging slots are
 portable pinned memory from ``cudaHostAlloc`` (exact size, usable from every
 device), DMAs are ``cudaMemcpyAsync`` (to a slot, or to the caller's memory
-where ``cudaPointerGetAttributes`` calls it page-locked), and pack/unpack are CuPy element-wise
+where the driver calls it page-locked), and pack/unpack are CuPy element-wise
 copies on the copy stream. Device staging rows come from CuPy's own memory
 pool (never from an allocator the user installed) on the allocating thread's
 current stream; the schedule makes the copy stream wait on an event recorded
