@@ -581,6 +581,45 @@ def test_gpu_error_in_a_worker_releases_and_stays_usable(cp):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fails", [False, True], ids=["completes", "fails"])
+def test_gpu_device_staging_is_freed_while_frames_of_the_schedule_live_on(cp, fails):
+    """The staging block goes back to CuPy's pool when the transfer ends, even
+    while something else keeps the schedule's frames (and their views of the
+    rows) alive: here a profiler that holds every frame, as compute-sanitizer
+    was seen to do (the block stayed in use after the call, a 256 KiB leak)."""
+    a = cp.arange(1 << 20, dtype=cp.float32).reshape(1024, 1024).T  # packed on the device
+    expect = cp.asnumpy(a)
+    pool = cp.get_default_memory_pool()
+    cp.cuda.Device().synchronize()
+    before = pool.used_bytes()
+    frames = []
+
+    def keep(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "device_step":
+            frames.append(frame)
+
+    def progress(done, total):
+        if fails:
+            raise ZeroDivisionError
+
+    threading.setprofile(keep)  # for the threads started from now: the transfer's
+    try:
+        if fails:
+            with pytest.raises(interop.TransferError):
+                interop.copy_to_host(a, chunk_bytes=1 << 16, progress=progress)
+        else:
+            out = interop.copy_to_host(a, chunk_bytes=1 << 16, progress=progress)
+            np.testing.assert_array_equal(out, expect)
+    finally:
+        threading.setprofile(None)
+    assert any("row" in f.f_locals for f in frames)  # views of the rows outlived the call
+    assert pool.used_bytes() == before
+    frames.clear()
+    assert pool.used_bytes() == before  # and the views going later frees nothing twice
+    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), expect)
+
+
+@pytest.mark.gpu
 def test_gpu_pinned_outs_and_sources_skip_the_ring(cp, torch):
     """Page-locked host memory (CuPy's pinned pool, PyTorch's pin_memory,
     cudaHostRegister) is copied to and from by the DMAs alone: no staging

@@ -89,8 +89,9 @@ class CudaTimer:
 class CudaStaging:
     """Rows of one CuPy ``uint8`` block, ``stride`` bytes apart (a multiple of 256)."""
 
-    def __init__(self, block: Any, stride: int, stream: CudaStream) -> None:
+    def __init__(self, block: Any, memory: Any, stride: int, stream: CudaStream) -> None:
         self.block = block
+        self.memory = memory  # the pool's MemoryPointer under block
         self.stride = stride
         self.stream = stream
 
@@ -99,7 +100,17 @@ class CudaStaging:
         return self.block[start : start + like.nbytes].view(like.dtype).reshape(like.shape)
 
     def free(self) -> None:
-        self.block = None  # back to CuPy's pool, after the copy stream was synchronised
+        """Give the block back to CuPy's pool now (the copy stream was synchronised).
+
+        Explicitly, not by dropping the last reference: views of the rows may
+        outlive the transfer in frames of the schedule that something else
+        keeps alive (a profiler, a debugger, a traceback held elsewhere;
+        compute-sanitizer keeps every one), and would keep the block with
+        them. Those views are never used again.
+        """
+        memory, self.memory, self.block = self.memory, None, None
+        if memory is not None:
+            memory.mem.free()  # PooledMemory.free: idempotent, later releases are no-ops
 
 
 class CudaBackend:
@@ -168,7 +179,7 @@ class CudaBackend:
             memory = cp.get_default_memory_pool().malloc(count * stride)
             block = cp.ndarray((count * stride,), cp.uint8, memptr=memory)
             allocated_on = CudaStream(cp.cuda.get_current_stream(), owned=False)
-        return CudaStaging(block, stride, allocated_on)
+        return CudaStaging(block, memory, stride, allocated_on)
 
     def is_contiguous(self, view: Any) -> bool:
         return bool(view.flags.c_contiguous)
