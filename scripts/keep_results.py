@@ -12,7 +12,8 @@ and writes:
 
 - ``benchmarks/results/<date>-<device>.json``: the device, date, commit,
   library versions, gpu-check's steps and test counts, and the bench and
-  sweep results whole;
+  sweep results whole (``<date>-<device>-<commit>.json`` where another run
+  is already kept under the first name: an earlier run is never replaced);
 - ``docs/img/throughput-<date>-<device>.png``: the plot of that JSON;
 
 then prints, as Markdown, what to paste into ``docs/benchmarks.md``: the
@@ -206,6 +207,20 @@ def report(kept: dict[str, Any], name: str) -> str:
     return "\n".join(lines)
 
 
+def _free_name(name: str, bench: dict[str, Any], into: Path) -> str:
+    """``name``, or ``name-<commit>`` where a run of another commit or time is
+    already kept under ``name`` (one day, one device, two runs): never overwrite it."""
+    earlier = into / "benchmarks" / "results" / f"{name}.json"
+    if not earlier.is_file():
+        return name
+    try:
+        kept = json.loads(earlier.read_text())
+        same = (kept.get("commit"), kept.get("date")) == (bench["commit"], bench["date"])
+    except (OSError, ValueError, AttributeError):
+        same = False
+    return name if same else f"{name}-{bench['commit'][:8]}"
+
+
 def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, Path, str]:
     """Check and keep the results in ``outdir`` under ``into``; return (JSON, PNG, Markdown)."""
     bench = _load(outdir / "bench.json", "bench")
@@ -221,7 +236,7 @@ def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, P
     if bench.get("commit_dirty"):
         raise NotKept("the run had uncommitted changes: commit them, run again and keep that")
     _on_branch(bench["commit"], branch)
-    name = f"{bench['date'][:10]}-{slug(bench['device'])}"
+    name = _free_name(f"{bench['date'][:10]}-{slug(bench['device'])}", bench, into)
     kept = {
         "device": bench["device"],
         "date": bench["date"],

@@ -234,6 +234,24 @@ def test_a_gpu_run_is_kept_whole_with_its_plot_and_report(tmp_path, run):
     ) in text
 
 
+def test_a_second_run_of_the_same_day_and_device_is_kept_beside_the_first(tmp_path, run):
+    b, s = run
+    into = tmp_path / "repo"
+    name = f"{b['date'][:10]}-nvidia-h100-80gb-hbm3"
+    first = into / "benchmarks" / "results" / f"{name}.json"
+    first.parent.mkdir(parents=True)
+    earlier = json.dumps({"device": DEVICE, "commit": "1" * 40, "date": b["date"]})
+    first.write_text(earlier)
+    path, png, _ = keep_results.keep(_outdir(tmp_path, b, s), "HEAD", into)
+    assert path.name == f"{name}-{_head()[:8]}.json"
+    assert png.name == f"throughput-{name}-{_head()[:8]}.png"
+    assert first.read_text() == earlier  # the earlier run is untouched
+    assert json.loads(path.read_text())["commit"] == _head()
+    # the same run kept again replaces its own file, under its own name
+    (tmp_path / "again").mkdir()
+    assert keep_results.keep(_outdir(tmp_path / "again", b, s), "HEAD", into)[0] == path
+
+
 def _partial(b, s):
     return b | {"partial": True}, s
 
