@@ -12,8 +12,9 @@ and writes:
 
 - ``benchmarks/results/<date>-<device>.json``: the device, date, commit,
   library versions, gpu-check's steps and test counts, and the bench and
-  sweep results whole (``<date>-<device>-<commit>.json`` where another run
-  is already kept under the first name: an earlier run is never replaced);
+  sweep results whole (``<date>-<device>-<commit>.json``, then
+  ``…-<commit>-<time>.json``, where another run is already kept under the
+  name before: an earlier run is never replaced);
 - ``docs/img/throughput-<date>-<device>.png``: the plot of that JSON;
 
 then prints, as Markdown, what to paste into ``docs/benchmarks.md``: the
@@ -208,17 +209,28 @@ def report(kept: dict[str, Any], name: str) -> str:
 
 
 def _free_name(name: str, bench: dict[str, Any], into: Path) -> str:
-    """``name``, or ``name-<commit>`` where a run of another commit or time is
-    already kept under ``name`` (one day, one device, two runs): never overwrite it."""
-    earlier = into / "benchmarks" / "results" / f"{name}.json"
-    if not earlier.is_file():
-        return name
-    try:
-        kept = json.loads(earlier.read_text())
-        same = (kept.get("commit"), kept.get("date")) == (bench["commit"], bench["date"])
-    except (OSError, ValueError, AttributeError):
-        same = False
-    return name if same else f"{name}-{bench['commit'][:8]}"
+    """The first of ``name``, ``name-<commit>``, ``name-<commit>-<time>`` that
+    is free or holds this same run (commit and date): another run of the same
+    day and device, even of the same commit, is never overwritten.
+
+    Raises
+    ------
+    NotKept
+        All three hold other runs.
+    """
+    time = re.sub(r"\D", "", bench["date"][11:19])  # HHMMSS of the run's start
+    stem = f"{name}-{bench['commit'][:8]}"
+    for candidate in (name, stem, f"{stem}-{time}"):
+        earlier = into / "benchmarks" / "results" / f"{candidate}.json"
+        if not earlier.is_file():
+            return candidate
+        try:
+            kept = json.loads(earlier.read_text())
+            if (kept.get("commit"), kept.get("date")) == (bench["commit"], bench["date"]):
+                return candidate
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable: someone else's file, left alone
+    raise NotKept(f"benchmarks/results/{stem}-{time}.json already holds another run")
 
 
 def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, Path, str]:

@@ -250,6 +250,21 @@ def test_a_second_run_of_the_same_day_and_device_is_kept_beside_the_first(tmp_pa
     # the same run kept again replaces its own file, under its own name
     (tmp_path / "again").mkdir()
     assert keep_results.keep(_outdir(tmp_path / "again", b, s), "HEAD", into)[0] == path
+    # a later run of the same commit that day goes beside both, by its time
+    later = b | {"date": b["date"][:11] + "23:59:58+00:00"}
+    (tmp_path / "later").mkdir()
+    third = keep_results.keep(_outdir(tmp_path / "later", later, s), "HEAD", into)[0]
+    assert third.name == f"{name}-{_head()[:8]}-235958.json"
+    assert json.loads(path.read_text())["date"] == b["date"]  # the second is untouched
+    assert json.loads(third.read_text())["date"] == later["date"]
+    # when even that name holds another run, nothing is written
+    (tmp_path / "clash").mkdir()
+    third.write_text(earlier)
+    before = sorted(p.name for p in path.parent.iterdir())
+    with pytest.raises(keep_results.NotKept, match="already holds another run"):
+        keep_results.keep(_outdir(tmp_path / "clash", later, s), "HEAD", into)
+    assert sorted(p.name for p in path.parent.iterdir()) == before
+    assert third.read_text() == earlier
 
 
 def _partial(b, s):

@@ -104,9 +104,10 @@ class CudaStaging:
 
         Explicitly, not by dropping the last reference: views of the rows may
         outlive the transfer in frames of the schedule that something else
-        keeps alive (a profiler, a debugger, a traceback held elsewhere;
-        compute-sanitizer keeps every one), and would keep the block with
-        them. Those views are never used again.
+        keeps alive (a profiler, a debugger; under compute-sanitizer such
+        frames were seen to outlive the call, held by something not
+        identified), and would keep the block with them. Those views are
+        never used again.
         """
         memory, self.memory, self.block = self.memory, None, None
         if memory is not None:
