@@ -11,6 +11,7 @@ from .allocator import StreamMismatchError, use_torch_allocator
 from .config import config
 from .errors import (
     BackendUnavailableError,
+    CaptureError,
     CopyRequiredError,
     CudaAfterForkError,
     InteropError,
@@ -45,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "CaptureError",
     "CopyRequiredError",
     "CudaAfterForkError",
     "InteropError",

@@ -13,6 +13,7 @@ import errno as _errno
 
 __all__ = [
     "BackendUnavailableError",
+    "CaptureError",
     "CopyRequiredError",
     "CudaAfterForkError",
     "InteropError",
@@ -131,6 +132,12 @@ class NoDeviceError(InteropError, RuntimeError):
 class CudaAfterForkError(NoDeviceError):
     """A CUDA device is needed, but this process was forked after CUDA was
     initialised in its parent, and CUDA cannot be used after ``fork``."""
+
+
+class CaptureError(InteropError, RuntimeError):
+    """A call that cannot run inside CUDA graph capture (it needs the host, pinned
+    memory or an order between streams the capture cannot hold), refused before
+    anything was queued: the capture stays valid."""
 
 
 class TransferError(InteropError, RuntimeError):

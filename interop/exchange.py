@@ -48,6 +48,7 @@ from .arrays import (
 )
 from .errors import (
     BackendUnavailableError,
+    CaptureError,
     CopyRequiredError,
     InvalidTypeError,
     InvalidValueError,
@@ -63,7 +64,7 @@ from .streams import (
     torch_stream,
     torch_stream_handle,
 )
-from .transfer import copy_to_device, copy_to_host
+from .transfer import _device_to_device, copy_to_device, copy_to_host
 
 if TYPE_CHECKING:
     import cupy
@@ -383,28 +384,48 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     pack = c.size > 0 and _pytorch_cannot_share(c)
     if pack and copy is False:
         raise _copy_required(f"an array with {_layout_in_words(c)}")
+    if pack or (copy and c.size > 0):
+        # PyTorch's memory on PyTorch's current stream, filled by a copy ordered
+        # both ways with CuPy's current stream (a C-contiguous, aligned result)
+        return _torch_copy_of(c, index)
     cp = _backends.cupy()
     # CuPy's device only: torch.from_dlpack names the array's device itself
-    # (its current stream there), and CuPy's __dlpack__ orders that stream
-    # after CuPy's current stream (the producer's) of the current device.
+    # (so PyTorch's current stream there is the consumer it names to
+    # __dlpack__), and CuPy's __dlpack__ orders that stream after CuPy's
+    # current stream (the producer's) of the current device.
     with cp.cuda.Device(index):
-        if c.size == 0 and _pytorch_cannot_share(c):
+        if c.size == 0 and (copy or _pytorch_cannot_share(c)):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
-        elif pack or copy:
-            # The copy runs on PyTorch's current stream, after the producer's
-            # work: its memory comes from CuPy's pool for that stream, so when
-            # the tensor drops it CuPy reuses it only after PyTorch's work on it.
-            producer = cp.cuda.get_current_stream()
-            consumer = cupy_stream(torch_stream_handle(index), index)
-            if not same_stream(int(producer.ptr), int(consumer.ptr)):
-                ready = cp.cuda.Event(disable_timing=True)
-                ready.record(producer)
-                consumer.wait_event(ready)
-            with consumer:
-                # a fresh, aligned C array when packing (0-d stays 0-d)
-                c = c.copy(order="C") if pack else c.copy()
-                return th.from_dlpack(c)
+        current = cp.cuda.get_current_stream()
+        if not same_stream(cupy_consumer_handle(current), torch_stream_handle(index)):
+            _refuse_split_capture("to_torch", current)
         return th.from_dlpack(c)
+
+
+def _torch_copy_of(x: Any, index: int) -> torch.Tensor:
+    """A new C-contiguous CUDA tensor on device ``index`` holding device array
+    ``x``'s values: allocated by PyTorch on its current stream there and filled
+    by one copy ordered both ways with ``x``'s library's current stream (so
+    ``x`` may be dropped as soon as this returns)."""
+    th = _backends.torch()
+    dtype = dtypes.torch_dtype_of_numpy(np.dtype(x.dtype))
+    out = th.empty(tuple(x.shape), dtype=dtype, device=th.device("cuda", index))
+    _device_to_device(x, out)
+    return out
+
+
+def _cupy_copy_of(x: Any, index: int) -> cupy.ndarray:
+    """A new C-contiguous CuPy array on device ``index`` holding device array
+    ``x``'s values (a CuPy array, or a CUDA tensor with any bits): allocated on
+    CuPy's current stream there and filled by one copy ordered both ways with
+    ``x``'s library's current stream, across devices by a peer copy (so ``x``
+    may be dropped as soon as this returns)."""
+    cp = _backends.cupy()
+    dtype = dtypes.numpy_dtype_of_torch(x.dtype) if _backends.is_torch_tensor(x) else x.dtype
+    with cp.cuda.Device(index):
+        out = cp.empty(tuple(x.shape), dtype=dtype)
+    _device_to_device(x, out)
+    return out
 
 
 def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None) -> torch.Tensor:
@@ -512,7 +533,9 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
                 raise _copy_required(f"moving a CuPy array to {target_str(target)}")
             if target[0] == "cpu":
                 return _torch_from_numpy(_device_to_host(x), None)
-            return _torch_from_torch(_torch_from_cupy(x, None), None, target)
+            th = _backends.require_torch_cuda()
+            index = th.cuda.current_device() if target[1] is None else target[1]
+            return _torch_copy_of(x, index)
         return _torch_from_cupy(x, copy)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         kind, index = dlpack_device(x, "to_torch")
@@ -544,6 +567,8 @@ def _same_cuda(index: int, target: Target) -> bool:
 def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
     index = t.get_device()
     dtypes.check_cupy_dtype(t.dtype)
+    if copy and not (t.is_conj() or t.is_neg()):
+        return _cupy_copy_of(t, index)  # t may be dropped at once: ordered both ways
     t, copied = _resolve_bits(t, copy)
     with _torch_export_context(index):
         # Inside the device context: torch's __dlpack__ refuses tensors of
@@ -551,7 +576,10 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         cp = _backends.cupy()
         # The stream CuPy works on and names to producers: its null stream is the
         # legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) the per-thread one.
-        handle = cupy_consumer_handle(cp.cuda.get_current_stream())
+        current = cp.cuda.get_current_stream()
+        handle = cupy_consumer_handle(current)
+        if not same_stream(handle, torch_stream_handle(index)):
+            _refuse_split_capture("to_cupy", current)
         if handle == PER_THREAD_DEFAULT:
             # PyTorch's __dlpack__ refuses the per-thread default stream: order it
             # ourselves, on that stream itself (handle 2 names this thread's).
@@ -567,7 +595,32 @@ def _cupy_from_torch_cuda(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
             # the per-thread default stream this is the stream of the thread
             # that frees it: drop such arrays in the thread that made them.)
             t.record_stream(torch_stream(handle, index))
-        return c.copy() if copy and not copied else c
+        return c
+
+
+def _refuse_split_capture(func: str, cupy_current: Any) -> None:
+    """Refuse an exchange between PyTorch's and CuPy's current streams (which
+    differ) while either is being captured into a CUDA graph: ordering one
+    after the other would wait across the capture's boundary and invalidate
+    it. Called in the data's device context, before anything is queued.
+
+    Raises
+    ------
+    CaptureError
+        A capture is under way on either stream.
+    """
+    th = _backends.torch()
+    try:
+        capturing = bool(cupy_current.is_capturing()) or th.cuda.is_current_stream_capturing()
+    except _backends.cupy().cuda.runtime.CUDARuntimeError:
+        capturing = True  # the legacy stream while a blocking stream of the device is captured
+    if capturing:
+        raise CaptureError(
+            f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
+            "two different current streams; ordering one after the other would break the "
+            "capture); run the block under `with interop.stream(s):` with s the capturing "
+            "stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
+        )
 
 
 def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.ndarray:
@@ -639,7 +692,8 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
             if target is not None and not _same_cuda(t.get_device(), target):
                 if copy is False:
                     raise _copy_required(f"moving a tensor from {t.device} to {target_str(target)}")
-                return _cupy_move(_cupy_from_torch_cuda(t, None), want)
+                dtypes.check_cupy_dtype(t.dtype)
+                return _cupy_copy_of(t, _cupy_index(want))
             return _cupy_from_torch_cuda(t, copy)
         if copy is False:
             raise _copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
@@ -666,44 +720,13 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     if target is not None and not _same_cuda(int(c.device.id), target):
         if copy is False:
             raise _copy_required(f"moving a CuPy array to {target_str(target)}")
-        return _cupy_move(c, want)
+        return _cupy_copy_of(c, _cupy_index(want))
     if copy:
         with cp.cuda.Device(int(c.device.id)):
             return c.copy()
     return c
 
 
-def _cupy_move(c: cupy.ndarray, index: int | None) -> cupy.ndarray:
-    """Copy a CuPy array to device ``index`` (peer copy, on that device's
-    current stream).
-
-    CuPy's peer copy runs on the destination's current stream alone, so the
-    copy is ordered here. A non-contiguous source is first packed on the
-    source device's current stream (``ndarray.copy`` would pack it there
-    after any event recorded before it); the peer copy waits for the work
-    queued on that stream, the packing included, and that stream waits for
-    the copy before it may reuse the source's memory or the packed temporary
-    (both freed to CuPy's pool, which reuses memory on the stream it was
-    allocated on).
-    """
-    cp = _backends.cupy()
-    index = cp.cuda.runtime.getDevice() if index is None else index
-    src = int(c.device.id)
-    if src == index:
-        with cp.cuda.Device(index):
-            return c.copy()
-    with cp.cuda.Device(src):
-        src_stream = cp.cuda.get_current_stream()
-        packed = c if c.flags.c_contiguous else cp.ascontiguousarray(c)
-        ready = cp.cuda.Event(disable_timing=True)
-        ready.record(src_stream)
-    with cp.cuda.Device(index):
-        dst_stream = cp.cuda.get_current_stream()
-        dst_stream.wait_event(ready)
-        out = packed.copy()  # C-contiguous: one peer copy on dst_stream, no packing
-        done = cp.cuda.Event(disable_timing=True)
-        done.record(dst_stream)
-    with cp.cuda.Device(src):
-        src_stream.wait_event(done)
-    del packed  # back to the pool only after src_stream was ordered after the copy
-    return out
+def _cupy_index(index: int | None) -> int:
+    """``index``, or CuPy's current device for None."""
+    return _backends.cupy().cuda.runtime.getDevice() if index is None else index

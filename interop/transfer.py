@@ -29,7 +29,7 @@ from .arrays import (
     raw_host_memory,
 )
 from .config import chunk_bytes_or_default, config, host_copy_threads
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import CaptureError, InvalidTypeError, InvalidValueError
 from .pipeline.backend import Backend, DeviceData
 from .pipeline.future import Transfer
 from .pipeline.hostcopy import host_chunk_bytes, host_copy
@@ -103,6 +103,13 @@ def _start(
 ) -> Transfer:
     backend = backend_of(x)
     data = data_of(backend)
+    if backend.is_capturing(data.stream):
+        raise CaptureError(
+            f"{func} expected to run outside CUDA graph capture (got a capture under way on the "
+            "data's stream); it copies through pinned host memory and waits on the host, which "
+            "a captured graph cannot hold. Call it before or after the captured region; nothing "
+            "was queued and the capture stays valid"
+        )
     itemsize = data.dtype.itemsize
     plan = plan_chunks(data.shape, itemsize, chunk, config.num_buffers)
     transfer = Transfer(
@@ -608,14 +615,28 @@ def copy_to_device(
 
 
 def _device_to_device(x: Any, out: Any) -> None:
-    """Queue ``out[...] = x`` on ``out``'s library's current stream, after an
-    event on ``x``'s library's current stream (both read in this thread).
+    """Queue ``out[...] = x`` on ``out``'s library's current stream, ordered both
+    ways with ``x``'s library's current stream (both read in this thread).
 
-    A temporary made for the copy on the producer's stream (a tensor with the
-    conjugate/negative bit applied) goes back to that stream's caching
-    allocator when this returns, while the copy may still be queued: the
-    producer's stream is made to wait for the copy, so that memory is not
-    handed out again, and overwritten, before the copy has read it.
+    The consumer's stream first waits for an event on the producer's stream,
+    so the copy reads ``x`` after the work that made it. Then the producer's
+    stream waits for the copy: both libraries' pools hand a freed block
+    straight back out to the next allocation on the stream it belongs to, so
+    without this a caller who drops ``x`` (or the temporary made for a tensor
+    with the conjugate/negative bit) as soon as this returns could have its
+    memory overwritten by new work on that stream before the copy read it.
+    This is the two-way barrier of PyTorch's own cross-device copy. Where both
+    libraries use one stream of one device nothing is waited on: stream order
+    covers both directions.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``x`` and ``out`` are on different kinds of device.
+    CaptureError
+        A CUDA graph capture is under way and the two streams differ (an
+        event wait across the capture's boundary would invalidate it);
+        nothing was queued.
     """
     producer, backend = backend_of(x), backend_of(out)
     if type(producer) is not type(backend):
@@ -626,18 +647,34 @@ def _device_to_device(x: Any, out: Any) -> None:
     source = producer.source(x)
     target = backend.target(out, "copy_to_device")
     whole = (Ellipsis,)
+    if not source.stream.same(target.stream) and (
+        producer.is_capturing(source.stream) or backend.is_capturing(target.stream)
+    ):
+        raise CaptureError(
+            "copy_to_device expected the source's and the destination's libraries to use one "
+            "stream inside CUDA graph capture (got two streams, whose ordering would break the "
+            "capture); run the block under `with interop.stream(s):` with s the capturing "
+            "stream (torch.cuda.current_stream() inside torch.cuda.graph)"
+        )
     # Events are made, recorded and waited on with their device current (a
     # legacy default stream handle, 0, names the current device's).
     with producer.activate():
-        chunk = source.chunk(whole)
-        ready = producer.event()
-        ready.record(chunk.produced_on or source.stream)
+        chunk = source.chunk(whole)  # may queue a resolved temporary on its stream
+        owners = [source.stream]
+        if chunk.produced_on is not None and not chunk.produced_on.same(source.stream):
+            owners.append(chunk.produced_on)
+        one_stream = all(owner.same(target.stream) for owner in owners)
+        if not one_stream:
+            ready = producer.event()
+            ready.record(owners[-1])
     with backend.activate():
+        if one_stream:
+            backend.copy_on_device(target.chunk(whole).view, chunk.view, target.stream)
+            return
         target.stream.wait(ready)
         backend.copy_on_device(target.chunk(whole).view, chunk.view, target.stream)
-        if chunk.produced_on is None:
-            return
         done = backend.event()
         done.record(target.stream)
     with producer.activate():
-        chunk.produced_on.wait(done)
+        for owner in owners:
+            owner.wait(done)

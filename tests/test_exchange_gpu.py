@@ -96,15 +96,14 @@ def test_a_packed_copy_waits_for_cupy_and_runs_on_torchs_stream(cp, torch):
     side.synchronize()
     assert total.item() == 4.0 * (1 << 20)
     assert t.data_ptr() != cptr(a)
-    # The copy's memory belongs to the arena of PyTorch's stream in CuPy's pool:
-    # freed, it is not handed out again on CuPy's stream s (two blocks of that size
-    # are taken there: the compile step's freed temporary, then a new one).
+    # The copy's memory is PyTorch's, allocated on PyTorch's stream `side`: freed,
+    # it goes back to PyTorch's pool for that stream, never to CuPy's pool.
     p = t.data_ptr()
     del t
     gc.collect()
-    with s:
-        fresh = [cp.empty(1 << 20, dtype=cp.float32) for _ in range(2)]
-    assert p not in [cptr(f) for f in fresh]
+    with torch.cuda.stream(side):
+        again = torch.empty(1 << 20, dtype=torch.float32, device="cuda")
+    assert again.data_ptr() == p
 
 
 def test_broadcast_to_numpy_is_read_only(cp, torch):

@@ -27,6 +27,9 @@ class Stream(Protocol):
     def synchronize(self) -> None:
         """Block the calling thread until every queued operation has completed."""
 
+    def same(self, other: Any) -> bool:
+        """True if ``other`` names this stream (of this device)."""
+
     def close(self) -> None:
         """Release an owned stream (after :meth:`synchronize`); no-op for a reference."""
 
@@ -118,6 +121,10 @@ class Backend(Protocol):
         256-byte boundary, from a pool ordered on the calling thread's current
         stream (``Staging.stream``): another stream must wait for an event
         recorded there before it uses them."""
+
+    def is_capturing(self, stream: Any) -> bool:
+        """True if a CUDA graph capture is under way that work on ``stream``, or
+        a host synchronisation or pinned allocation now, would join or break."""
 
     def is_contiguous(self, view: Any) -> bool:
         """True if the device array is C-contiguous (one DMA copies it)."""

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import sys
 from typing import Any
 
 import numpy as np
 
 from .. import _backends, dtypes
 from ..errors import InvalidValueError
-from ..streams import Unsynchronised, cupy_stream
+from ..streams import Unsynchronised, cupy_stream, same_stream
 from .backend import DeviceChunk, DeviceData
 from .plan import STAGING_ALIGN, round_up
 
@@ -35,15 +36,26 @@ _HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device's co
 
 
 class CudaStream:
-    """A CuPy stream, owned (closed by the run that created it) or borrowed."""
+    """A CuPy stream of device ``device``, owned (closed by the run that created
+    it) or borrowed."""
 
-    def __init__(self, stream: Any, owned: bool) -> None:
+    def __init__(self, stream: Any, owned: bool, device: int) -> None:
         self.cupy = stream
         self.owned = owned
+        self.device = device
 
     @property
     def ptr(self) -> int:
         return int(self.cupy.ptr)
+
+    def same(self, other: Any) -> bool:
+        """True if ``other`` is this stream (the same handle on the same device;
+        0 and 1 both name the legacy default stream)."""
+        return (
+            isinstance(other, CudaStream)
+            and other.device == self.device
+            and same_stream(self.ptr, other.ptr)
+        )
 
     def wait(self, event: CudaEvent) -> None:
         self.cupy.wait_event(event.cupy)
@@ -127,7 +139,9 @@ class CudaBackend:
 
     def stream(self) -> CudaStream:
         with self.activate():
-            return CudaStream(self._cp.cuda.Stream(non_blocking=True), owned=True)
+            return CudaStream(
+                self._cp.cuda.Stream(non_blocking=True), owned=True, device=self.index
+            )
 
     def event(self) -> CudaEvent:
         with self.activate():
@@ -170,6 +184,29 @@ class CudaBackend:
             return False
         return first is not None and first == last
 
+    def is_capturing(self, stream: CudaStream) -> bool:
+        """True if a CUDA graph capture is under way on ``stream``, or on the
+        calling thread's current stream of PyTorch or CuPy on this device.
+
+        Work or host calls that would join or break a capture (an event wait
+        across the capture's boundary, ``cudaHostAlloc``, a synchronisation)
+        are refused when this is True. A stream the runtime refuses to
+        answer for (the legacy default stream while a blocking stream of the
+        device is captured) counts as capturing.
+        """
+        cp = self._cp
+        with self.activate():
+            try:
+                if stream.cupy.is_capturing() or cp.cuda.get_current_stream().is_capturing():
+                    return True
+            except cp.cuda.runtime.CUDARuntimeError:
+                return True
+            th = sys.modules.get("torch")  # no capture of PyTorch's without it
+            if th is not None and th.cuda.is_initialized():
+                with th.cuda.device(self.index):
+                    return bool(th.cuda.is_current_stream_capturing())
+        return False
+
     def host_access(self, ring: Any, k: int) -> Any:
         return contextlib.nullcontext()
 
@@ -179,7 +216,7 @@ class CudaBackend:
         with self.activate():
             memory = cp.get_default_memory_pool().malloc(count * stride)
             block = cp.ndarray((count * stride,), cp.uint8, memptr=memory)
-            allocated_on = CudaStream(cp.cuda.get_current_stream(), owned=False)
+            allocated_on = CudaStream(cp.cuda.get_current_stream(), owned=False, device=self.index)
         return CudaStaging(block, memory, stride, allocated_on)
 
     def is_contiguous(self, view: Any) -> bool:
@@ -206,14 +243,16 @@ class CudaBackend:
         cp = self._cp
         if _backends.is_cupy_array(x):
             with self.activate():
-                producer = CudaStream(cp.cuda.get_current_stream(), owned=False)
+                producer = CudaStream(cp.cuda.get_current_stream(), owned=False, device=self.index)
             view = _bit_view(x)
             return DeviceData(producer, tuple(x.shape), np.dtype(x.dtype), _chunks_of(view))
         th = _backends.torch()
         torch_stream = th.cuda.current_stream(self.index)
         with self.activate():
             producer = CudaStream(
-                cupy_stream(int(torch_stream.cuda_stream), self.index), owned=False
+                cupy_stream(int(torch_stream.cuda_stream), self.index),
+                owned=False,
+                device=self.index,
             )
         dtype = dtypes.numpy_dtype_of_torch(x.dtype)
         if x.is_conj() or x.is_neg():

@@ -215,6 +215,9 @@ class HostBackend:
         block = self.empty((count * stride,), np.uint8)  # on the current stream, like a pool
         return HostStaging(block, stride, self.current_stream())
 
+    def is_capturing(self, stream: HostStream) -> bool:
+        return False
+
     def is_contiguous(self, view: DeviceArray) -> bool:
         return bool(view.data.flags.c_contiguous)
 
@@ -411,6 +414,10 @@ class HostStream:
         """Block until the operation numbered ``seq`` has executed."""
         with self._cond:
             self._cond.wait_for(lambda: self._done >= seq)
+
+    def same(self, other: Any) -> bool:
+        """True if ``other`` is this stream."""
+        return other is self
 
     def wait(self, event: HostEvent) -> None:
         b = self.backend
