@@ -177,3 +177,18 @@ def reading_fifo(fifo: os.PathLike[str] | str, timeout: float = 30) -> Iterator[
             with contextlib.suppress(OSError):
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
             reader.join(10)
+
+
+def hold(stream, timeout: float = 10) -> threading.Event:
+    """Block an emulated device's ``stream`` at this point of its queue until
+    the returned event is set (or ``timeout`` seconds passed): work queued
+    after it on that stream stays queued, not run."""
+    gate = threading.Event()
+    stream.enqueue("op", lambda: gate.wait(timeout))
+    return gate
+
+
+def inverted_bytes(a: np.ndarray) -> bytes:
+    """``a``'s bytes in C order, each XOR 0xFF: the values of an emulated
+    device's lazily inverted view of ``a``."""
+    return (np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8) ^ 0xFF).tobytes()

@@ -140,6 +140,18 @@ class Backend(Protocol):
     def copy_on_device(self, dst: Any, src: Any, s: Any) -> None:
         """Queue an element-wise copy between device arrays of one shape and dtype."""
 
+    def is_capturing(self, stream: Any) -> bool:
+        """True while ``stream`` is capturing work into a CUDA graph
+        (``cudaStreamIsCapturing``: a capture begun on it, or one it joined by
+        waiting on an event recorded in it; invalidated or not, until it ends).
+
+        Work queued on such a stream is recorded, not run, and calls that need
+        the host (synchronising a stream or an event, querying an event,
+        allocating or freeing pinned memory) are illegal while any capture is
+        under way: they fail and invalidate the capture. A caller that needs
+        them checks first and refuses before queuing anything.
+        """
+
     def source(self, x: Any) -> DeviceData:
         """Device array ``x`` as a transfer's source, described in the caller's
         thread: its stream is the producing library's current stream now."""

@@ -13,38 +13,69 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
 * no memory is used on a stream before that stream is ordered after the last
   conflicting use on another stream (its allocation counts as a use: memory
   from a stream-ordered pool may still be busy on the allocating stream);
+* device memory comes from a caching pool with PyTorch's and CuPy's rule: a
+  freed block goes back to the free list of the stream it was allocated on
+  and is handed out again at once to the next allocation there, so work left
+  queued on another stream when the last reference went (with no event the
+  allocating stream waited on, and no ``record_stream``) is a use-after-free,
+  caught when the block is handed out again and again when that work runs;
 * a host thread touches a staging slot only after an event or stream
   synchronisation showed the device copies of that slot complete, and no
   device copy is queued on a slot while a host thread uses it;
 * nothing is used after it was freed, and no event is waited on before it
-  was recorded.
+  was recorded;
+* with several devices (``HostBackend(devices=2)``): device work is queued
+  only while its device is current, and an event is recorded only on a
+  stream of its own device;
+* while a stream captures into a graph (:meth:`HostBackend.capture`), its
+  work is recorded, not run, and what CUDA's global capture mode forbids
+  (synchronising, querying events, pinned allocation...) fails and
+  invalidates the capture.
 
 A broken rule raises :class:`RuleViolation` where it happens and is kept in
 :attr:`HostBackend.violations`. Faults can be injected by operation count
 (``faults={"copy": 3}`` fails the third DMA); a fault in device work is sticky,
-as CUDA's asynchronous errors are: every later call on that backend fails.
+as CUDA's asynchronous errors are: every later call on that device fails.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import queue
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes
+from ..errors import InvalidValueError
 from .backend import DeviceChunk, DeviceData
 from .plan import STAGING_ALIGN, round_up
 
-__all__ = ["DeviceArray", "HostBackend", "HostDeviceError", "RuleViolation"]
+__all__ = [
+    "CaptureError",
+    "DeviceArray",
+    "HostBackend",
+    "HostDeviceError",
+    "HostGraph",
+    "InvertedArray",
+    "RuleViolation",
+]
 
 _PAGE = 4096
+_BLOCK_ROUND = 512  # PyTorch's caching allocator and CuPy's pool round sizes to 512 bytes
+_LIBS = ("torch", "cupy")
+# work that needs its stream's device current (a DMA, a kernel, an allocation)
+_DEVICE_WORK = frozenset({"copy", "pack", "alloc", "upload", "peer", "invert"})
+
+_Op = tuple[str, Callable[[], None], tuple["_Region", ...], tuple["_Region", ...]]
 
 
 class RuleViolation(AssertionError):
@@ -55,20 +86,34 @@ class HostDeviceError(RuntimeError):
     """An injected device failure (the emulated ``CUDARuntimeError``)."""
 
 
+class CaptureError(HostDeviceError):
+    """A call CUDA refuses while a stream captures into a graph (the emulated
+    ``cudaErrorStreamCaptureUnsupported`` / ``...Invalidated`` /
+    ``...Isolation`` / ``...Unjoined``). Not sticky: the device stays usable."""
+
+
 class _Region:
-    """Memory whose uses are checked: a device allocation, or one pinned buffer
-    (a staging slot, or page-locked memory a caller copies to or from).
+    """Memory whose uses are checked: one life of a device block (from its
+    allocation to its free), or one pinned buffer (a staging slot, or
+    page-locked memory a caller copies to or from).
 
     A pinned buffer is one region: two streams copying into disjoint parts
     of it at once are refused, which CUDA allows; it is stricter, never looser.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, kind: str = "pinned", stream_id: int = 0, graph: HostGraph | None = None
+    ) -> None:
         self.name = name
+        self.kind = kind  # "pinned" or "device"
         self.last_write: tuple[int, int] | None = None  # (stream id, seq)
         self.reads: dict[int, int] = {}  # stream id -> seq of its last read
         self.host_users = 0
         self.freed = False
+        self.stream_id = stream_id  # device: the stream it was allocated on
+        self.graph = graph  # device: the graph whose capture allocated it (its private pool)
+        self.next_life: _Region | None = None  # device: the block's next allocation
+        self.started = False  # device: its allocation has run on its stream
 
 
 def _aligned(nbytes: int, align: int) -> np.ndarray:
@@ -77,8 +122,75 @@ def _aligned(nbytes: int, align: int) -> np.ndarray:
     return raw[offset : offset + nbytes]
 
 
+class _Block:
+    """A block of a device's caching pool: its memory outlives each allocation of it."""
+
+    def __init__(self, ident: int, size: int) -> None:
+        self.id = ident
+        self.size = size
+        self.buf = _aligned(size, STAGING_ALIGN)
+        self.stream: HostStream | None = None  # the stream of its current (or last) allocation
+        self.region: _Region | None = None  # its current (or last) allocation
+        self.recorded: list[HostStream] = []  # record_stream of the current allocation
+        self.pending: list[tuple[HostStream, int]] = []  # to reach before it is handed out
+        self.graph: HostGraph | None = None  # allocated in a capture: kept for the graph
+
+
+class _Allocation:
+    """What every view of one allocation holds; its block is freed when the
+    last of them is gone (CPython frees at once), or by :meth:`free`."""
+
+    def __init__(self, device: HostBackend, block: _Block, region: _Region, lib: str) -> None:
+        self.device = device
+        self.block = block
+        self.region = region
+        self.lib = lib
+        self._finalizer = weakref.finalize(self, device._release, block, region)
+        self._finalizer.atexit = False
+
+    def free(self) -> None:
+        """Give the block back to the pool now (idempotent)."""
+        self._finalizer()
+
+
+class _Machine:
+    """What the devices of one emulated machine share: host memory (pinned
+    buffers serve every device), the stream ids and what the host saw
+    complete, the current device of each thread, and the captures under way."""
+
+    def __init__(self, delay: float, faults: dict[str, int] | None) -> None:
+        self.delay = float(delay)
+        self.faults = dict(faults or {})
+        self.counts: Counter[str] = Counter()
+        self.violations: list[str] = []
+        self.host_buffers: dict[int, np.ndarray] = {}
+        self.slots: dict[int, _Region] = {}
+        self.lock = threading.RLock()
+        self.ids = itertools.count(1)
+        self.blocks = itertools.count(1)
+        self.completed: dict[int, int] = {}  # stream id -> last seq the host saw complete
+        self.local = threading.local()  # .device: the thread's current device
+        self.devices: list[HostBackend] = []
+        self.captures: list[_Capture] = []
+
+    def current_device(self) -> int:
+        return int(getattr(self.local, "device", 0))
+
+
+def _check_lib(lib: str) -> str:
+    if lib not in _LIBS:
+        raise ValueError(f"expected lib 'torch' or 'cupy' (got {lib!r})")
+    return lib
+
+
 class HostBackend:
     """An emulated device: streams, events, memory and copies on the CPU.
+
+    ``HostBackend()`` is a machine with one device (index 0);
+    ``HostBackend(devices=2)`` returns device 0 of a machine with two, the
+    other reached with :meth:`peer`. The devices share the machine's pinned
+    host memory, its ``counts``, ``violations`` and ``faults``; each has its
+    own streams, events, memory pool and current streams.
 
     Parameters
     ----------
@@ -91,23 +203,69 @@ class HostBackend:
         allocation), ``"host_alloc"``, ``"host_free"``, ``"fill"`` / ``"drain"``
         (a host thread's access to a slot, host-to-device / device-to-host),
         ``"timer_read"`` (reading a timing event; not sticky).
+    devices : int
+        How many devices the machine has (default 1).
+
+    Attributes
+    ----------
+    index : int
+        This device's index on its machine.
+    counts : collections.Counter
+        Operations by kind; the pool adds ``"device_alloc"`` (a new block)
+        and ``"device_reuse"`` (a freed block handed out again).
+    violations : list of str
+        Every rule broken so far, on any device of the machine.
     """
 
-    def __init__(self, *, delay: float = 0.0, faults: dict[str, int] | None = None) -> None:
-        self.ring_key = self
-        self.delay = float(delay)
-        self.faults = dict(faults or {})
-        self.counts: Counter[str] = Counter()
-        self.violations: list[str] = []
-        self.host_buffers: dict[int, np.ndarray] = {}  # live pinned buffers by address
-        self._lock = threading.RLock()
-        self._ids = itertools.count(1)
-        self._completed: dict[int, int] = {}  # stream id -> last seq the host saw complete
+    def __init__(
+        self, *, delay: float = 0.0, faults: dict[str, int] | None = None, devices: int = 1
+    ) -> None:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"HostBackend expected devices >= 1 (got {devices!r})")
+        machine = _Machine(delay, faults)
+        self._attach(machine, 0)
+        for index in range(1, devices):
+            object.__new__(HostBackend)._attach(machine, index)
+
+    def _attach(self, machine: _Machine, index: int) -> None:
+        self.machine = machine
+        self.index = index
+        machine.devices.append(self)
+        self.ring_key: Any = machine  # pinned memory is portable: one ring cache per machine
+        self.delay = machine.delay
+        self.faults = machine.faults
+        self.counts = machine.counts
+        self.violations = machine.violations
+        self.host_buffers = machine.host_buffers  # live pinned buffers by address
+        self._lock = machine.lock
+        self._ids = machine.ids
+        self._completed = machine.completed
+        self._slots = machine.slots
         self._sticky: BaseException | None = None
-        self._slots: dict[int, _Region] = {}
         self._streams: list[HostStream] = []
-        self._local = threading.local()
+        self._local = threading.local()  # .streams: lib -> the thread's current stream here
+        self._pool: dict[int, list[_Block]] = {}  # stream id -> free blocks, oldest first
+        self._frees: collections.deque[tuple[_Block, list[tuple[HostStream, int]]]] = (
+            collections.deque()
+        )  # freed blocks not yet on a free list (a finalizer may run in any thread)
         self.default_stream = HostStream(self)
+
+    # -- the machine
+    def peer(self, index: int) -> HostBackend:
+        """Device ``index`` of this machine."""
+        devices = self.machine.devices
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(devices):
+            raise ValueError(f"expected a device index in [0, {len(devices)}) (got {index!r})")
+        return devices[index]
+
+    @property
+    def devices(self) -> tuple[HostBackend, ...]:
+        """Every device of this machine, by index."""
+        return tuple(self.machine.devices)
+
+    def current_device(self) -> int:
+        """The calling thread's current device index (0 unless activated)."""
+        return self.machine.current_device()
 
     # -- rules
     def violation(self, message: str) -> RuleViolation:
@@ -124,18 +282,19 @@ class HostBackend:
         if self._sticky is not None:
             raise HostDeviceError(f"the device failed earlier: {self._sticky}") from self._sticky
 
-    def _check_use(self, stream: HostStream, region: _Region, write: bool) -> None:
-        """With the lock held: may ``stream`` queue a use of ``region`` now?"""
-        if region.freed:
+    def _check_use(
+        self, stream: HostStream, region: _Region, write: bool, graph: HostGraph | None = None
+    ) -> None:
+        """With the lock held: may ``stream`` queue a use of ``region`` now?
+        (``graph``: a replay of it, which may use the blocks its capture allocated.)"""
+        if region.freed and (graph is None or region.graph is not graph):
             raise self.violation(f"{region.name} used on stream {stream.id} after it was freed")
         if region.host_users:
             raise self.violation(
                 f"{region.name}: device copy queued on stream {stream.id} while a host thread "
                 "uses it"
             )
-        known = dict(self._completed)
-        for s, seq in stream.clock.items():
-            known[s] = max(known.get(s, 0), seq)
+        known = self._known(stream)
         earlier = [region.last_write] if region.last_write else []
         if write:
             earlier += list(region.reads.items())
@@ -146,15 +305,46 @@ class HostBackend:
                     f"after its use on stream {s} (no event waited on)"
                 )
 
+    def _known(self, stream: HostStream) -> dict[int, int]:
+        """With the lock held: how far each stream's work is ordered before
+        work queued on ``stream`` now (its waits, and what the host saw complete)."""
+        known = dict(self._completed)
+        for s, seq in stream.clock.items():
+            known[s] = max(known.get(s, 0), seq)
+        return known
+
     def _observed(self, clock: dict[int, int]) -> None:
         """The host saw everything ``clock`` covers complete."""
         with self._lock:
             for s, seq in clock.items():
                 self._completed[s] = max(self._completed.get(s, 0), seq)
 
+    def _refuse_in_capture(self, what: str) -> None:
+        """``what`` is illegal while any capture is under way (CUDA's global
+        capture mode): invalidate them all and raise."""
+        with self._lock:
+            live = list(self.machine.captures)
+            for capture in live:
+                capture.invalidate(f"{what} while it was under way")
+        if live:
+            raise CaptureError(
+                f"{what} while a graph capture is under way on stream {live[0].origin.id} "
+                "(illegal in CUDA's global capture mode; the capture is invalidated): do it "
+                "before the capture begins or after it ends"
+            )
+
     # -- the Backend interface
-    def activate(self) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[HostBackend]:
+        """Make this device the calling thread's current device inside the
+        block (the previous one is current again after it)."""
+        local = self.machine.local
+        previous = getattr(local, "device", 0)
+        local.device = self.index
+        try:
+            yield self
+        finally:
+            local.device = previous
 
     def stream(self) -> HostStream:
         self._check_alive()
@@ -168,6 +358,7 @@ class HostBackend:
 
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         self._check_alive()
+        self._refuse_in_capture("cudaHostAlloc (a pinned host allocation)")
         if self._fault("host_alloc"):
             raise HostDeviceError("injected fault: pinned host allocation failed")
         array = _aligned(nbytes, _PAGE)
@@ -179,6 +370,7 @@ class HostBackend:
 
     def host_free(self, ptr: int) -> None:
         self._check_alive()
+        self._refuse_in_capture("cudaFreeHost (freeing a pinned host buffer)")
         if self._fault("host_free"):
             raise HostDeviceError(f"injected fault: freeing pinned buffer {ptr:#x} failed")
         with self._lock:
@@ -209,11 +401,14 @@ class HostBackend:
                 region.host_users -= 1
 
     def staging(self, count: int, row_bytes: int) -> HostStaging:
+        """Rows from this device's pool on CuPy's current stream (as the CUDA
+        backend takes them from CuPy's own pool)."""
         if self._fault("staging"):
             raise HostDeviceError("injected fault: device staging allocation failed")
         stride = round_up(row_bytes, STAGING_ALIGN)
-        block = self.empty((count * stride,), np.uint8)  # on the current stream, like a pool
-        return HostStaging(block, stride, self.current_stream())
+        stream = self.current_stream("cupy")
+        block = self._array((count * stride,), np.uint8, "cupy", stream)
+        return HostStaging(block, stride, stream)
 
     def is_capturing(self, stream: HostStream) -> bool:
         return False
@@ -265,6 +460,12 @@ class HostBackend:
         return pinned
 
     def copy_on_device(self, dst: DeviceArray, src: DeviceArray, s: HostStream) -> None:
+        """Queue ``dst[...] = src`` on ``s``, a stream of ``dst``'s device.
+
+        ``src`` on another device is first read whole into a temporary from
+        the pool on ``s`` (one peer DMA of the bytes its elements span, queued
+        on ``s``), as the CUDA backend's ``_peer_copy`` does.
+        """
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise self.violation(
                 f"device copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}"
@@ -279,73 +480,321 @@ class HostBackend:
                     f"misaligned {view.dtype} access at {view.data.ctypes.data:#x} with strides "
                     f"{view.strides} (the GPU faults with cudaErrorMisalignedAddress)"
                 )
+        if dst.backend is not s.backend:
+            raise self.violation(
+                f"device copy into an array of device {dst.backend.index} queued on stream "
+                f"{s.id} of device {s.backend.index} (queue it on a stream of the array's device)"
+            )
+        if src.backend is not dst.backend:
+            if not dst.size:
+                return
+            with self._lock:  # refused before its temporary is allocated
+                s._check_queue("peer")
+                self._check_use(s, src.region, write=False)
+            src = s.backend._peer_copy(src, s)
         d, v = dst.data, src.data
         s.enqueue("pack", lambda: np.copyto(d, v), reads=[src.region], writes=[dst.region])
 
+    def _peer_copy(self, src: DeviceArray, s: HostStream) -> DeviceArray:
+        """``src`` (on another device) in a temporary on this device with its
+        strides: one peer read on ``s`` of the bytes its elements span."""
+        lo, span = _byte_extent(src.shape, src.strides, src.dtype.itemsize)
+        temp = self._array((span,), np.uint8, "cupy", s)  # CuPy's own pool, on s
+        block = src._owner.block
+        start = src.data.ctypes.data + lo - block.buf.ctypes.data
+        raw, into = block.buf[start : start + span], temp.data
+        s.enqueue("peer", lambda: np.copyto(into, raw), reads=[src.region], writes=[temp.region])
+        view = np.ndarray(src.shape, src.dtype, buffer=into, offset=-lo, strides=src.strides)
+        return DeviceArray(temp._owner, view)
+
+    def is_capturing(self, stream: HostStream) -> bool:
+        """True while ``stream`` is in a capture (its own, or one it joined by
+        waiting on an event recorded in it), invalidated or not, until it ends."""
+        return stream.capture is not None
+
     # -- device memory and data, for callers and tests
-    def current_stream(self) -> HostStream:
-        """The calling thread's current stream (the default stream unless set)."""
-        return getattr(self._local, "stream", None) or self.default_stream
+    def current_stream(self, lib: str = "cupy") -> HostStream:
+        """The calling thread's current stream of ``lib`` (``"torch"`` or
+        ``"cupy"``) on this device: the default stream unless set."""
+        streams = getattr(self._local, "streams", None) or {}
+        return streams.get(_check_lib(lib)) or self.default_stream
 
     @contextlib.contextmanager
-    def use_stream(self, stream: HostStream) -> Iterator[HostStream]:
-        """Make ``stream`` the calling thread's current stream inside the block."""
-        previous = getattr(self._local, "stream", None)
-        self._local.stream = stream
+    def use_stream(self, stream: HostStream, lib: str | None = None) -> Iterator[HostStream]:
+        """Make ``stream`` the calling thread's current stream of ``lib``
+        inside the block (``None``: of both libraries, like ``interop.stream``)."""
+        libs = _LIBS if lib is None else (_check_lib(lib),)
+        if stream.backend is not self:
+            raise self.violation(
+                f"use_stream of device {self.index} given stream {stream.id} of device "
+                f"{stream.backend.index} (use that device's use_stream)"
+            )
+        streams = getattr(self._local, "streams", None)
+        if streams is None:
+            streams = self._local.streams = {}
+        previous = {name: streams.get(name) for name in libs}
+        streams.update(dict.fromkeys(libs, stream))
         try:
             yield stream
         finally:
-            self._local.stream = previous
+            streams.update(previous)
 
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> DeviceArray:
-        """Uninitialised device memory (256-byte aligned), allocated on the
-        current stream: using it on another stream needs an event."""
-        self._check_alive()
-        dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        buf = _aligned(max(n, 1), STAGING_ALIGN)[:n]
-        region = _Region(f"device allocation of {n} bytes")
-        self.current_stream().enqueue("alloc", lambda: None, writes=[region])
-        return DeviceArray(self, region, buf.view(dtype).reshape(shape))
+    def empty(self, shape: tuple[int, ...], dtype: Any, lib: str = "cupy") -> DeviceArray:
+        """Uninitialised device memory (256-byte aligned) of library ``lib``,
+        from the pool on that library's current stream: using it on another
+        stream needs an event. This device must be current."""
+        return self._array(shape, dtype, lib, self.current_stream(lib))
 
-    def asarray(self, host: np.ndarray) -> DeviceArray:
-        """A device copy of ``host``, written on the current stream."""
+    def asarray(self, host: np.ndarray, lib: str = "cupy") -> DeviceArray:
+        """A device copy of ``host`` (of library ``lib``), written on that
+        library's current stream."""
         host = np.ascontiguousarray(host).copy()
-        out = self.empty(host.shape, host.dtype)
+        stream = self.current_stream(lib)
+        out = self._array(host.shape, host.dtype, lib, stream)
         data = out.data
-        self.current_stream().enqueue("upload", lambda: np.copyto(data, host), writes=[out.region])
+        stream.enqueue("upload", lambda: np.copyto(data, host), writes=[out.region])
         return out
 
+    def inverted(self, x: DeviceArray) -> InvertedArray:
+        """``x`` lazily transformed: its values are ``x``'s bytes XOR 0xFF
+        (any dtype). A transfer's source makes each chunk into a temporary
+        from the pool on the producer's stream (like a CUDA tensor with the
+        conjugate/negative bit); refused as a destination."""
+        if not isinstance(x, DeviceArray):
+            raise TypeError(f"inverted expected a DeviceArray (got {type(x).__name__})")
+        return InvertedArray(x)
+
+    def record_stream(self, x: DeviceArray, stream: HostStream) -> None:
+        """Like ``Tensor.record_stream``: when ``x``'s block is freed, it is not
+        handed out again until the work queued on ``stream`` by then is done
+        (an event recorded at the free, queried at each allocation)."""
+        owner = x._owner
+        with self._lock:
+            if owner.region.freed:
+                raise self.violation(f"record_stream of {owner.region.name} after it was freed")
+            if stream not in owner.block.recorded:
+                owner.block.recorded.append(stream)
+
     def synchronize(self) -> None:
-        """Wait for every stream (``cudaDeviceSynchronize``)."""
+        """Wait for every stream of this device (``cudaDeviceSynchronize``)."""
+        self._refuse_in_capture("cudaDeviceSynchronize")
         with self._lock:
             streams = list(self._streams)
         for s in streams:
             s.synchronize()
 
     def to_numpy(self, x: DeviceArray) -> np.ndarray:
-        """A host copy of ``x`` after a device-wide synchronisation."""
-        self.synchronize()
+        """A host copy of ``x`` after a synchronisation of its device."""
+        x.backend.synchronize()
         return x.data.copy()
 
-    def source(self, x: DeviceArray) -> DeviceData:
-        """``x`` as the device side of a transfer (its producer: the current stream)."""
+    def source(self, x: DeviceArray | InvertedArray) -> DeviceData:
+        """``x`` as the device side of a transfer (its producer: the current
+        stream of ``x``'s library, in the calling thread)."""
+        if isinstance(x, InvertedArray):
+            return self._inverted_source(x)
         bits = dtypes.int_view_of_numpy(x.dtype)
         view = x if bits == x.dtype else x.view(bits)
         return DeviceData(
-            self.current_stream(), x.shape, x.dtype, lambda idx: DeviceChunk(view[idx])
+            self.current_stream(x.lib), x.shape, x.dtype, lambda idx: DeviceChunk(view[idx])
         )
 
-    def target(self, x: DeviceArray, func: str = "") -> DeviceData:
-        """``x`` as the destination of a transfer (its consumer: the current stream)."""
+    def _inverted_source(self, x: InvertedArray) -> DeviceData:
+        base = x.base
+        producer = self.current_stream(base.lib)
+        bits = dtypes.int_view_of_numpy(base.dtype)
+
+        def chunk(idx: tuple) -> DeviceChunk:
+            # a chunk-sized temporary with the transform applied, made on the producer stream
+            part = base[idx]
+            temp = self._array(part.shape, base.dtype, base.lib, producer)
+            into, values = temp.data.view(bits), part.data.view(bits)
+            producer.enqueue(
+                "invert", lambda: _invert(into, values), reads=[part.region], writes=[temp.region]
+            )
+            return DeviceChunk(temp if bits == temp.dtype else temp.view(bits), producer)
+
+        return DeviceData(producer, base.shape, base.dtype, chunk)
+
+    def target(self, x: DeviceArray | InvertedArray, func: str = "") -> DeviceData:
+        """``x`` as the destination of a transfer (its consumer: the current
+        stream of ``x``'s library).
+
+        Raises
+        ------
+        InvalidValueError
+            A lazily transformed array (writes through it would be transformed).
+        """
+        if isinstance(x, InvertedArray):
+            raise InvalidValueError(
+                f"{func or 'a transfer'} expected an out that is not lazily inverted (writes "
+                "through such a view would be transformed); write into its base array"
+            )
         return self.source(x)
 
+    def capture(self, stream: HostStream) -> _CaptureBlock:
+        """``with backend.capture(stream) as graph:`` captures into ``graph``.
+
+        While a capture is under way, work queued on ``stream`` (and on every
+        stream that waits on an event recorded in the capture, which joins it)
+        is recorded, not run; its memory rules are checked when it is queued.
+        Illegal then, raising :class:`CaptureError` and invalidating every
+        capture under way: synchronising a capturing stream, synchronising or
+        querying any event, ``host_alloc`` / ``host_free``, :meth:`synchronize`,
+        and a capturing stream waiting on an event recorded outside its
+        capture. Leaving the block raises :class:`CaptureError` when the
+        capture was invalidated or a stream that joined it was not joined back
+        (the capturing stream waited on an event recorded on it after its last
+        captured work); otherwise ``graph.replay()`` queues the work again.
+        """
+        return _CaptureBlock(self, stream)
+
     def close(self) -> None:
-        """Stop every stream's worker thread (after its queued work ran)."""
+        """Stop every stream's worker thread on every device of the machine
+        (after its queued work ran)."""
+        for device in self.machine.devices:
+            with self._lock:
+                streams = list(device._streams)
+            for s in streams:
+                s.stop()
+            with self._lock:
+                device._pool.clear()
+                device._frees.clear()
+
+    # -- the pool
+    def _array(self, shape: Any, dtype: Any, lib: str, stream: HostStream) -> DeviceArray:
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        owner = self._allocate(n, stream, _check_lib(lib))
+        return DeviceArray(owner, owner.block.buf[:n].view(dtype).reshape(shape))
+
+    def _allocate(self, nbytes: int, stream: HostStream, lib: str) -> _Allocation:
+        """A block of at least ``nbytes`` from the pool on ``stream``: a freed
+        one of that stream when one fits (same size first, most recently
+        freed first), else a new one. Counts as a write on ``stream``."""
+        self._check_alive()
+        if stream.backend is not self:
+            raise self.violation(
+                f"allocation on device {self.index} ordered on stream {stream.id} of device "
+                f"{stream.backend.index}"
+            )
+        size = max(round_up(nbytes, _BLOCK_ROUND), _BLOCK_ROUND)
         with self._lock:
-            streams = list(self._streams)
-        for s in streams:
-            s.stop()
+            stream._check_queue("alloc")
+            capture = stream.capture
+            self._drain_frees()
+            block = None
+            if capture is None:  # in a capture: a new block, kept for the graph (private pool)
+                k = self._pick(stream, size)
+                if k is not None:
+                    block = self._pool[stream.id][k]
+                    self._check_reuse(stream, block)
+                    del self._pool[stream.id][k]
+                    self.counts["device_reuse"] += 1
+            if block is None:
+                block = _Block(next(self.machine.blocks), size)
+                self.counts["device_alloc"] += 1
+            graph = None if capture is None else capture.graph
+            region = _Region(
+                f"device allocation of {nbytes} bytes (block {block.id} of device {self.index})",
+                "device",
+                stream.id,
+                graph,
+            )
+            if block.region is not None:
+                block.region.next_life = region
+            block.region, block.stream, block.recorded, block.pending = region, stream, [], []
+            block.graph = graph
+            owner = _Allocation(self, block, region, lib)
+            stream.enqueue("alloc", lambda: _started(region), writes=[region])
+        return owner
+
+    def _pick(self, stream: HostStream, size: int) -> int | None:
+        """With the lock held: the index in ``stream``'s free list of the block
+        to hand out for ``size`` bytes, or None."""
+        blocks = self._pool.get(stream.id, [])
+        best: int | None = None
+        for k in range(len(blocks) - 1, -1, -1):  # most recently freed first
+            block = blocks[k]
+            if block.size < size or not self._ready(block):
+                continue
+            if block.size == size:
+                return k
+            if best is None or block.size < blocks[best].size:
+                best = k
+        return best
+
+    def _ready(self, block: _Block) -> bool:
+        """With the lock held: the events recorded at the block's free (by
+        ``record_stream``) were reached; a query the host saw, like PyTorch's
+        allocator. During a capture they are not queried (it is illegal then)."""
+        if not block.pending:
+            return True
+        if self.machine.captures:
+            return False
+        if any(s._done < seq for s, seq in block.pending):
+            return False
+        self._observed({s.id: seq for s, seq in block.pending})
+        block.pending = []
+        return True
+
+    def _check_reuse(self, stream: HostStream, block: _Block) -> None:
+        """With the lock held: handing ``block`` out again on ``stream`` is a
+        write there, after every use of its previous life on other streams."""
+        old = block.region
+        assert old is not None
+        known = self._known(stream)
+        uses = ([old.last_write] if old.last_write else []) + list(old.reads.items())
+        for s, seq in uses:
+            if s != stream.id and known.get(s, 0) < seq:
+                raise self.violation(
+                    f"block {block.id} of device {self.index} reused on stream {stream.id} while "
+                    f"work queued on stream {s} before its free may still use it: a "
+                    f"use-after-free across streams (before the array is dropped, make stream "
+                    f"{stream.id} wait on an event recorded on stream {s} after that work, or "
+                    f"record_stream it on stream {s})"
+                )
+
+    def _release(self, block: _Block, region: _Region) -> None:
+        """The allocation ``region`` of ``block`` is gone (its last view, or an
+        explicit free). May run in any thread, at any time: it only marks."""
+        if region.freed:
+            return
+        region.freed = True
+        if block.graph is not None:
+            return  # the graph keeps its memory: never handed out again
+        points = [(s, s.clock[s.id]) for s in block.recorded if s is not block.stream]
+        self._frees.append((block, points))
+
+    def _drain_frees(self) -> None:
+        """With the lock held: put the blocks freed since on their free lists."""
+        while self._frees:
+            block, points = self._frees.popleft()
+            stream = block.stream
+            assert stream is not None
+            block.pending = points
+            if not stream._closed:
+                self._pool.setdefault(stream.id, []).append(block)
+
+
+def _started(region: _Region) -> None:
+    region.started = True
+
+
+def _invert(into: np.ndarray, values: np.ndarray) -> None:
+    np.copyto(into, values)
+    flat = into.reshape(-1).view(np.uint8)
+    np.bitwise_xor(flat, 0xFF, out=flat)
+
+
+def _byte_extent(
+    shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int
+) -> tuple[int, int]:
+    """``(lo, span)``: a non-empty strided array's elements start ``lo`` bytes
+    from its data pointer (``lo <= 0``) and span ``span`` bytes."""
+    lo = sum(st * (n - 1) for st, n in zip(strides, shape, strict=True) if st < 0)
+    hi = sum(st * (n - 1) for st, n in zip(strides, shape, strict=True) if st > 0)
+    return lo, hi - lo + itemsize
 
 
 class HostStream:
@@ -357,6 +806,7 @@ class HostStream:
             self.id = next(backend._ids)
             backend._streams.append(self)
         self.clock: dict[int, int] = {self.id: 0}  # what queued work is ordered after
+        self.capture: _Capture | None = None  # the capture it is in
         self._done = 0
         self._cond = threading.Condition()
         self._queue: queue.SimpleQueue[tuple[int, str, Callable[[], None]] | None] = (
@@ -368,6 +818,9 @@ class HostStream:
         )
         self._thread.start()
 
+    def __repr__(self) -> str:
+        return f"HostStream(id={self.id}, device={self.backend.index})"
+
     def enqueue(
         self,
         kind: str,
@@ -375,32 +828,66 @@ class HostStream:
         reads: list[_Region] | tuple[()] = (),
         writes: list[_Region] | tuple[()] = (),
     ) -> None:
-        """Queue ``op`` after the rules for its memory uses were checked."""
+        """Queue ``op`` after the rules for its memory uses were checked
+        (recorded instead, while this stream captures)."""
+        self._enqueue(kind, op, tuple(reads), tuple(writes))
+
+    def _check_queue(self, kind: str) -> None:
+        """With the lock held: may work of ``kind`` be queued here now?"""
+        b = self.backend
+        if self._closed:
+            raise b.violation(f"work queued on stream {self.id} after it was closed")
+        current = b.machine.current_device()
+        if kind in _DEVICE_WORK and current != b.index:
+            raise b.violation(
+                f"device work ({kind}) queued on stream {self.id} of device {b.index} while "
+                f"device {current} is current (CUDA fails with an invalid resource handle, or "
+                "allocates on the wrong device): make the device current first "
+                "(backend.activate())"
+            )
+        if self.capture is not None and self.capture.invalid:
+            raise CaptureError(
+                f"work queued on stream {self.id} after its capture was invalidated "
+                f"({self.capture.invalid})"
+            )
+
+    def _enqueue(
+        self,
+        kind: str,
+        op: Callable[[], None],
+        reads: tuple[_Region, ...],
+        writes: tuple[_Region, ...],
+        graph: HostGraph | None = None,
+    ) -> None:
         b = self.backend
         b._check_alive()
-        fails = kind in ("copy", "pack") and b._fault(kind)
+        fails = self.capture is None and kind in ("copy", "pack") and b._fault(kind)
         with b._lock:
-            if self._closed:
-                raise b.violation(f"work queued on stream {self.id} after it was closed")
+            self._check_queue(kind)
             for region in reads:
-                b._check_use(self, region, write=False)
+                b._check_use(self, region, False, graph)
             for region in writes:
-                b._check_use(self, region, write=True)
+                b._check_use(self, region, True, graph)
             self.clock[self.id] += 1
             seq = self.clock[self.id]
             for region in reads:
                 region.reads[self.id] = seq
             for region in writes:
                 region.last_write, region.reads = (self.id, seq), {}
-            self._queue.put(
-                (seq, kind, _failing(kind) if fails else _guarded(b, kind, op, (*reads, *writes)))
-            )
+            capture = self.capture
+            if capture is not None and kind != "wait":
+                capture.graph._ops.append((kind, op, reads, writes))
+                capture.last[self.id] = seq
+                self._queue.put((seq, "captured", _nothing))
+            else:
+                run = _failing(kind) if fails else _guarded(b, kind, op, (*reads, *writes))
+                self._queue.put((seq, kind, run))
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
             seq, kind, op = item
-            if self.backend.delay and kind != "timer":  # a timing event takes no stream time
-                time.sleep(self.backend.delay)
+            if self.backend.delay and kind not in ("timer", "captured", "wait"):
+                time.sleep(self.backend.delay)  # a timing event takes no stream time
             try:
                 if self.backend._sticky is None:
                     op()
@@ -424,17 +911,38 @@ class HostStream:
         with b._lock:
             if event.point is None:
                 raise b.violation(f"stream {self.id} waits on an event that was never recorded")
-            stream, seq, clock = event.point
+            stream, seq, clock, recorded_in = event.point
+            mine = self.capture
+            if mine is not None and recorded_in is not mine:
+                mine.invalidate(f"stream {self.id} waited on an event recorded outside it")
+                raise CaptureError(
+                    f"capturing stream {self.id} waits on an event recorded outside its capture "
+                    "(cudaErrorStreamCaptureIsolation; the capture is invalidated): order it "
+                    "before the capture begins"
+                )
+            if mine is None and recorded_in is not None and recorded_in.under_way:
+                self.capture = recorded_in  # joins the capture
+                recorded_in.streams.append(self)
             for s, n in clock.items():
                 self.clock[s] = max(self.clock.get(s, 0), n)
-        self.enqueue("wait", lambda: stream.reached(seq))
+        self._enqueue("wait", lambda: stream.reached(seq), (), ())
 
     def synchronize(self) -> None:
-        with self.backend._lock:
+        b = self.backend
+        capture = self.capture
+        if capture is not None:
+            with b._lock:
+                capture.invalidate(f"stream {self.id} was synchronised")
+            raise CaptureError(
+                f"stream {self.id} synchronised while it captures into a graph "
+                "(cudaErrorStreamCaptureUnsupported; the capture is invalidated): synchronise "
+                "it after the capture ends"
+            )
+        with b._lock:
             seq, clock = self.clock[self.id], dict(self.clock)
         self.reached(seq)
-        self.backend._observed(clock)
-        self.backend._check_alive()
+        b._observed(clock)
+        b._check_alive()
 
     def close(self) -> None:
         """Release the stream: the host must have seen its queued work complete.
@@ -458,19 +966,32 @@ class HostStream:
                 return
             self._closed = True
             self.backend._streams.remove(self)
+            self.backend._pool.pop(self.id, None)  # its free blocks go with it
         self._queue.put(None)
         self._thread.join()
+
+
+def _nothing() -> None:
+    """The stream's place of work it captured (run later, by a replay)."""
 
 
 def _guarded(
     backend: HostBackend, kind: str, op: Callable[[], None], regions: tuple[_Region, ...]
 ) -> Callable[[], None]:
-    """``op``, refusing to run on memory freed after it was queued."""
+    """``op``, refusing to run on a pinned buffer freed after it was queued,
+    or on a device block handed out again (and written) after it was queued."""
 
     def run() -> None:
         for region in regions:
-            if region.freed:
+            if region.kind == "pinned" and region.freed:
                 raise backend.violation(f"queued {kind} ran on {region.name} after it was freed")
+            later = region.next_life
+            if later is not None and later.started:
+                raise backend.violation(
+                    f"queued {kind} ran on {region.name} after its block was handed out again "
+                    f"on stream {later.stream_id} and written there: a use-after-free across "
+                    "streams"
+                )
         op()
 
     return run
@@ -484,33 +1005,53 @@ def _failing(kind: str) -> Callable[[], None]:
 
 
 class HostEvent:
-    """An event: a point in one stream's queue."""
+    """An event: a point in one stream's queue, on one device."""
 
     def __init__(self, backend: HostBackend) -> None:
         self.backend = backend
-        self.point: tuple[HostStream, int, dict[int, int]] | None = None
+        # (stream, seq, its clock, the capture it was recorded in)
+        self.point: tuple[HostStream, int, dict[int, int], _Capture | None] | None = None
 
     def record(self, stream: HostStream) -> None:
-        self.backend._check_alive()
-        with self.backend._lock:
-            self.point = (stream, stream.clock[stream.id], dict(stream.clock))
+        b = self.backend
+        b._check_alive()
+        with b._lock:
+            _check_same_device(b, stream, "an event")
+            capture = stream.capture
+            if capture is not None and capture.invalid:
+                raise CaptureError(
+                    f"event recorded on stream {stream.id} after its capture was invalidated "
+                    f"({capture.invalid})"
+                )
+            self.point = (stream, stream.clock[stream.id], dict(stream.clock), capture)
 
     def query(self) -> bool:
         """True once the recorded point was reached (never blocks)."""
         point = self.point
         if point is None:
             raise self.backend.violation("host queries an event that was never recorded")
-        stream, seq, _ = point
+        self.backend._refuse_in_capture("an event queried (cudaEventQuery)")
+        stream, seq, _, _ = point
         return stream._done >= seq
 
     def synchronize(self) -> None:
         point = self.point
         if point is None:
             raise self.backend.violation("host synchronises an event that was never recorded")
-        stream, seq, clock = point
+        self.backend._refuse_in_capture("an event synchronised (cudaEventSynchronize)")
+        stream, seq, clock, _ = point
         stream.reached(seq)
         self.backend._observed(clock)
         self.backend._check_alive()
+
+
+def _check_same_device(backend: HostBackend, stream: HostStream, what: str) -> None:
+    if stream.backend is not backend:
+        raise backend.violation(
+            f"{what} of device {backend.index} recorded on stream {stream.id} of device "
+            f"{stream.backend.index} (CUDA fails with an invalid resource handle): use one of "
+            "the stream's device"
+        )
 
 
 class HostTimer:
@@ -521,6 +1062,8 @@ class HostTimer:
         self.at: float | None = None
 
     def record(self, stream: HostStream) -> None:
+        with self.backend._lock:
+            _check_same_device(self.backend, stream, "a timing event")
         self.at = None
         stream.enqueue("timer", self._stamp)
 
@@ -553,37 +1096,162 @@ class HostStaging:
         return row.view(like.dtype).reshape(like.shape)
 
     def free(self) -> None:
-        self.block.region.freed = True
+        """Give the block back to the pool on its stream now, whatever views
+        of it are still alive (they must not be used again)."""
+        self.block._owner.free()
+
+
+class _Capture:
+    """A capture under way: its streams and why it was invalidated, if it was."""
+
+    def __init__(self, origin: HostStream, graph: HostGraph) -> None:
+        self.origin = origin
+        self.graph = graph
+        self.streams: list[HostStream] = [origin]  # the origin, then the streams that joined
+        self.last: dict[int, int] = {}  # stream id -> the seq of its last captured work
+        self.invalid: str | None = None
+        self.under_way = True
+
+    def invalidate(self, reason: str) -> None:
+        self.invalid = self.invalid or reason
+
+
+class _CaptureBlock:
+    """``with backend.capture(stream) as graph:`` (see :meth:`HostBackend.capture`)."""
+
+    def __init__(self, backend: HostBackend, stream: HostStream) -> None:
+        self.backend = backend
+        self.stream = stream
+        self._capture: _Capture | None = None
+
+    def __enter__(self) -> HostGraph:
+        b, stream = self.backend, self.stream
+        b._check_alive()
+        with b._lock:
+            if stream.backend is not b:
+                raise b.violation(
+                    f"capture on device {b.index} of stream {stream.id} of device "
+                    f"{stream.backend.index}"
+                )
+            if stream._closed:
+                raise b.violation(f"capture on stream {stream.id} after it was closed")
+            if stream is b.default_stream:
+                raise CaptureError(
+                    "capture on the legacy default stream is not permitted "
+                    "(cudaErrorStreamCaptureUnsupported): capture on a stream of backend.stream()"
+                )
+            if stream.capture is not None:
+                raise CaptureError(
+                    f"capture on stream {stream.id}, which is already capturing "
+                    "(cudaErrorIllegalState)"
+                )
+            graph = HostGraph(stream)
+            capture = self._capture = _Capture(stream, graph)
+            stream.capture = capture
+            b.machine.captures.append(capture)
+        return graph
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        capture, b = self._capture, self.backend
+        assert capture is not None
+        origin = capture.origin
+        with b._lock:
+            unjoined = [
+                s.id
+                for s in capture.streams[1:]
+                if origin.clock.get(s.id, 0) < capture.last.get(s.id, 0)
+            ]
+            for s in capture.streams:
+                s.capture = None
+            capture.under_way = False
+            b.machine.captures.remove(capture)
+        if exc is not None:
+            return  # the error in flight is the one to see
+        if capture.invalid:
+            raise CaptureError(
+                f"the capture on stream {origin.id} was invalidated: {capture.invalid} "
+                "(cudaErrorStreamCaptureInvalidated)"
+            )
+        if unjoined:
+            raise CaptureError(
+                f"streams {unjoined} joined the capture on stream {origin.id} and were not joined "
+                f"back (cudaErrorStreamCaptureUnjoined): before the capture ends, make stream "
+                f"{origin.id} wait on an event recorded on each after its last work"
+            )
+        capture.graph.complete = True
+
+
+class HostGraph:
+    """The work a capture recorded (``cudaGraphExec``), to be replayed."""
+
+    def __init__(self, stream: HostStream) -> None:
+        self.stream = stream  # the capturing stream: where a replay runs by default
+        self._ops: list[_Op] = []
+        self.complete = False  # the capture ended valid
+
+    @property
+    def operations(self) -> list[str]:
+        """The kinds of the recorded operations, in order."""
+        return [kind for kind, _, _, _ in self._ops]
+
+    def replay(self, stream: HostStream | None = None) -> None:
+        """Queue the recorded work on ``stream`` (default: the capturing
+        stream), in the order it was recorded (``cudaGraphLaunch``).
+
+        Its memory rules are checked again now: memory the capture used must
+        still be live (blocks the capture allocated are kept for the graph)
+        and ordered as for any other work on ``stream``.
+        """
+        if not self.complete:
+            raise CaptureError("a graph replayed whose capture did not end valid")
+        s = self.stream if stream is None else stream
+        for kind, op, reads, writes in self._ops:
+            s._enqueue(kind, op, reads, writes, graph=self)
 
 
 class DeviceArray:
-    """An array in an emulated device's memory (strided views share a region)."""
+    """An array in an emulated device's memory. Strided views share one
+    allocation, freed (back to its stream's pool) when the last is gone."""
 
     __interop_backend__ = True  # recognised by interop.arrays as device data
 
-    def __init__(self, backend: HostBackend, region: _Region, data: np.ndarray) -> None:
-        self.backend = backend
-        self.region = region
+    def __init__(self, owner: _Allocation, data: np.ndarray) -> None:
+        self._owner = owner
+        self.backend = owner.device
+        self.region = owner.region
+        self.lib = owner.lib  # "torch" or "cupy": whose current stream it follows
         self.data = data  # touched by stream workers only, or after a synchronisation
+
+    @property
+    def allocated_on(self) -> HostStream:
+        """The stream whose pool the memory came from (where it is freed to)."""
+        stream = self._owner.block.stream
+        assert stream is not None
+        return stream
 
     def __getitem__(self, idx: Any) -> DeviceArray:
         idx = idx if isinstance(idx, tuple) else (idx,)
         view = self.data[idx]
         if not isinstance(view, np.ndarray):  # all-integer index: keep a 0-d view
             view = self.data[idx + (Ellipsis,)]  # noqa: RUF005 (Python 3.10 syntax)
-        return DeviceArray(self.backend, self.region, view)
+        return DeviceArray(self._owner, view)
 
     def view(self, dtype: Any) -> DeviceArray:
-        return DeviceArray(self.backend, self.region, self.data.view(dtype))
+        return DeviceArray(self._owner, self.data.view(dtype))
 
     def reshape(self, shape: tuple[int, ...]) -> DeviceArray:
         # never a copy: raises if the view cannot be reshaped in place
         view = np.reshape(self.data, shape, copy=False)
-        return DeviceArray(self.backend, self.region, view)
+        return DeviceArray(self._owner, view)
 
     @property
     def T(self) -> DeviceArray:
-        return DeviceArray(self.backend, self.region, self.data.T)
+        return DeviceArray(self._owner, self.data.T)
 
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)
@@ -593,4 +1261,30 @@ class DeviceArray:
     ndim = property(lambda self: self.data.ndim)
 
     def __repr__(self) -> str:
-        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, strides={self.strides})"
+        return (
+            f"DeviceArray(shape={self.shape}, dtype={self.dtype}, strides={self.strides}, "
+            f"device={self.backend.index}, lib={self.lib!r})"
+        )
+
+
+class InvertedArray:
+    """A device array read lazily transformed (:meth:`HostBackend.inverted`):
+    its values are ``base``'s bytes XOR 0xFF. Like a CUDA tensor with the
+    conjugate/negative bit, a transfer materialises it chunk by chunk into
+    temporaries on its producer's stream; it cannot be written."""
+
+    __interop_backend__ = True
+
+    def __init__(self, base: DeviceArray) -> None:
+        self.base = base
+        self.backend = base.backend
+        self.lib = base.lib
+
+    shape = property(lambda self: self.base.shape)
+    dtype = property(lambda self: self.base.dtype)
+    size = property(lambda self: self.base.size)
+    nbytes = property(lambda self: self.base.nbytes)
+    ndim = property(lambda self: self.base.ndim)
+
+    def __repr__(self) -> str:
+        return f"InvertedArray({self.base!r})"
