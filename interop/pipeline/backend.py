@@ -122,10 +122,6 @@ class Backend(Protocol):
         stream (``Staging.stream``): another stream must wait for an event
         recorded there before it uses them."""
 
-    def is_capturing(self, stream: Any) -> bool:
-        """True if a CUDA graph capture is under way that work on ``stream``, or
-        a host synchronisation or pinned allocation now, would join or break."""
-
     def is_contiguous(self, view: Any) -> bool:
         """True if the device array is C-contiguous (one DMA copies it)."""
 
@@ -151,6 +147,11 @@ class Backend(Protocol):
         under way: they fail and invalidate the capture. A caller that needs
         them checks first and refuses before queuing anything.
         """
+
+    def capture_under_way(self, stream: Any) -> bool:
+        """True if a capture is under way that a host call now (a pinned
+        allocation or free, a synchronisation, an event query) would break:
+        one on ``stream``, or wherever this device can tell."""
 
     def source(self, x: Any) -> DeviceData:
         """Device array ``x`` as a transfer's source, described in the caller's

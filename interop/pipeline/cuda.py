@@ -185,19 +185,29 @@ class CudaBackend:
         return first is not None and first == last
 
     def is_capturing(self, stream: CudaStream) -> bool:
-        """True if a CUDA graph capture is under way on ``stream``, or on the
-        calling thread's current stream of PyTorch or CuPy on this device.
-
-        Work or host calls that would join or break a capture (an event wait
-        across the capture's boundary, ``cudaHostAlloc``, a synchronisation)
-        are refused when this is True. A stream the runtime refuses to
-        answer for (the legacy default stream while a blocking stream of the
-        device is captured) counts as capturing.
-        """
+        """True while ``stream`` captures into a CUDA graph
+        (``cudaStreamIsCapturing``). A stream the runtime refuses to answer for
+        (the legacy default stream while a blocking stream of the device is
+        captured) counts as capturing: work on it would break the capture."""
         cp = self._cp
         with self.activate():
             try:
-                if stream.cupy.is_capturing() or cp.cuda.get_current_stream().is_capturing():
+                return bool(stream.cupy.is_capturing())
+            except cp.cuda.runtime.CUDARuntimeError:
+                return True
+
+    def capture_under_way(self, stream: CudaStream) -> bool:
+        """True if ``stream``, or the calling thread's current stream of PyTorch
+        or CuPy on this device, captures into a CUDA graph: a host call now (a
+        pinned allocation, a synchronisation) would break that capture. (The
+        runtime cannot list every capture of the process; these are the streams
+        a caller inside ``torch.cuda.graph`` or a CuPy capture is on.)"""
+        cp = self._cp
+        if self.is_capturing(stream):
+            return True
+        with self.activate():
+            try:
+                if cp.cuda.get_current_stream().is_capturing():
                     return True
             except cp.cuda.runtime.CUDARuntimeError:
                 return True

@@ -351,6 +351,8 @@ class HostBackend:
         return HostStream(self)
 
     def event(self) -> HostEvent:
+        with self._lock:
+            self.counts["event"] += 1  # for tests: how many events a call made
         return HostEvent(self)
 
     def timer(self) -> HostTimer:
@@ -409,9 +411,6 @@ class HostBackend:
         stream = self.current_stream("cupy")
         block = self._array((count * stride,), np.uint8, "cupy", stream)
         return HostStaging(block, stride, stream)
-
-    def is_capturing(self, stream: HostStream) -> bool:
-        return False
 
     def is_contiguous(self, view: DeviceArray) -> bool:
         return bool(view.data.flags.c_contiguous)
@@ -511,6 +510,11 @@ class HostBackend:
         """True while ``stream`` is in a capture (its own, or one it joined by
         waiting on an event recorded in it), invalidated or not, until it ends."""
         return stream.capture is not None
+
+    def capture_under_way(self, stream: HostStream) -> bool:
+        """True while any capture is under way on the machine (CUDA's global
+        capture mode: a host call now would invalidate it)."""
+        return bool(self.machine.captures) or self.is_capturing(stream)
 
     # -- device memory and data, for callers and tests
     def current_stream(self, lib: str = "cupy") -> HostStream:
