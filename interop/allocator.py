@@ -118,7 +118,8 @@ class DeferredFrees:
         """Hand on queued frees, record the events of frees set aside during
         a capture, and give back every block whose events have completed.
         During a capture, no event is recorded or queried."""
-        self._drain()
+        if self._freed or self._aside or self._waiting:  # each allocation asks: stay cheap
+            self._drain()
 
     def _drain(self) -> None:
         while self._lock.acquire(blocking=False):
@@ -154,13 +155,17 @@ class DeferredFrees:
                 self._aside.append((ptr, device, sorted(others)))
             else:
                 self._delete(ptr)
+        # A block whose event cannot be recorded or queried, or that cannot be
+        # given back, is dropped (lost to the pool rather than handed out while
+        # a stream may still use it); the error goes to the caller, the other
+        # blocks stay.
         if self._aside and not under_capture():
             aside, self._aside = self._aside, []
             for i, (ptr, device, handles) in enumerate(aside):
                 try:
                     events = [self._record(device, h) for h in handles]
                 except BaseException:
-                    self._aside[:0] = aside[i:]  # kept, tried again on the next call
+                    self._aside[:0] = aside[i + 1 :]
                     raise
                 self._waiting.append((ptr, events))
         if self._waiting and not under_capture():

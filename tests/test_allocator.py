@@ -527,6 +527,26 @@ def test_a_free_run_by_the_garbage_collector_inside_the_pool_never_waits():
     device.close()
 
 
+def test_a_block_whose_event_cannot_be_recorded_is_dropped_and_the_others_go_on():
+    device = HostBackend()
+    log = []
+    frees, deleted, by_id = _pool_on(device, log)
+    a, b = device.stream(), device.stream()
+    by_id.update({a.id: a})  # b unknown to record(): recording on it fails
+    frees.allocated(0x1000, 0, a.id)
+    frees.allocated(0x2000, 0, b.id)
+    streams.stream_uses.enter((0, b.id))
+    streams.stream_uses.leave((0, b.id))
+    with pytest.raises(KeyError):
+        frees.free(0x1000)  # used on b: its event cannot be recorded
+    assert frees.deferred == 0  # dropped: never handed out while b may use it
+    frees.free(0x2000)  # the pool goes on
+    assert deleted == [0x2000]
+    for s in (a, b):
+        s.close()
+    device.close()
+
+
 @pytest.mark.gpu
 def test_gpu_block_form_is_per_thread_with_torch_memory(cp, torch):
     """Overlapping blocks in two threads: each thread's CuPy memory comes from
