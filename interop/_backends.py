@@ -81,20 +81,35 @@ def is_cupy_array(x: Any) -> bool:
 
 
 def cupy_device_count() -> int:
-    """Number of CUDA devices CuPy can use; 0 when there is no driver or device."""
+    """Number of CUDA devices CuPy can use; 0 when there is no driver or device.
+
+    Asking initialises the CUDA driver (``cudaGetDeviceCount`` runs
+    ``cuInit``); where a device was found, this process is recorded as one
+    that initialised CUDA (:func:`note_cuda_initialised`).
+    """
+    count, _ = _cupy_device_count_or_error()
+    return count
+
+
+def _cupy_device_count_or_error() -> tuple[int, Exception | None]:
     cp = cupy()
     try:
-        return int(cp.cuda.runtime.getDeviceCount())
-    except Exception:  # CUDARuntimeError: no driver, insufficient driver, no device
-        return 0
+        count = int(cp.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # CUDARuntimeError: no driver, insufficient driver, no device
+        return 0, exc
+    if count:
+        note_cuda_initialised()
+    return count, None
 
 
 # --------------------------------------------------------------------------- fork
 
-# The process in which interop first found a usable CUDA device (and so
-# initialised the CUDA driver), or None. A child made by os.fork() inherits
-# the value with another pid: the driver's state it inherited is unusable
-# there, whatever it tries.
+# The process in which the CUDA driver was first seen initialised, or None:
+# where interop found a usable device through CuPy or PyTorch, or where the
+# driver said so just before an os.fork() (CuPy, or anything else, used the
+# GPU without interop). A child made by os.fork() inherits the value with
+# another pid: the driver's state it inherited is unusable there, whatever it
+# tries.
 _cuda_initialised_in: int | None = None
 
 
@@ -103,6 +118,41 @@ def note_cuda_initialised() -> None:
     global _cuda_initialised_in
     if _cuda_initialised_in is None:
         _cuda_initialised_in = os.getpid()
+
+
+def cuda_driver_initialised() -> bool:
+    """True if the CUDA driver was initialised in this process, by anyone
+    (CuPy, PyTorch, interop), as far as CuPy's driver bindings tell without
+    initialising it.
+
+    Asks ``cuCtxGetCurrent``, which answers ``CUDA_ERROR_NOT_INITIALIZED``
+    until ``cuInit`` ran and initialises nothing. False where CuPy was not
+    imported (nothing is imported here) or the driver library cannot be
+    loaded (no NVIDIA driver).
+    """
+    cp = sys.modules.get("cupy")
+    driver = getattr(getattr(cp, "cuda", None), "driver", None)
+    get_current = getattr(driver, "ctxGetCurrent", None)
+    if get_current is None:
+        return False
+    try:
+        get_current()
+    except Exception:  # CUDADriverError (not initialised), or no libcuda at all
+        return False
+    return True
+
+
+def _before_fork() -> None:
+    # CuPy keeps no record that it initialised CUDA, and PyTorch's covers
+    # PyTorch only: ask the driver, in the parent, just before the fork.
+    try:
+        if _cuda_initialised_in is None and cuda_driver_initialised():
+            note_cuda_initialised()
+    except Exception:  # never stop a fork
+        pass
+
+
+os.register_at_fork(before=_before_fork)
 
 
 def _torch_in_bad_fork() -> bool:
@@ -118,7 +168,11 @@ def check_not_forked() -> None:
 
     CUDA cannot be used in such a child: every driver call fails (CuPy would
     report no device at all). Cheap: a pid comparison, and a flag of PyTorch's
-    when torch was imported.
+    when torch was imported. Seen: CUDA initialised in an ancestor by
+    interop, by PyTorch, or by anything else where CuPy was imported there
+    before the fork (the driver is asked at the fork); not seen: CUDA
+    initialised without CuPy or PyTorch imported in the parent, or a parent
+    that imported interop only after its fork.
 
     Raises
     ------
@@ -161,13 +215,20 @@ def require_cupy_device() -> ModuleType:
     """
     cp = cupy()
     check_not_forked()
-    if cupy_device_count() == 0:
-        raise NoDeviceError(
-            "expected a CUDA device for CuPy (got none: cupy.cuda.is_available() is False); "
-            "run on a machine with an NVIDIA GPU and driver, or keep the data on the host "
-            "with interop.to_numpy / interop.to_torch"
+    count, error = _cupy_device_count_or_error()
+    if count == 0:
+        said = "" if error is None else f"; CUDA says {error}"
+        forked = (
+            "; a process forked from one that had used CUDA gets this error too: start such "
+            "processes with multiprocessing's 'spawn' start method"
+            if "cudaErrorInitializationError" in said
+            else ""
         )
-    note_cuda_initialised()
+        raise NoDeviceError(
+            f"expected a CUDA device for CuPy (got none: cupy.cuda.is_available() is False{said}); "
+            "run on a machine with an NVIDIA GPU and driver, or keep the data on the host "
+            f"with interop.to_numpy / interop.to_torch{forked}"
+        )
     return cp
 
 

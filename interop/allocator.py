@@ -2,27 +2,37 @@
 
 CuPy's allocations are served by PyTorch's caching allocator. That allocator
 is stream-ordered: a block is allocated for one stream and, once freed, handed
-out again for work on that stream at once. Two rules keep that safe:
+out again for work on that stream at once. Three rules keep that safe:
 
 * an allocation is made on PyTorch's current stream and only while CuPy's
   current stream is the same one (:class:`StreamMismatchError` otherwise);
 * a block that may have been used on another stream -- one made current
   through ``interop.stream`` while the block was alive -- goes back to the pool
   only once an event recorded on that stream at the free has completed (what
-  ``Tensor.record_stream`` does for tensors).
+  ``Tensor.record_stream`` does for tensors);
+* while a CUDA graph capture is under way no event is recorded or queried
+  (CUDA forbids both there, and they would invalidate the capture): such a
+  free is set aside and gets its events once no capture is under way, as
+  PyTorch's allocator does with its own blocks.
+
+Frees come from CuPy's destructors, which the garbage collector may run in the
+middle of any Python code, this module's included. Nothing a destructor
+reaches here waits for a lock: a free is queued, and whichever call holds the
+lock at that moment (or the next one) hands it on.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import os
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from . import _backends, streams
-from .errors import InteropError
+from .errors import BackendUnavailableError, InteropError
 from .streams import PER_THREAD_DEFAULT, cupy_stream, same_stream
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
@@ -32,9 +42,29 @@ class StreamMismatchError(InteropError, RuntimeError):
     """CuPy allocated while its current stream differs from PyTorch's."""
 
 
+def _never() -> bool:
+    return False
+
+
+def _streams_since(tick: int, device: int) -> set[int]:
+    """Handles of ``device``'s streams made current through ``interop.stream``
+    after ``tick``, or still current in a block.
+
+    Reads copies of the bookkeeping's dicts instead of taking its lock: this
+    runs in CuPy's destructors, which the garbage collector may run while
+    this thread holds that lock (copying a dict is atomic under the GIL).
+    """
+    uses = streams.stream_uses
+    entered = list(uses.last_entered.items())
+    active = list(uses.active)
+    return {h for (d, h), t in entered if d == device and t > tick} | {
+        h for d, h in active if d == device
+    }
+
+
 class DeferredFrees:
     """The frees of a stream-ordered pool, deferred while other streams may
-    still use a block.
+    still use a block, and while a CUDA graph capture forbids events.
 
     Parameters
     ----------
@@ -43,54 +73,123 @@ class DeferredFrees:
         ``query()``) on stream ``handle`` of ``device``.
     delete : callable
         ``delete(ptr)`` gives a block back to the pool.
+    capturing : callable, optional
+        ``capturing()`` is True while a capture is under way that forbids
+        recording or querying events from the calling thread. Asked only when
+        an event is to be recorded or queried. Default: never.
+
+    Notes
+    -----
+    :meth:`free` is called from CuPy's destructors, which the garbage
+    collector may run while this thread is inside any method here. A free
+    only queues the block; the queue is handled by whichever call holds the
+    lock, which is taken without waiting: a call that finds it held leaves
+    the work to its holder (this thread further up, or another thread), who
+    looks at the queue again after releasing it. So no call ever waits on a
+    lock, and none runs inside another.
     """
 
-    def __init__(self, record: Callable[[int, int], Any], delete: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        record: Callable[[int, int], Any],
+        delete: Callable[[int], None],
+        capturing: Callable[[], bool] | None = None,
+    ) -> None:
         self._record = record
         self._delete = delete
-        self._lock = threading.Lock()
+        self._capturing = capturing or _never
+        self._lock = threading.Lock()  # only ever taken without blocking
         self._live: dict[int, tuple[int, int, int]] = {}  # ptr -> (device, stream, tick)
+        self._freed: collections.deque[int] = collections.deque()  # not yet looked at
+        self._aside: list[tuple[int, int, list[int]]] = []  # ptr, device, streams: no event yet
         self._waiting: list[tuple[int, list[Any]]] = []  # ptr, events not yet seen complete
 
     def allocated(self, ptr: int, device: int, handle: int) -> None:
         """Remember that ``ptr`` was allocated on stream ``handle`` of ``device``."""
-        tick = streams.stream_uses.now()
-        with self._lock:
-            self._live[ptr] = (device, handle, tick)
+        self._live[ptr] = (device, handle, streams.stream_uses.now())  # one store: atomic
 
     def free(self, ptr: int) -> None:
         """Give ``ptr`` back now, or once the other streams it may be used on
-        have reached this point."""
-        self.collect()
-        with self._lock:
-            entry = self._live.pop(ptr, None)
-        if entry is None:
-            # Not allocated through this pool: a parent's block in a forked
-            # child, whose CUDA context is gone. CuPy frees from a destructor,
-            # where an exception would only be printed.
-            return
-        device, handle, tick = entry
-        others = streams.stream_uses.since(tick, device) - {handle}
-        if not others:
-            self._delete(ptr)
-            return
-        events = [self._record(device, h) for h in sorted(others)]
-        with self._lock:
-            self._waiting.append((ptr, events))
+        have reached this point (and no capture forbids finding that out)."""
+        self._freed.append(ptr)
+        self._drain()
 
     def collect(self) -> None:
-        """Give back every deferred block whose events have completed."""
-        with self._lock:
-            ready = [ptr for ptr, events in self._waiting if all(e.query() for e in events)]
-            self._waiting = [(p, e) for p, e in self._waiting if p not in ready]
-        for ptr in ready:
-            self._delete(ptr)
+        """Hand on queued frees, record the events of frees set aside during
+        a capture, and give back every block whose events have completed.
+        During a capture, no event is recorded or queried."""
+        if self._freed or self._aside or self._waiting:  # each allocation asks: stay cheap
+            self._drain()
+
+    def _drain(self) -> None:
+        while self._lock.acquire(blocking=False):
+            try:
+                self._step()
+            finally:
+                self._lock.release()
+            if not self._freed:  # nothing queued while the lock was held
+                return
+
+    def _step(self) -> None:
+        """With the lock held: one pass over the queue, the frees set aside
+        and the blocks waiting for their events."""
+        capturing: bool | None = None
+
+        def under_capture() -> bool:
+            nonlocal capturing
+            if capturing is None:
+                capturing = bool(self._capturing())
+            return capturing
+
+        while self._freed:
+            ptr = self._freed.popleft()
+            entry = self._live.pop(ptr, None)
+            if entry is None:
+                # Not allocated through this pool: a parent's block in a forked
+                # child, whose CUDA context is gone. CuPy frees from a destructor,
+                # where an exception would only be printed.
+                continue
+            device, handle, tick = entry
+            others = _streams_since(tick, device) - {handle}
+            if others:
+                self._aside.append((ptr, device, sorted(others)))
+            else:
+                self._delete(ptr)
+        # A block whose event cannot be recorded or queried, or that cannot be
+        # given back, is dropped (lost to the pool rather than handed out while
+        # a stream may still use it); the error goes to the caller, the other
+        # blocks stay.
+        if self._aside and not under_capture():
+            aside, self._aside = self._aside, []
+            for i, (ptr, device, handles) in enumerate(aside):
+                try:
+                    events = [self._record(device, h) for h in handles]
+                except BaseException:
+                    self._aside[:0] = aside[i + 1 :]
+                    raise
+                self._waiting.append((ptr, events))
+        if self._waiting and not under_capture():
+            waiting, self._waiting = self._waiting, []
+            for i, (ptr, events) in enumerate(waiting):
+                try:
+                    done = all(e.query() for e in events)
+                    if done:
+                        self._delete(ptr)
+                except BaseException:
+                    self._waiting[:0] = waiting[i + 1 :]
+                    raise
+                if not done:
+                    self._waiting.append((ptr, events))
 
     @property
     def deferred(self) -> int:
-        """Blocks freed by CuPy and not yet given back."""
-        with self._lock:
-            return len(self._waiting)
+        """Blocks freed by CuPy and not yet given back (set aside or waiting)."""
+        return len(self._aside) + len(self._waiting)
+
+    @property
+    def set_aside(self) -> int:
+        """Blocks freed during a capture whose events are not recorded yet."""
+        return len(self._aside)
 
 
 class _RecordedEvent:
@@ -110,7 +209,32 @@ def _delete_cuda(ptr: int) -> None:
     _backends.torch().cuda.caching_allocator_delete(ptr)
 
 
-_frees = DeferredFrees(_RecordedEvent, _delete_cuda)
+def _capture_under_way() -> bool:
+    """True while a CUDA graph capture forbids this thread to record or query
+    events: one on PyTorch's or CuPy's current stream of this thread, or on a
+    stream made current through ``interop.stream`` in any thread.
+
+    ``cudaStreamIsCapturing`` itself is allowed during a capture. A query
+    that fails (the legacy default stream while another stream captures)
+    counts as a capture.
+    """
+    th = sys.modules.get("torch")
+    cp = sys.modules.get("cupy")
+    try:
+        if th is not None and th.cuda.is_current_stream_capturing():
+            return True
+        if cp is None:
+            return False
+        is_capturing = getattr(cp.cuda.get_current_stream(), "is_capturing", None)
+        if is_capturing is not None and is_capturing():
+            return True
+        runtime = cp.cuda.runtime
+        return any(runtime.streamIsCapturing(h) for _, h in list(streams.stream_uses.active))
+    except Exception:
+        return True
+
+
+_frees = DeferredFrees(_RecordedEvent, _delete_cuda, _capture_under_way)
 
 
 def _malloc(size: int, device: int) -> int:
@@ -152,15 +276,15 @@ def _free(ptr: int, device: int) -> None:
         _frees.free(ptr)
 
 
-# The process-wide install and the `with` blocks. Constructing a scope
-# installs the allocator for the whole process (what the plain call means);
-# entering it as a block instead makes it this thread's for the block
-# (cupy.cuda.using_allocator) and takes the process-wide install back, unless
-# a plain call happened meanwhile (a scope dropped without being entered).
-_state = threading.Lock()
-_pending = 0  # scopes constructed and neither entered nor dropped
-_plain = False  # a plain call installed the allocator for the rest of the process
-_base: Any = None  # CuPy's process-wide allocator before interop's
+# The two forms. A scope makes the allocator the calling thread's own (CuPy's
+# thread-local setting) the moment it is made, so no other thread ever sees a
+# block's allocator, not even between the call and the `with`. Entered as a
+# block, it keeps it for the block and gives the thread its previous setting
+# back at exit. Dropped without having been entered, it was the plain call: it
+# then installs the allocator for the whole process (cupy.cuda.set_allocator)
+# and gives the thread its previous setting back. In CPython a plain-call
+# statement drops it at once. No lock is taken: the garbage collector may drop
+# a scope in the middle of anything, this module included.
 _allocator: Any = None
 
 
@@ -171,52 +295,49 @@ def _torch_malloc() -> Any:
     return _allocator.malloc
 
 
-@contextlib.contextmanager
-def _process_wide(cp: Any) -> Iterator[None]:
-    """Act on CuPy's process-wide allocator setting, also from a thread inside
-    ``cupy.cuda.using_allocator`` (which reads and refuses to change it)."""
+def _thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """CuPy's getter and setter of the calling thread's own allocator (what
+    ``cupy.cuda.using_allocator`` sets)."""
     memory = cp.cuda.memory
-    get_local = getattr(memory, "_get_thread_local_allocator", None)
-    set_local = getattr(memory, "_set_thread_local_allocator", None)
-    local = get_local() if get_local is not None else None
-    if local is None or set_local is None:
-        yield
-        return
-    set_local(None)
-    try:
-        yield
-    finally:
-        set_local(local)
+    get = getattr(memory, "_get_thread_local_allocator", None)
+    set_ = getattr(memory, "_set_thread_local_allocator", None)
+    if get is None or set_ is None:
+        raise BackendUnavailableError(
+            "expected a CuPy with thread-local allocators (cupy.cuda.using_allocator) (got "
+            f"CuPy {getattr(cp, '__version__', '?')!r} without them); upgrade CuPy"
+        )
+    return get, set_
 
 
 class AllocatorScope:
-    """CuPy allocator ``malloc`` installed for the process; a ``with`` block
-    makes it this thread's only, for the block."""
+    """CuPy allocator ``malloc``, the calling thread's from construction on:
+    for the block where entered as a ``with`` block; for every thread, for the
+    rest of the process, once dropped without having been entered."""
 
     def __init__(self, cp: Any, malloc: Any) -> None:
-        global _pending, _base
+        self._get, self._set = _thread_setting(cp)
         self._cp = cp
         self._malloc = malloc
-        self._block: Any = None
-        self._counted = False
-        with _state, _process_wide(cp):
-            current = cp.cuda.get_allocator()
-            if current != malloc:
-                _base = current
-            cp.cuda.set_allocator(malloc)
-            _pending += 1
-            self._counted = True
+        self._thread = threading.get_ident()
+        self._previous = self._get()
+        self._blocks: list[Any] = []  # the thread's setting before each open block
+        self._set(malloc)
+        self._plain = True  # not entered (yet): the plain call, process-wide when dropped
 
     def __enter__(self) -> AllocatorScope:
-        global _pending
-        with _state, _process_wide(self._cp):
-            if self._counted:
-                self._counted = False
-                _pending -= 1
-                if not _pending and not _plain:
-                    self._cp.cuda.set_allocator(_base)
-        self._block = self._cp.cuda.using_allocator(self._malloc)
-        self._block.__enter__()
+        here = threading.get_ident()
+        if here != self._thread:
+            raise RuntimeError(
+                "expected `with interop.use_torch_allocator():` in the thread that called "
+                f"use_torch_allocator() (got thread {here}; it was called in thread "
+                f"{self._thread}); call it in the thread that runs the block"
+            )
+        if self._plain:  # the block takes over the install made by the call
+            self._plain = False
+            self._blocks.append(self._previous)
+        else:  # entered again
+            self._blocks.append(self._get())
+            self._set(self._malloc)
         return self
 
     def __exit__(
@@ -225,16 +346,33 @@ class AllocatorScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        block, self._block = self._block, None
-        if block is not None:
-            block.__exit__(exc_type, exc, tb)
+        if self._blocks:
+            self._set(self._blocks.pop())
 
     def __del__(self) -> None:
-        global _pending, _plain
-        if getattr(self, "_counted", False):  # never entered: the plain call
-            with _state:
-                _pending -= 1
-                _plain = True
+        # Runs wherever the last reference goes: the plain-call statement, or
+        # the garbage collector in any thread, in the middle of any code. It
+        # takes no lock and lets nothing out.
+        try:
+            if self.__dict__.get("_plain"):
+                self._plain = False
+                self._install_process_wide()
+        except BaseException:  # a finalizer could only have it printed
+            pass
+
+    def _install_process_wide(self) -> None:
+        if threading.get_ident() == self._thread and self._get() is self._malloc:
+            self._set(self._previous)  # the thread follows the process-wide setting again
+        # cupy.cuda.set_allocator refuses to run in a thread that has its own
+        # setting (inside cupy.cuda.using_allocator): step out of it meanwhile.
+        local = self._get()
+        if local is not None:
+            self._set(None)
+        try:
+            self._cp.cuda.set_allocator(self._malloc)
+        finally:
+            if local is not None:
+                self._set(local)
 
 
 def use_torch_allocator() -> Any:
@@ -247,6 +385,15 @@ def use_torch_allocator() -> Any:
         interop.use_torch_allocator()
         with interop.use_torch_allocator(): ...
 
+    Returns
+    -------
+    AllocatorScope
+        From the call on, the calling thread's CuPy allocator, and no other
+        thread's. Entered as a ``with`` block, it stays this thread's for the
+        block. Discarded without being entered (a plain-call statement), it
+        becomes every thread's, for the rest of the process. Enter it in the
+        thread that made it (``RuntimeError`` otherwise).
+
     Notes
     -----
     One pool for both libraries: memory freed by CuPy goes back to PyTorch's
@@ -258,10 +405,12 @@ def use_torch_allocator() -> Any:
     wrong stream -- use :func:`interop.stream` to set both. A block used
     inside ``interop.stream(s)`` on a stream other than the one it was
     allocated on goes back to the pool only after the work queued on ``s``
-    before the free has completed. interop's own staging memory always comes
-    from CuPy's pool. When PyTorch's pool cannot serve an allocation, CuPy
-    raises its own ``cupy.cuda.memory.OutOfMemoryError`` (chained to
-    PyTorch's).
+    before the free has completed. During a CUDA graph capture no event is
+    recorded or queried: such a block waits, unused, until a later
+    allocation or free through the pool after the capture. interop's own
+    staging memory always comes from CuPy's pool. When PyTorch's pool cannot
+    serve an allocation, CuPy raises its own
+    ``cupy.cuda.memory.OutOfMemoryError`` (chained to PyTorch's).
 
     Raises
     ------
@@ -276,11 +425,9 @@ def use_torch_allocator() -> Any:
 
 
 def _after_fork_in_child() -> None:
-    # A lock held by another thread at the fork would never be released in the
-    # child; the parent's deferred frees belong to its CUDA context.
-    global _state, _frees
-    _state = threading.Lock()
-    _frees = DeferredFrees(_RecordedEvent, _delete_cuda)
+    # The parent's deferred frees belong to its CUDA context.
+    global _frees
+    _frees = DeferredFrees(_RecordedEvent, _delete_cuda, _capture_under_way)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -100,9 +101,14 @@ def test_allocation_on_a_different_stream_is_refused(cp, torch):
 
 
 # ------------------------------------------------- the two forms, on CuPy's real settings
+# CuPy's allocator settings (process-wide and thread-local) work without a device.
 
 
 def _fake_malloc(size):  # never called: nothing allocates in these tests
+    raise AssertionError("no allocation expected")
+
+
+def _other_malloc(size):
     raise AssertionError("no allocation expected")
 
 
@@ -111,11 +117,13 @@ def cupy_settings():
     """CuPy's allocator settings restored after a test (no device needed)."""
     import cupy
 
+    local = cupy.cuda.memory._get_thread_local_allocator()
+    cupy.cuda.memory._set_thread_local_allocator(None)
     before = cupy.cuda.get_allocator()
-    state = (allocator._pending, allocator._plain, allocator._base)
     yield cupy
+    cupy.cuda.memory._set_thread_local_allocator(None)
     cupy.cuda.set_allocator(before)
-    allocator._pending, allocator._plain, allocator._base = state
+    cupy.cuda.memory._set_thread_local_allocator(local)
 
 
 def _seen_by_another_thread(cp):
@@ -131,6 +139,11 @@ def test_plain_call_installs_for_every_thread(cupy_settings):
     allocator.AllocatorScope(cp, _fake_malloc)  # dropped at once: the plain form
     assert cp.cuda.get_allocator() is _fake_malloc
     assert _seen_by_another_thread(cp) is _fake_malloc
+    # the calling thread follows the process-wide setting again: it has none of its own,
+    # so CuPy lets it change the process-wide one
+    assert cp.cuda.memory._get_thread_local_allocator() is None
+    cp.cuda.set_allocator(_other_malloc)
+    assert _seen_by_another_thread(cp) is _other_malloc
 
 
 def test_block_form_is_this_threads_only(cupy_settings):
@@ -144,6 +157,45 @@ def test_block_form_is_this_threads_only(cupy_settings):
         assert cp.cuda.get_allocator() is _fake_malloc
     assert cp.cuda.get_allocator() == base
     assert _seen_by_another_thread(cp) == base
+
+
+def test_a_block_is_never_seen_by_another_thread_not_even_before_it_is_entered(cupy_settings):
+    """Between ``use_torch_allocator()`` and its ``with``, another thread allocating
+    under its own CuPy stream must keep its own allocator (PyTorch's would refuse
+    its stream with StreamMismatchError)."""
+    cp = cupy_settings
+    base = cp.cuda.get_allocator()
+    scope = allocator.AllocatorScope(cp, _fake_malloc)
+    assert cp.cuda.get_allocator() is _fake_malloc  # this thread's at once
+    assert _seen_by_another_thread(cp) == base
+    with scope:
+        assert _seen_by_another_thread(cp) == base
+    assert cp.cuda.get_allocator() == base
+    del scope  # entered: not a plain call
+    assert cp.cuda.get_allocator() == base
+    assert _seen_by_another_thread(cp) == base
+
+
+def test_another_thread_never_sees_blocks_opening_and_closing(cupy_settings):
+    cp = cupy_settings
+    base = cp.cuda.get_allocator()
+    stop = threading.Event()
+    seen = set()
+
+    def watch():
+        while not stop.is_set():
+            seen.add(cp.cuda.get_allocator() == base)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(2000):
+            with allocator.AllocatorScope(cp, _fake_malloc):
+                pass
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen == {True}
 
 
 def test_overlapping_blocks_in_threads_restore_nothing_of_each_other(cupy_settings):
@@ -168,11 +220,129 @@ def test_overlapping_blocks_in_threads_restore_nothing_of_each_other(cupy_settin
 def test_a_plain_call_during_a_block_stays_process_wide(cupy_settings):
     cp = cupy_settings
     block = allocator.AllocatorScope(cp, _fake_malloc)
-    allocator.AllocatorScope(cp, _fake_malloc)  # another thread's plain call, meanwhile
+    allocator.AllocatorScope(cp, _fake_malloc)  # a plain call, meanwhile
     with block:
         pass
     assert cp.cuda.get_allocator() is _fake_malloc
     assert _seen_by_another_thread(cp) is _fake_malloc
+
+
+def test_a_plain_call_inside_cupys_own_block_installs_process_wide_and_keeps_the_block(
+    cupy_settings,
+):
+    cp = cupy_settings
+    with cp.cuda.using_allocator(_other_malloc):
+        allocator.AllocatorScope(cp, _fake_malloc)  # the plain call
+        assert cp.cuda.get_allocator() is _other_malloc  # the user's block still holds here
+        assert _seen_by_another_thread(cp) is _fake_malloc
+    assert cp.cuda.get_allocator() is _fake_malloc
+
+
+def test_a_scope_may_be_entered_again_and_nested(cupy_settings):
+    cp = cupy_settings
+    base = cp.cuda.get_allocator()
+    scope = allocator.AllocatorScope(cp, _fake_malloc)
+    with scope:
+        with scope:
+            assert cp.cuda.get_allocator() is _fake_malloc
+        assert cp.cuda.get_allocator() is _fake_malloc
+    assert cp.cuda.get_allocator() == base
+    with scope:
+        assert cp.cuda.get_allocator() is _fake_malloc
+    assert cp.cuda.get_allocator() == base
+    del scope
+    assert _seen_by_another_thread(cp) == base
+
+
+def test_a_block_entered_in_another_thread_is_refused(cupy_settings):
+    cp = cupy_settings
+    base = cp.cuda.get_allocator()
+    scope = allocator.AllocatorScope(cp, _fake_malloc)
+    errors = []
+
+    def enter():
+        try:
+            with scope:
+                pass
+        except RuntimeError as exc:
+            errors.append(str(exc))
+        errors.append(cp.cuda.get_allocator() == base)  # nothing changed there
+
+    t = threading.Thread(target=enter)
+    t.start()
+    t.join()
+    assert "expected `with interop.use_torch_allocator():` in the thread that called" in errors[0]
+    assert errors[1] is True
+    with scope:  # still usable where it was made
+        assert cp.cuda.get_allocator() is _fake_malloc
+    assert cp.cuda.get_allocator() == base
+
+
+_GC_SCRIPT = """
+import faulthandler, gc, sys
+faulthandler.dump_traceback_later(60, exit=True)  # a deadlock fails with the stacks
+import cupy
+from interop import allocator
+
+def fake(size):
+    raise AssertionError
+
+class Cycle:
+    def __init__(self):
+        self.scope = allocator.AllocatorScope(cupy, fake)  # made, never entered: a plain call
+        self.me = self  # garbage only the collector finds
+
+kept = [Cycle() for _ in range(400)]
+
+def collect_inside_the_allocator(frame, event, arg):
+    # The collector runs at allocations, so in the middle of anything: here at
+    # every step of the allocator module, each time dropping one of the scopes.
+    if kept and frame.f_code.co_filename == allocator.__file__:
+        kept.pop()
+        gc.collect()
+
+sys.setprofile(collect_inside_the_allocator)
+for _ in range(20):
+    with allocator.AllocatorScope(cupy, fake):
+        pass
+    allocator.AllocatorScope(cupy, fake)
+sys.setprofile(None)
+gc.collect()
+import threading
+seen = []
+t = threading.Thread(target=lambda: seen.append(cupy.cuda.get_allocator() is fake))
+t.start()
+t.join()
+print(len(kept), seen[0])  # every dropped scope went process-wide
+"""
+
+
+def test_a_scope_dropped_by_the_garbage_collector_never_deadlocks():
+    """A plain-call scope in a reference cycle is dropped by the collector,
+    which runs at any allocation: also in the middle of the allocator module."""
+    proc = run_python(_GC_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "True"]
+    assert proc.stderr == ""  # nothing was printed by a finalizer
+
+
+def test_a_scope_dropped_at_interpreter_exit_lets_nothing_out():
+    proc = run_python(
+        """
+        import cupy
+        from interop import allocator
+
+        def fake(size):
+            raise AssertionError
+
+        KEPT = allocator.AllocatorScope(cupy, fake)  # made, never entered, dropped at exit
+        KEPT.me = KEPT
+        print(cupy.cuda.get_allocator() is fake)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"]
+    assert proc.stderr == ""
 
 
 # ----------------------------------------------------------------- deferred frees, on host streams
@@ -220,6 +390,161 @@ def test_a_block_this_pool_never_allocated_is_left_alone():
     frees.free(0x2000)
     assert deleted == [0x2000]
     assert frees.deferred == 0
+
+
+class _Counted:
+    """A host event whose queries are counted in ``log``."""
+
+    def __init__(self, event, log, on_query=None):
+        self.event = event
+        self.log = log
+        self.on_query = on_query
+
+    def query(self):
+        self.log.append("query")
+        if self.on_query is not None:
+            self.on_query()
+        return self.event.query()
+
+
+def _pool_on(device, log, **kwargs):
+    """DeferredFrees over ``device``'s streams: ``(frees, deleted, by_id)``."""
+    by_id = {}
+    deleted = []
+    on_query = kwargs.pop("on_query", None)
+
+    def record(dev, handle):
+        log.append(("record", handle))
+        event = device.event()
+        event.record(by_id[handle])
+        return _Counted(event, log, on_query)
+
+    return allocator.DeferredFrees(record, deleted.append, **kwargs), deleted, by_id
+
+
+def _used_on(stream, gate):
+    """``with interop.stream(stream):`` queuing work that waits for ``gate``."""
+    streams.stream_uses.enter((0, stream.id))
+    stream.enqueue("op", lambda: gate.wait(5))
+    streams.stream_uses.leave((0, stream.id))
+
+
+def test_during_a_capture_a_free_records_and_queries_no_event_and_waits_for_its_end():
+    """CUDA forbids event record/query while a graph capture is under way (and
+    the capture would be invalidated): the free is set aside without an event,
+    and gets its events once no capture is under way."""
+    device = HostBackend()
+    log = []
+    capture = {"on": False}
+    frees, deleted, by_id = _pool_on(device, log, capturing=lambda: capture["on"])
+    a, b = device.stream(), device.stream()
+    by_id.update({a.id: a, b.id: b})
+    for ptr in (0x1000, 0x2000):
+        frees.allocated(ptr, 0, a.id)
+    gate = threading.Event()
+    _used_on(b, gate)
+    frees.free(0x1000)  # before the capture: an event on b, not complete yet
+    assert log == [("record", b.id), "query"]
+    assert deleted == []
+
+    capture["on"] = True
+    log.clear()
+    frees.free(0x2000)  # used on b too
+    frees.collect()
+    assert log == []  # nothing recorded, nothing queried
+    assert (frees.deferred, frees.set_aside) == (2, 1)
+    frees.allocated(0x3000, 0, b.id)  # allocated and freed on one stream: no event needed
+    frees.free(0x3000)
+    assert deleted == [0x3000]
+    assert log == []
+
+    capture["on"] = False
+    frees.collect()  # the set-aside free gets its event now
+    assert log == [("record", b.id), "query", "query"]
+    assert (frees.deferred, frees.set_aside) == (2, 0)
+    assert deleted == [0x3000]  # b has not reached either free
+    gate.set()
+    b.synchronize()
+    frees.collect()
+    assert sorted(deleted) == [0x1000, 0x2000, 0x3000]
+    assert frees.deferred == 0
+    for s in (a, b):
+        s.close()
+    device.close()
+
+
+def test_capture_is_asked_only_when_an_event_is_to_be_recorded_or_queried():
+    device = HostBackend()
+    asked = []
+    frees, deleted, _ = _pool_on(device, [], capturing=lambda: asked.append(1) or False)
+    s = device.stream()
+    frees.allocated(0x1000, 0, s.id)
+    frees.free(0x1000)
+    frees.collect()
+    assert deleted == [0x1000]
+    assert asked == []  # the allocation path stays cheap: nothing pending, nothing asked
+    s.close()
+    device.close()
+
+
+def test_a_free_run_by_the_garbage_collector_inside_the_pool_never_waits():
+    """CuPy frees from destructors, which the collector may run while this
+    thread is inside the pool with its lock held (here: while it queries)."""
+    device = HostBackend()
+    log = []
+    frees, deleted, by_id = _pool_on(device, log, on_query=gc.collect)
+    a, b = device.stream(), device.stream()
+    by_id.update({a.id: a, b.id: b})
+    frees.allocated(0x1000, 0, a.id)
+    frees.allocated(0x2000, 0, a.id)
+    gate = threading.Event()
+    _used_on(b, gate)
+    frees.free(0x1000)  # waits for an event on b
+
+    class Array:  # a CuPy array in a reference cycle, freed by the collector
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            frees.free(0x2000)
+
+    gc.disable()  # the collector runs where the query runs it, not before
+    try:
+        Array()
+        worker = threading.Thread(target=frees.collect, daemon=True)  # queries: it collects
+        worker.start()
+        worker.join(20)
+    finally:
+        gc.enable()
+    assert not worker.is_alive(), "the free run by the collector waited for the pool's lock"
+    assert frees.deferred == 2  # the re-entrant free was handed on after the lock was released
+    gate.set()
+    b.synchronize()
+    frees.collect()
+    assert sorted(deleted) == [0x1000, 0x2000]
+    for s in (a, b):
+        s.close()
+    device.close()
+
+
+def test_a_block_whose_event_cannot_be_recorded_is_dropped_and_the_others_go_on():
+    device = HostBackend()
+    log = []
+    frees, deleted, by_id = _pool_on(device, log)
+    a, b = device.stream(), device.stream()
+    by_id.update({a.id: a})  # b unknown to record(): recording on it fails
+    frees.allocated(0x1000, 0, a.id)
+    frees.allocated(0x2000, 0, b.id)
+    streams.stream_uses.enter((0, b.id))
+    streams.stream_uses.leave((0, b.id))
+    with pytest.raises(KeyError):
+        frees.free(0x1000)  # used on b: its event cannot be recorded
+    assert frees.deferred == 0  # dropped: never handed out while b may use it
+    frees.free(0x2000)  # the pool goes on
+    assert deleted == [0x2000]
+    for s in (a, b):
+        s.close()
+    device.close()
 
 
 @pytest.mark.gpu
@@ -301,3 +626,65 @@ def test_gpu_per_thread_default_stream_is_mapped_or_refused_clearly():
         *("sum", "True", "null", "True"),
         *("refused", "True", "inside", "16.0"),
     ]
+
+
+@pytest.mark.gpu
+def test_gpu_another_thread_keeps_its_own_pool_while_a_block_is_being_opened(cp, torch):
+    """Between ``use_torch_allocator()`` and its ``with``, a thread allocating on
+    its own CuPy stream gets CuPy's pool, not PyTorch's (which would refuse its
+    stream with StreamMismatchError)."""
+    scope = interop.use_torch_allocator()  # made, not entered yet
+    try:
+
+        def other(_):
+            with cp.cuda.Stream(non_blocking=True):
+                before = torch.cuda.memory_allocated()
+                a = cp.ones(1 << 20, dtype=cp.uint8)
+                return int(a.sum()), torch.cuda.memory_allocated() - before
+
+        assert in_threads(other, 1) == [(1 << 20, 0)]
+    finally:
+        with scope:  # entered: a block, never a plain call for the rest of the session
+            pass
+
+
+@pytest.mark.gpu
+def test_gpu_a_graph_capture_stays_valid_and_nothing_leaks_after_it(cp, torch):
+    """CuPy allocates from PyTorch's pool inside ``torch.cuda.graph`` and frees
+    there a block used on the capture stream: no event is recorded or queried
+    during the capture (CUDA would invalidate it), and after the capture the
+    block goes back to the pool."""
+    n = 1 << 20
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    g = torch.cuda.CUDAGraph()
+    with interop.use_torch_allocator():
+        x = cp.arange(n, dtype=cp.float32)  # on the default stream
+        out = cp.empty(n, dtype=cp.float32)
+        old = cp.ones(n, dtype=cp.float32)
+        s.wait_stream(torch.cuda.current_stream())
+        with interop.stream(s):
+            old += 1  # used on s: its free needs an event on s
+            tmp = x * 2  # the captured work, once outside the capture: kernels compiled
+            cp.add(tmp, 1, out=out)
+            del tmp
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, stream=s):
+                del old  # freed during the capture
+                tmp = x * 2  # allocated during the capture, from the graph's pool
+                cp.add(tmp, 1, out=out)
+                del tmp
+            assert allocator._frees.set_aside == 1  # no event recorded for it yet
+            out.fill(0)
+            g.replay()
+            expected = cp.arange(n, dtype=cp.float32) * 2 + 1
+            assert bool(cp.array_equal(out, expected))
+        del x, out, expected
+    torch.cuda.synchronize()
+    allocator._frees.collect()  # after the capture: events recorded, then seen complete
+    torch.cuda.synchronize()
+    allocator._frees.collect()
+    assert allocator._frees.deferred == 0
+    del g
+    assert torch.cuda.memory_allocated() == before

@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+import interop
+
 from .helpers import child_env, run_python
 
 # One interpreter forks twice: before interop has initialised CUDA ("early"),
@@ -107,6 +109,80 @@ def test_pytorchs_own_bad_fork_flag_counts_too():
     assert proc.stdout.strip() == "refused: True"
 
 
+_CUPY_ONLY_SCRIPT = """
+import os, sys, numpy as np, interop
+from interop import _backends
+import cupy
+from cupy.cuda import driver
+
+def attempt():
+    try:
+        interop.to_cupy(np.arange(3))
+        return "ok"
+    except interop.InteropError as exc:
+        return type(exc).__name__
+
+def fork():
+    sys.stdout.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, f"{attempt()} {'torch' in sys.modules}".encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    return os.read(r, 200).decode()
+
+print("probe", _backends.cuda_driver_initialised())  # nothing initialised CUDA here yet
+print("early", fork())
+print("recorded", _backends._cuda_initialised_in)
+# What CuPy's driver bindings answer once something (CuPy itself, here) ran cuInit:
+# cuCtxGetCurrent no longer fails with CUDA_ERROR_NOT_INITIALIZED.
+driver.ctxGetCurrent = lambda: 0
+print("probe", _backends.cuda_driver_initialised())
+print("late", fork())
+print("parent", _backends._cuda_initialised_in == os.getpid(), attempt())
+"""
+
+
+def test_cuda_initialised_by_cupy_alone_is_seen_at_the_fork():
+    """A parent that used the GPU through CuPy only (no torch, no interop call):
+    interop asks the driver just before the fork and records the parent, so the
+    child gets CudaAfterForkError instead of a misleading "no device"."""
+    if interop._backends.cupy_device_count() > 0:
+        pytest.skip("a CUDA device is visible: the probe would be real (see the gpu test)")
+    proc = run_python(_CUPY_ONLY_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    assert lines == [
+        ["probe", "False"],
+        ["early", "NoDeviceError", "False"],  # no device here; and no torch was imported
+        ["recorded", "None"],
+        ["probe", "True"],
+        ["late", "CudaAfterForkError", "False"],
+        ["parent", "True", "NoDeviceError"],  # the parent itself is not refused
+    ]
+
+
+def test_the_driver_probe_initialises_nothing_and_imports_nothing():
+    proc = run_python(
+        """
+        import sys
+        from interop import _backends
+        print(_backends.cuda_driver_initialised(), "cupy" in sys.modules, "torch" in sys.modules)
+        import os
+        pid = os.fork()  # the hook runs: it must not import CuPy either
+        if pid == 0:
+            print("child", "cupy" in sys.modules, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(_backends._cuda_initialised_in)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False", "False", "child", "False", "None"]
+
+
 _GPU_SCRIPT = """
 import multiprocessing, os, sys
 import numpy as np, interop
@@ -148,3 +224,40 @@ def test_gpu_a_forked_child_is_refused_and_spawn_works(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["fork", "0", "spawn", "10"]
+
+
+_GPU_CUPY_ONLY_SCRIPT = """
+import os, sys
+import numpy as np
+import cupy as cp
+
+x = cp.arange(10, dtype=cp.float32)
+assert float(x.sum()) == 45.0  # CUDA initialised by CuPy, before interop is even imported
+import interop
+from interop import _backends
+
+assert _backends._cuda_initialised_in is None  # interop itself initialised nothing
+sys.stdout.flush()
+pid = os.fork()
+if pid == 0:
+    results = []
+    for call in (lambda: interop.to_cupy(np.arange(3)), lambda: interop.copy_to_host(x)):
+        try:
+            call()
+            results.append("ok")
+        except interop.CudaAfterForkError:
+            results.append("refused")
+        except Exception as exc:
+            results.append(type(exc).__name__)
+    print("child", *results, "torch" in sys.modules, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", _backends._cuda_initialised_in == os.getpid(), interop.copy_to_host(x).sum())
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_child_forked_after_cupy_alone_used_cuda_is_refused():
+    proc = run_python(_GPU_CUPY_ONLY_SCRIPT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["child", "refused", "refused", "False", "parent", "True", "45.0"]

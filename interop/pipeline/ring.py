@@ -3,20 +3,25 @@
 :class:`StagingRing` owns its buffers (allocated by a backend: pinned memory
 from ``cudaHostAlloc`` for CUDA) and frees every one of them when it is
 closed. :func:`borrow_ring` / :func:`return_ring` (and the context manager
-:func:`staging_ring`) lend rings from a small process-wide cache for one
-transfer at a time.
+:func:`staging_ring`) lend rings for one transfer at a time, made of buffers
+from a process-wide cache of idle pinned buffers kept by size class, so that
+transfers of many shapes neither allocate nor free pinned memory once warm
+(freeing it, ``cudaFreeHost``, synchronises the whole device).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from ..config import MIN_CHUNK_BYTES
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -24,9 +29,12 @@ if TYPE_CHECKING:
 __all__ = [
     "StagingRing",
     "borrow_ring",
+    "cached_buffers",
+    "cached_bytes",
     "cached_rings",
     "free_cached_rings",
     "return_ring",
+    "size_class",
     "staging_ring",
 ]
 
@@ -42,6 +50,9 @@ class StagingRing:
         Number of buffers (slots).
     nbytes : int
         Size of each buffer in bytes.
+    reuse : sequence of (int, numpy.ndarray), optional
+        Idle buffers of ``nbytes`` from the cache, taken over first; only the
+        rest is allocated.
 
     Attributes
     ----------
@@ -57,14 +68,21 @@ class StagingRing:
         the buffers allocated so far are freed first.
     """
 
-    def __init__(self, backend: Backend, count: int, nbytes: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        count: int,
+        nbytes: int,
+        *,
+        reuse: Sequence[tuple[int, np.ndarray]] = (),
+    ) -> None:
         self.backend = backend
         self.count = int(count)
         self.nbytes = int(nbytes)
-        self.ptrs: list[int] = []
-        self.arrays: list[np.ndarray] = []
+        self.ptrs: list[int] = [ptr for ptr, _ in reuse]
+        self.arrays: list[np.ndarray] = [array for _, array in reuse]
         try:
-            for _ in range(self.count):
+            for _ in range(self.count - len(self.ptrs)):
                 ptr, array = backend.host_alloc(self.nbytes)
                 self.ptrs.append(ptr)
                 self.arrays.append(array)
@@ -101,9 +119,17 @@ class StagingRing:
         if first is not None:
             raise first
 
+    def release(self) -> list[tuple[int, np.ndarray]]:
+        """Hand the buffers over (to the cache) without freeing them; the ring
+        is closed afterwards."""
+        buffers = list(zip(self.ptrs, self.arrays, strict=True))
+        self.ptrs = []
+        self.arrays = []
+        return buffers
+
     @property
     def closed(self) -> bool:
-        """True once the buffers have been freed."""
+        """True once the buffers have been freed or handed over."""
         return not self.ptrs
 
     def __enter__(self) -> StagingRing:
@@ -136,66 +162,138 @@ def note(error: BaseException, text: str) -> None:
         add_note(text)
 
 
+# The cache of idle pinned buffers. A ring is lent for one transfer, made of
+# idle buffers of its size class (the most recently returned first) and new
+# ones for the rest; on success its buffers go back, each on its own, so that
+# a later ring of any slot count can take them. Idle buffers are kept within
+# a budget of twice the largest ring lent since the cache was last emptied
+# (its most slots times its largest size class): every size class up to that
+# one, at that many slots, fits in it, so one transfer at a time over any mix
+# of shapes allocates and frees nothing once each class was seen.
+# Over budget, the least recently returned buffers are freed first.
+
+FLOOR = MIN_CHUNK_BYTES
+"""The smallest pinned buffer a ring is made of (64 KiB): every smaller slot
+shares this class. Never above a transfer's chunk, which is at least as much."""
+
+
+def size_class(nbytes: int) -> int:
+    """The size of the pinned buffers that serve slots of ``nbytes``.
+
+    Slot sizes come rounded up to a power of two by the planner
+    (:func:`~interop.pipeline.plan.plan_chunks`), capped at ``chunk_bytes``;
+    a slot below :data:`FLOOR` is raised to it. A size above the floor is
+    its own class: rounding a capped slot (``chunk_bytes`` not a power of two)
+    up again would break the per-transfer bound of ``num_buffers x
+    chunk_bytes``.
+    """
+    return max(int(nbytes), FLOOR)
+
+
+class _Idle:
+    """A pinned buffer waiting in the cache."""
+
+    __slots__ = ("array", "backend", "closed", "group", "key", "nbytes", "ptr")
+
+    def __init__(
+        self, backend: Backend, key: tuple[Any, int], ptr: int, array: np.ndarray, group: int
+    ) -> None:
+        self.backend = backend
+        self.key = key
+        self.ptr = ptr
+        self.array = array
+        self.nbytes = key[1]
+        self.group = group  # the ring it came back with
+        self.closed = False
+
+
 _ring_lock = threading.Lock()
-_ring_cache: dict[tuple[Any, int, int], list[StagingRing]] = {}
-_ring_order: list[StagingRing] = []  # idle rings, least recently returned first
-_RINGS_KEPT = 2  # idle rings kept per (backend, count, nbytes), for concurrent transfers
-_RINGS_KEPT_TOTAL = 4  # idle rings kept in all: sizes seen once do not pin memory forever
+_ring_cache: dict[tuple[Any, int], list[_Idle]] = {}  # (backend key, size) -> idle, oldest first
+_lru: dict[_Idle, None] = {}  # every idle buffer, least recently returned first
+_idle_bytes = 0
+_most_slots = 0  # the most slots of a ring lent since the cache was emptied
+_largest = 0  # the largest size class lent since then
+_groups = itertools.count(1)
 
 
-def _key(ring_or_backend: Any, count: int, nbytes: int) -> tuple[Any, int, int]:
-    backend = getattr(ring_or_backend, "backend", ring_or_backend)
-    return (backend.ring_key, int(count), int(nbytes))
+def _budget() -> int:
+    """Idle bytes the cache may keep: twice the largest ring lent."""
+    return 2 * _most_slots * _largest
+
+
+def _lent(count: int, size: int) -> None:
+    global _most_slots, _largest
+    _most_slots = max(_most_slots, count)
+    _largest = max(_largest, size)
 
 
 def borrow_ring(backend: Backend, count: int, nbytes: int) -> StagingRing:
-    """A ring of ``count`` buffers of ``nbytes`` for one transfer: an idle one
-    from the cache, else a new one. Never lent to two transfers at once."""
-    key = _key(backend, count, nbytes)
+    """A ring of ``count`` buffers of at least ``nbytes`` (its size class,
+    :func:`size_class`) for one transfer: idle buffers of that class from the
+    cache, and new ones for the rest. A buffer is never lent to two transfers
+    at once."""
+    global _idle_bytes
+    size = size_class(nbytes)
+    key = (backend.ring_key, size)
+    count = int(count)
     with _ring_lock:
-        idle = _ring_cache.get(key)
-        ring = idle.pop() if idle else None
-        if ring is not None:
-            _ring_order.remove(ring)
-    return ring if ring is not None else StagingRing(backend, count, nbytes)
+        idle = _ring_cache.get(key, [])
+        take = idle[len(idle) - min(count, len(idle)) :]  # the most recently returned
+        del idle[len(idle) - len(take) :]
+        if not idle:
+            _ring_cache.pop(key, None)
+        for buf in take:
+            del _lru[buf]
+            _idle_bytes -= buf.nbytes
+        _lent(count, size)
+    return StagingRing(backend, count, size, reuse=[(buf.ptr, buf.array) for buf in take])
 
 
 def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
     """Give a borrowed ring back once no copy uses it.
 
-    After a successful transfer (``error`` None) it goes back to the cache
-    (at most two idle rings per size and four in all are kept; the least
-    recently used is freed first). After a failed one it is freed, since a
-    failed copy may have left it in an unknown state, and a failure to free
-    becomes a note on ``error`` instead of replacing it.
+    After a successful transfer (``error`` None) its buffers go back to the
+    cache, which then frees the least recently returned idle buffers beyond
+    its budget (twice the largest ring lent). After a failed one it is freed,
+    since a failed copy may have left it in an unknown state, and a failure
+    to free becomes a note on ``error`` instead of replacing it.
     """
+    global _idle_bytes
     if error is not None:
         _free_keeping(ring, error)
         return
-    evicted: list[StagingRing] = []
-    key = _key(ring, ring.count, ring.nbytes)
+    if ring.nbytes != size_class(ring.nbytes):  # not made by borrow_ring
+        ring.free()
+        return
+    key = (ring.backend.ring_key, ring.nbytes)
+    group = next(_groups)
+    evicted: list[_Idle] = []
     with _ring_lock:
-        idle = _ring_cache.setdefault(key, [])
-        if len(idle) < _RINGS_KEPT:
-            idle.append(ring)
-            _ring_order.append(ring)
-            while len(_ring_order) > _RINGS_KEPT_TOTAL:
-                oldest = _ring_order.pop(0)
-                oldest_key = _key(oldest, oldest.count, oldest.nbytes)
-                _ring_cache[oldest_key].remove(oldest)
-                if not _ring_cache[oldest_key]:
-                    del _ring_cache[oldest_key]
-                evicted.append(oldest)
-        else:
-            evicted.append(ring)
-    _free_all(evicted)  # outside the lock: cudaFreeHost can take a while
+        for ptr, array in ring.release():
+            buf = _Idle(ring.backend, key, ptr, array, group)
+            _ring_cache.setdefault(key, []).append(buf)
+            _lru[buf] = None
+            _idle_bytes += buf.nbytes
+        _lent(ring.count, ring.nbytes)  # the cache may have been emptied while it was lent
+        while _idle_bytes > _budget():
+            oldest = next(iter(_lru))
+            del _lru[oldest]
+            same = _ring_cache[oldest.key]
+            same.remove(oldest)
+            if not same:
+                del _ring_cache[oldest.key]
+            _idle_bytes -= oldest.nbytes
+            evicted.append(oldest)
+    _free_idle(evicted)  # outside the lock: cudaFreeHost can take a while
 
 
-def _free_all(rings: list[StagingRing]) -> None:
+def _free_idle(buffers: list[_Idle]) -> None:
+    """Free every buffer, even if freeing one fails; raise the first failure."""
     first: BaseException | None = None
-    for ring in rings:
+    for buf in buffers:
+        buf.closed = True
         try:
-            ring.free()
+            buf.backend.host_free(buf.ptr)
         except Exception as exc:
             first = first or exc
     if first is not None:
@@ -218,27 +316,45 @@ def staging_ring(backend: Backend, count: int, nbytes: int) -> Iterator[StagingR
 
 
 def cached_rings() -> int:
-    """Number of idle rings in the cache (for tests and diagnostics)."""
+    """Rings whose buffers wait in the cache, all or some of them (a ring
+    counts until each of its buffers is lent again or freed)."""
     with _ring_lock:
-        return sum(len(v) for v in _ring_cache.values())
+        return len({buf.group for buf in _lru})
+
+
+def cached_buffers() -> int:
+    """Idle pinned buffers in the cache."""
+    with _ring_lock:
+        return len(_lru)
+
+
+def cached_bytes() -> int:
+    """Bytes of the idle pinned buffers in the cache."""
+    with _ring_lock:
+        return _idle_bytes
 
 
 def free_cached_rings() -> None:
-    """Free every idle ring in the cache (rings lent out are not affected)."""
+    """Free every idle pinned buffer in the cache, and forget the largest ring
+    lent so far (the budget starts again from the next one). Rings lent out
+    are not affected; they come back to the cache when their transfer ends."""
+    global _idle_bytes, _most_slots, _largest
     with _ring_lock:
-        rings = list(_ring_order)
+        buffers = list(_lru)
         _ring_cache.clear()
-        _ring_order.clear()
-    _free_all(rings)
+        _lru.clear()
+        _idle_bytes = _most_slots = _largest = 0
+    _free_idle(buffers)
 
 
 def _after_fork_in_child() -> None:
     # The cache's lock may have been held by another thread at the fork; the
     # cached pinned buffers belong to the parent's CUDA context.
-    global _ring_lock
+    global _ring_lock, _idle_bytes, _most_slots, _largest
     _ring_lock = threading.Lock()
     _ring_cache.clear()
-    _ring_order.clear()
+    _lru.clear()
+    _idle_bytes = _most_slots = _largest = 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
