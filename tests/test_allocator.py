@@ -9,7 +9,7 @@ import pytest
 
 import interop
 from interop import allocator, streams
-from interop.pipeline.host import HostBackend
+from interop.pipeline.host import CaptureError, HostBackend
 
 from .helpers import in_threads, run_python
 
@@ -469,6 +469,38 @@ def test_during_a_capture_a_free_records_and_queries_no_event_and_waits_for_its_
     assert sorted(deleted) == [0x1000, 0x2000, 0x3000]
     assert frees.deferred == 0
     for s in (a, b):
+        s.close()
+    device.close()
+
+
+@pytest.mark.parametrize("paused", [True, False])
+def test_deferred_frees_under_the_emulated_capture_mode(paused):
+    """The same rule against the emulated device's capture mode, which fails an
+    event query made while a capture is under way (and invalidates the
+    capture): paused while capturing, the pool queries nothing until the
+    capture ends; told no capture is under way, it breaks the capture."""
+    device = HostBackend()
+    log = []
+    capturing = (lambda: bool(device.machine.captures)) if paused else (lambda: False)
+    frees, deleted, by_id = _pool_on(device, log, capturing=capturing)
+    a, b, c = device.stream(), device.stream(), device.stream()
+    by_id.update({s.id: s for s in (a, b, c)})
+    frees.allocated(0x1000, 0, a.id)
+    gate = threading.Event()
+    _used_on(b, gate)
+    frees.free(0x1000)  # an event on b, pending
+    gate.set()
+    b.synchronize()
+    if paused:
+        with device.capture(c):
+            frees.collect()  # would query the pending event: paused instead
+            assert deleted == []
+        frees.collect()  # the capture is over: queried now, complete
+        assert deleted == [0x1000]
+    else:
+        with pytest.raises(CaptureError, match="capture"), device.capture(c):
+            frees.collect()
+    for s in (a, b, c):
         s.close()
     device.close()
 
