@@ -9,6 +9,7 @@ arrays overlap?" have one answer each. Nothing here moves data between devices.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
@@ -54,18 +55,35 @@ def is_array(x: object) -> bool:
         isinstance(x, np.ndarray)
         or _backends.is_torch_tensor(x)
         or _backends.is_cupy_array(x)
-        or is_emulated_device_array(x)
+        or type(x) in _device_types
         or hasattr(x, "__dlpack__")
         or hasattr(x, "__cuda_array_interface__")
     )
 
 
-def is_emulated_device_array(x: object) -> bool:
-    """True for an array of an emulated device (``interop.pipeline.host``)."""
-    return getattr(type(x), "__interop_backend__", None) is not None
-
-
 # --------------------------------------------------------------------------- devices
+
+# Array types of devices other than CUDA, each with the function that gives the
+# device (an interop.pipeline.backend.Backend) moving one of its arrays.
+_device_types: dict[type, Callable[[Any], Any]] = {}
+
+
+def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
+    """Make arrays of type ``cls`` device data to interop's transfers.
+
+    CuPy arrays and CUDA tensors are known without this; another device (the
+    emulated one of :mod:`interop.testing`) registers its array types here,
+    with ``backend_of(x)`` returning the :class:`~interop.pipeline.backend.Backend`
+    that moves ``x``. Its arrays have ``shape`` and ``dtype`` (a NumPy dtype).
+    """
+    _device_types[cls] = backend_of
+
+
+def is_device_array(x: object) -> bool:
+    """True for a CuPy array, a CUDA tensor or an array of a registered device."""
+    if _backends.is_cupy_array(x) or type(x) in _device_types:
+        return True
+    return _backends.is_torch_tensor(x) and x.device.type == "cuda"  # type: ignore[attr-defined]
 
 
 def parse_device(device: object) -> Target | None:
@@ -316,12 +334,15 @@ def import_foreign(x: Any, func: str) -> Any:
 
 
 class Source(NamedTuple):
-    """An array as the transfer functions see it."""
+    """An array as the transfer functions see it: what kind of array it is is
+    answered once, here, for the whole call."""
 
-    obj: Any  # what chunk views are taken of: ndarray, detached tensor, CuPy or emulated array
+    obj: Any  # what chunk views are taken of: ndarray, detached tensor, CuPy or device array
     shape: tuple[int, ...]
     dtype: np.dtype  # the NumPy (or ml_dtypes) dtype of its values
     on_device: bool
+    cuda: int | None = None  # the CUDA device index of a CuPy array or CUDA tensor
+    device: Any = None  # the Backend of an array of a registered device type
 
 
 def array_source(x: Any, func: str) -> Source:
@@ -344,11 +365,14 @@ def array_source(x: Any, func: str) -> Source:
     if _backends.is_torch_tensor(x):
         check_strided_tensor(x, func)
         dtype = dtypes.numpy_dtype_of_torch(x.dtype)
-        return Source(x.detach(), tuple(x.shape), dtype, x.device.type == "cuda")
+        if x.device.type == "cuda":
+            return Source(x.detach(), tuple(x.shape), dtype, True, x.device.index)
+        return Source(x.detach(), tuple(x.shape), dtype, False)
     if _backends.is_cupy_array(x):
-        return Source(x, tuple(x.shape), np.dtype(x.dtype), True)
-    if is_emulated_device_array(x):
-        return Source(x, tuple(x.shape), np.dtype(x.dtype), True)
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))
+    backend_of = _device_types.get(type(x))
+    if backend_of is not None:
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True, None, backend_of(x))
     if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
         return array_source(import_foreign(x, func), func)
     raise not_an_array(func, x)

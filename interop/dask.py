@@ -53,7 +53,8 @@ from .errors import (
 from .npy import _header_bytes, _write_all, read_npy_header
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.schedule import HostTask
-from .transfer import HostStep, device_to_host, empty_device, host_to_device
+from .pipeline.start import HostStep, device_to_host, host_to_device
+from .transfer import empty_device
 
 try:
     import dask
@@ -239,7 +240,7 @@ def _write_device_block(fd: int, src: Any, runs: _Runs, chunk: int) -> None:
     its offsets.
     """
     device_to_host(
-        src.obj,
+        src,
         chunk,
         _into_runs(fd, runs, config.host_threads),
         result=None,
@@ -267,8 +268,8 @@ def _write_block(
     shape = tuple(hi - lo for lo, hi in location)
     index = tuple(info["chunk-location"])
     what = f"interop.dask.save_npy: block {index} of {layout.path!r} on {_where()}"
-    _, got_shape, got_dtype, _ = array_source(block, "interop.dask.save_npy")
-    got_shape = tuple(int(n) for n in got_shape)
+    described = array_source(block, "interop.dask.save_npy")
+    got_shape, got_dtype = tuple(int(n) for n in described.shape), described.dtype
     if got_shape != shape or got_dtype != layout.dtype:
         raise InvalidValueError(
             f"{what}: expected a block of shape {shape} and dtype {layout.dtype} "
@@ -635,7 +636,7 @@ def _read_to_device(
         return tasks
 
     host_to_device(
-        result,
+        array_source(result, "interop.dask.load_npy"),
         chunk_bytes_or_default(None),
         step,
         result=result,

@@ -36,6 +36,7 @@ from .arrays import (
     DL_CUDA_HOST,
     DL_CUDA_MANAGED,
     Target,
+    array_source,
     check_strided_tensor,
     cupy_from_dlpack,
     dlpack_device,
@@ -55,6 +56,7 @@ from .errors import (
     NoDeviceError,
     ReadOnlyWarning,
 )
+from .pipeline.start import device_to_device
 from .streams import (
     PER_THREAD_DEFAULT,
     Unsynchronised,
@@ -64,7 +66,7 @@ from .streams import (
     torch_stream,
     torch_stream_handle,
 )
-from .transfer import _device_to_device, copy_to_device, copy_to_host
+from .transfer import copy_to_device, copy_to_host
 
 if TYPE_CHECKING:
     import cupy
@@ -410,7 +412,7 @@ def _torch_copy_of(x: Any, index: int) -> torch.Tensor:
     th = _backends.torch()
     dtype = dtypes.torch_dtype_of_numpy(np.dtype(x.dtype))
     out = th.empty(tuple(x.shape), dtype=dtype, device=th.device("cuda", index))
-    _device_to_device(x, out)
+    device_to_device(array_source(x, "to_torch"), array_source(out, "to_torch"))
     return out
 
 
@@ -424,7 +426,7 @@ def _cupy_copy_of(x: Any, index: int) -> cupy.ndarray:
     dtype = dtypes.numpy_dtype_of_torch(x.dtype) if _backends.is_torch_tensor(x) else x.dtype
     with cp.cuda.Device(index):
         out = cp.empty(tuple(x.shape), dtype=dtype)
-    _device_to_device(x, out)
+    device_to_device(array_source(x, "to_cupy"), array_source(out, "to_cupy"))
     return out
 
 

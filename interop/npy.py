@@ -36,7 +36,7 @@ from .arrays import (
     Source,
     array_source,
     host_values,
-    is_emulated_device_array,
+    is_device_array,
     numpy_view_of_cpu_tensor,
     parse_device,
 )
@@ -55,7 +55,8 @@ from .errors import (
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.progress import Progress, check_progress
 from .pipeline.schedule import HostTask
-from .transfer import HostStep, device_to_host, empty_device, host_to_device
+from .pipeline.start import HostStep, device_to_host, host_to_device
+from .transfer import empty_device
 
 if TYPE_CHECKING:
     from .arrays import Target
@@ -308,7 +309,7 @@ def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
     offset = f.tell() if positioned else 0
     threads = config.host_threads if positioned else 1
     device_to_host(
-        src.obj,
+        src,
         chunk,
         _into_file(fd, offset, positioned, threads),
         result=None,
@@ -497,13 +498,9 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         shape, dtype = out.shape, out.dtype
         if not out.flags.writeable:
             raise InvalidValueError(f"expected a writable out {where} (got a read-only array)")
-    elif (
-        _backends.is_cupy_array(out)
-        or _backends.is_torch_tensor(out)
-        or is_emulated_device_array(out)
-    ):
-        _, shape, dtype, on_device = array_source(out, "load_npy")
-        host = not on_device
+    elif _backends.is_torch_tensor(out) or is_device_array(out):
+        described = array_source(out, "load_npy")
+        shape, dtype, host = described.shape, described.dtype, not described.on_device
     else:
         raise InvalidTypeError(
             f"expected out {where} to be a NumPy array, a CuPy array or a torch tensor "
@@ -606,7 +603,7 @@ def _load_to_device(header: NpyHeader, result: Any, chunk: int, progress: Any) -
     fd = os.open(header.path, os.O_RDONLY)
     try:
         host_to_device(
-            target,
+            array_source(target, "load_npy"),
             chunk,
             _from_file(fd, header, config.host_threads),
             result=result,

@@ -1,17 +1,15 @@
 """Chunked copies between host and device: ``copy_to_host``, ``copy_to_device``
 and their asynchronous forms.
 
-These are the public calls over :mod:`interop.pipeline`: they check their
-arguments (before anything is written), describe the source and destination,
-and start a :class:`~interop.pipeline.future.Transfer` that runs the slot
-schedule (device data) or the host engine (host data). :func:`device_to_host`
-and :func:`host_to_device` are the same pipelines with another host step (the
-``.npy`` functions read and write files there).
+The public calls: they check their arguments (before anything is written),
+describe the source and destination once, and start a
+:class:`~interop.pipeline.future.Transfer` through the pipeline's entry points
+(:mod:`interop.pipeline.start`) for device data, or the host copy engine for
+host data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,22 +18,26 @@ from . import _backends, dtypes
 from .arrays import (
     Source,
     array_source,
-    bits,
-    host_values,
-    is_emulated_device_array,
+    is_device_array,
     numpy_view_of_cpu_tensor,
     overlaps,
     parse_device,
     raw_host_memory,
 )
 from .config import chunk_bytes_or_default, config, host_copy_threads
-from .errors import CaptureError, InvalidTypeError, InvalidValueError
-from .pipeline.backend import Backend, DeviceData
+from .errors import InvalidTypeError, InvalidValueError
 from .pipeline.future import Transfer
 from .pipeline.hostcopy import host_chunk_bytes, host_copy
-from .pipeline.plan import Plan, c_order_chunks, nbytes_of, plan_chunks, split_rows
+from .pipeline.plan import c_order_chunks, nbytes_of
 from .pipeline.progress import Progress, check_progress
-from .pipeline.schedule import HostTask, SlotJob, run_slots
+from .pipeline.start import (
+    backend_for,
+    device_to_device,
+    device_to_host,
+    drain_into,
+    fill_from,
+    host_to_device,
+)
 
 __all__ = [
     "Transfer",
@@ -45,221 +47,8 @@ __all__ = [
     "copy_to_host_async",
 ]
 
-HostStep = Callable[[Plan], Callable[[int], Sequence[HostTask]]]
 
-
-# ----------------------------------------------------------------- the two pipelines
-
-
-def backend_of(x: Any) -> Backend:
-    """The backend that moves device array ``x`` (a CuPy array, a CUDA tensor,
-    or an emulated device's array).
-
-    Raises
-    ------
-    TypeError
-        ``x`` is not device data.
-    NoDeviceError, BackendUnavailableError
-        CUDA data without a usable device or CuPy.
-    """
-    if is_emulated_device_array(x):
-        return x.backend
-    from .pipeline.cuda import cuda_backend
-
-    if _backends.is_cupy_array(x):
-        return cuda_backend(int(x.device.id))
-    if _backends.is_torch_tensor(x) and x.device.type == "cuda":
-        return cuda_backend(int(x.device.index))
-    raise InvalidTypeError(
-        f"expected device data (got {type(x).__module__}.{type(x).__qualname__})"
-    )
-
-
-def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
-    """A new copy stream that starts after the work queued so far on the data's
-    own stream (an event recorded now, in the caller's thread: current streams
-    are per thread). The record runs with the data's device current: a legacy
-    default stream handle (0) means the current device's."""
-    with backend.activate():
-        stream = backend.stream()
-        start = backend.event()
-        start.record(data.stream)
-        stream.wait(start)
-    return stream
-
-
-def _start(
-    direction: str,
-    x: Any,
-    data_of: Callable[[Backend], DeviceData],
-    chunk: int,
-    host_step: HostStep,
-    result: Any,
-    progress: Any,
-    func: str,
-    order: str,
-    threads: int | None,
-    host: np.ndarray | None,
-) -> Transfer:
-    backend = backend_of(x)
-    data = data_of(backend)
-    if backend.capture_under_way(data.stream):
-        raise CaptureError(
-            f"{func} expected to run outside CUDA graph capture (got a capture under way on the "
-            "data's stream); it copies through pinned host memory and waits on the host, which "
-            "a captured graph cannot hold. Call it before or after the captured region; nothing "
-            "was queued and the capture stays valid"
-        )
-    itemsize = data.dtype.itemsize
-    plan = plan_chunks(data.shape, itemsize, chunk, config.num_buffers)
-    transfer = Transfer(
-        result, plan.sizes, Progress(progress, plan.nbytes, func), func=func, order=order
-    )
-    if not plan.nbytes:
-        return transfer.start(lambda t: None)  # zero-size: no ring, no stream
-    tasks, pinned = host_step(plan), _pinned_addresses(backend, host, plan)
-    job = SlotJob(
-        direction,  # type: ignore[arg-type]
-        backend,
-        _ordered_stream(backend, data),  # last: nothing after it can fail and leak it
-        plan,
-        data,
-        tasks,
-        config.host_threads if threads is None else threads,
-        pinned=pinned,
-    )
-    return transfer.start(lambda t: run_slots(t, job))
-
-
-def _pinned_addresses(
-    backend: Backend, host: np.ndarray | None, plan: Plan
-) -> Callable[[int], int] | None:
-    """Chunk ``i``'s address in ``host`` when the DMAs can use it directly: a
-    C-contiguous array (chunk ``i`` is then its bytes ``[starts[i], starts[i] +
-    sizes[i])``) in page-locked memory. None: go through the staging ring."""
-    if host is None or not host.flags.c_contiguous or host.nbytes != plan.nbytes:
-        return None
-    if not backend.is_pinned(int(host.ctypes.data), plan.nbytes):
-        return None
-    return _ChunkAddresses(host, plan.starts)
-
-
-class _ChunkAddresses:
-    """Chunk ``i``'s address in a C-contiguous host array; holds the array, so
-    its memory stays alive while the DMAs use it."""
-
-    def __init__(self, host: np.ndarray, starts: list[int]) -> None:
-        self.host = host
-        self.base = int(host.ctypes.data)
-        self.starts = starts
-
-    def __call__(self, i: int) -> int:
-        return self.base + self.starts[i]
-
-
-def device_to_host(
-    x: Any,
-    chunk: int,
-    host_step: HostStep,
-    *,
-    result: Any,
-    progress: Any,
-    func: str,
-    order: str,
-    threads: int | None = None,
-    into: np.ndarray | None = None,
-) -> Transfer:
-    """Start the device-to-host slot pipeline for device data ``x``.
-
-    ``host_step(plan)(i)`` gives the pieces that copy chunk ``i`` out of its
-    pinned slot (into ``out``, or into a file), run on ``threads`` host
-    threads (default ``config.host_threads``); the copy is ordered after the
-    work queued on ``x``'s library's current stream at this call. ``into``,
-    the host array the pieces write (if they write one), is written by the
-    DMAs directly, without the ring and the pieces, where it is page-locked
-    and C-contiguous.
-    """
-    return _start(
-        "d2h",
-        x,
-        lambda b: b.source(x),
-        chunk,
-        host_step,
-        result,
-        progress,
-        func,
-        order,
-        threads,
-        into,
-    )
-
-
-def host_to_device(
-    out: Any,
-    chunk: int,
-    host_step: HostStep,
-    *,
-    result: Any,
-    progress: Any,
-    func: str,
-    order: str,
-    threads: int | None = None,
-    source: np.ndarray | None = None,
-) -> Transfer:
-    """Start the host-to-device slot pipeline into device array ``out``.
-
-    ``host_step(plan)(i)`` gives the pieces that fill chunk ``i``'s pinned
-    slot; the copy is ordered after the work queued on ``out``'s library's
-    current stream at this call, and the transfer completes when the data is
-    on the device. ``source``, host memory holding exactly the bytes the
-    pieces would fill the slots with, is read by the DMAs directly, without
-    the ring and the pieces, where it is page-locked and C-contiguous.
-    """
-    data_of: Callable[[Backend], DeviceData] = lambda b: b.target(out, func)  # noqa: E731
-    return _start(
-        "h2d", out, data_of, chunk, host_step, result, progress, func, order, threads, source
-    )
-
-
-def _into_array(out: np.ndarray, threads: int) -> HostStep:
-    """Drain each slot into ``out``'s chunk, split across host threads."""
-    view_dtype = dtypes.int_view_of_numpy(out.dtype)
-
-    def step(plan: Plan) -> Callable[[int], Sequence[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            dst = bits(out[plan.chunks[i]])
-            shape = plan.shapes[i]
-
-            def piece(p: tuple) -> HostTask:
-                return lambda buf: np.copyto(dst[p], buf.view(view_dtype).reshape(shape)[p])
-
-            return [piece(p) for p in split_rows(shape, plan.sizes[i], threads)]
-
-        return tasks
-
-    return step
-
-
-def _from_host(src: Any, dtype: np.dtype, threads: int) -> HostStep:
-    """Fill each slot from the host source's chunk (bits applied, byte order
-    converted to ``dtype``), split across host threads."""
-    view_dtype = dtypes.int_view_of_numpy(dtype)
-
-    def step(plan: Plan) -> Callable[[int], Sequence[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            part = src[plan.chunks[i]]
-            shape = plan.shapes[i]
-
-            def piece(p: tuple) -> HostTask:
-                return lambda buf: np.copyto(
-                    buf.view(view_dtype).reshape(shape)[p], bits(host_values(part[p]))
-                )
-
-            return [piece(p) for p in split_rows(shape, plan.sizes[i], threads)]
-
-        return tasks
-
-    return step
+# ----------------------------------------------------------------- checks
 
 
 def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
@@ -271,9 +60,6 @@ def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
     if obj.is_conj() or obj.is_neg():
         return None
     return numpy_view_of_cpu_tensor(obj)
-
-
-# ----------------------------------------------------------------- checks
 
 
 def _check_host_out(out: Any, src: Source) -> None:
@@ -308,23 +94,20 @@ def _dtype_mismatch(func: str, want: np.dtype, got: np.dtype) -> str:
     return f"{func} expected out of dtype {want} (got {got}); {hint}"
 
 
-def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) -> None:
-    """Check a device destination's type, shape and dtype (before anything is written)."""
-    if _backends.is_cupy_array(out):
-        got_shape, got = tuple(out.shape), np.dtype(out.dtype)
-    elif _backends.is_torch_tensor(out) and out.device.type == "cuda":
-        got_shape, got = tuple(out.shape), dtypes.numpy_dtype_of_torch(out.dtype)
-    elif is_emulated_device_array(out):
-        got_shape, got = tuple(out.shape), np.dtype(out.dtype)
-    else:
+def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Source:
+    """Check a device destination's type, shape and dtype (before anything is
+    written); return it described."""
+    if not is_device_array(out):
         raise InvalidTypeError(
             f"{func} expected out to be a CuPy array or a CUDA torch tensor "
             f"(got {type(out).__module__}.{type(out).__qualname__})"
         )
-    if got_shape != tuple(shape):
-        raise InvalidValueError(f"{func} expected out of shape {tuple(shape)} (got {got_shape})")
-    if got != dtype:
-        raise InvalidValueError(_dtype_mismatch(func, dtype, got))
+    dst = array_source(out, func)
+    if dst.shape != tuple(shape):
+        raise InvalidValueError(f"{func} expected out of shape {tuple(shape)} (got {dst.shape})")
+    if dst.dtype != dtype:
+        raise InvalidValueError(_dtype_mismatch(func, dtype, dst.dtype))
+    return dst
 
 
 def empty_device(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) -> Any:
@@ -336,15 +119,9 @@ def empty_device(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) ->
         ``device`` is not a CUDA device.
     BackendUnavailableError, NoDeviceError, UnsupportedDtypeError
     """
-    target = parse_device(device)
-    if target is not None and target[0] != "cuda":
-        raise InvalidValueError(
-            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
-            "use interop.copy_to_host for host destinations"
-        )
+    index = _cuda_index(device)
     cp = _backends.require_cupy_device()
     dtypes.check_cupy_dtype(np.dtype(dtype))
-    index = None if target is None else target[1]
     with cp.cuda.Device(cp.cuda.runtime.getDevice() if index is None else index):
         return cp.empty(shape, dtype=dtype)
 
@@ -419,11 +196,10 @@ def copy_to_host_async(
     else:
         _check_host_out(out, src)
     if src.on_device:
-        threads = config.host_threads
         return device_to_host(
-            src.obj,
+            src,
             chunk,
-            _into_array(out, threads),
+            drain_into(out, config.host_threads),
             result=out,
             progress=progress,
             func="copy_to_host",
@@ -512,29 +288,47 @@ def copy_to_device_async(
     src = array_source(x, "copy_to_device")
     native = src.dtype.newbyteorder("=")
     if out is not None:
-        _device_out(out, src.shape, native, "copy_to_device")
+        dst = _device_out(out, src.shape, native, "copy_to_device")
         result = out
-    elif src.on_device and is_emulated_device_array(src.obj):
-        device = src.obj.backend  # the result goes on the current device, as for CUDA data
-        result = device.peer(device.current_device()).empty(src.shape, native)
     else:
-        result = empty_device(src.shape, native, device)
+        if src.on_device:  # on the current (or the given) device of the source's kind
+            result = backend_for(src).peer(_cuda_index(device)).empty(src.shape, native)
+        else:
+            result = empty_device(src.shape, native, device)
+        dst = array_source(result, "copy_to_device")
     if src.on_device:
-        _device_to_device(src.obj, result)
+        device_to_device(src, dst)
         transfer = Transfer(
             result, [], Progress(progress, 0, "copy_to_device"), func="copy_to_device"
         )
         return transfer.start(lambda t: None)
     return host_to_device(
-        result,
+        dst,
         chunk,
-        _from_host(src.obj, native, config.host_threads),
+        fill_from(src.obj, native, config.host_threads),
         result=result,
         progress=progress,
         func="copy_to_device",
         order="the source's C order",
         source=_host_bytes(src, native),
     )
+
+
+def _cuda_index(device: Any) -> int | None:
+    """The index of a CUDA ``device`` argument (None: the current device).
+
+    Raises
+    ------
+    InvalidValueError
+        ``device`` is not a CUDA device.
+    """
+    target = parse_device(device)
+    if target is not None and target[0] != "cuda":
+        raise InvalidValueError(
+            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
+            "use interop.copy_to_host for host destinations"
+        )
+    return None if target is None else target[1]
 
 
 def copy_to_device(
@@ -613,74 +407,3 @@ def copy_to_device(
     )
     del x, out
     return transfer.result()
-
-
-def _device_to_device(x: Any, out: Any) -> None:
-    """Queue ``out[...] = x`` on ``out``'s library's current stream, ordered both
-    ways with ``x``'s library's current stream (both read in this thread).
-
-    The consumer's stream first waits for an event on the producer's stream,
-    so the copy reads ``x`` after the work that made it. Then the producer's
-    stream waits for the copy: both libraries' pools hand a freed block
-    straight back out to the next allocation on the stream it belongs to, so
-    without this a caller who drops ``x`` (or the temporary made for a tensor
-    with the conjugate/negative bit) as soon as this returns could have its
-    memory overwritten by new work on that stream before the copy read it.
-    This is the two-way barrier of PyTorch's own cross-device copy. Where both
-    libraries use one stream of one device nothing is waited on: stream order
-    covers both directions.
-
-    Raises
-    ------
-    InvalidTypeError
-        ``x`` and ``out`` are on different kinds of device.
-    CaptureError
-        A CUDA graph capture is under way and the two streams differ (an
-        event wait across the capture's boundary would invalidate it);
-        nothing was queued.
-    """
-    producer, backend = backend_of(x), backend_of(out)
-    if type(producer) is not type(backend):
-        raise InvalidTypeError(
-            f"copy_to_device expected x and out on the same kind of device (got {type(x).__name__} "
-            f"and {type(out).__name__})"
-        )
-    source = producer.source(x)
-    target = backend.target(out, "copy_to_device")
-    whole = (Ellipsis,)
-    if (
-        not source.stream.same(target.stream)
-        and backend.is_capturing(target.stream)
-        and not producer.is_capturing(source.stream)
-    ):
-        # (a capturing source's stream is fine: the destination's stream joins
-        # its capture through the first event and is joined back by the second)
-        raise CaptureError(
-            "copy_to_device expected the source's stream to be in the capture that the "
-            "destination's stream is in (got a source stream outside it: waiting on it would "
-            "break the capture); run the block under `with interop.stream(s):` with s the "
-            "capturing stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing "
-            "was queued"
-        )
-    # Events are made, recorded and waited on with their device current (a
-    # legacy default stream handle, 0, names the current device's).
-    with producer.activate():
-        chunk = source.chunk(whole)  # may queue a resolved temporary on its stream
-        owners = [source.stream]
-        if chunk.produced_on is not None and not chunk.produced_on.same(source.stream):
-            owners.append(chunk.produced_on)
-        one_stream = all(owner.same(target.stream) for owner in owners)
-        if not one_stream:
-            ready = producer.event()
-            ready.record(owners[-1])
-    with backend.activate():
-        if one_stream:
-            backend.copy_on_device(target.chunk(whole).view, chunk.view, target.stream)
-            return
-        target.stream.wait(ready)
-        backend.copy_on_device(target.chunk(whole).view, chunk.view, target.stream)
-        done = backend.event()
-        done.record(target.stream)
-    with producer.activate():
-        for owner in owners:
-            owner.wait(done)

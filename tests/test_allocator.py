@@ -9,7 +9,7 @@ import pytest
 
 import interop
 from interop import allocator, streams
-from interop.pipeline.host import CaptureError, HostBackend
+from interop.testing import EmulatedCaptureError, EmulatedDevice
 
 from .helpers import in_threads, run_python
 
@@ -349,7 +349,7 @@ def test_a_scope_dropped_at_interpreter_exit_lets_nothing_out():
 
 
 def test_a_block_used_on_another_stream_is_freed_after_that_stream_reaches_the_free():
-    device = HostBackend()
+    device = EmulatedDevice()
     by_id = {}
     deleted = []
 
@@ -433,7 +433,7 @@ def test_during_a_capture_a_free_records_and_queries_no_event_and_waits_for_its_
     """CUDA forbids event record/query while a graph capture is under way (and
     the capture would be invalidated): the free is set aside without an event,
     and gets its events once no capture is under way."""
-    device = HostBackend()
+    device = EmulatedDevice()
     log = []
     capture = {"on": False}
     frees, deleted, by_id = _pool_on(device, log, capturing=lambda: capture["on"])
@@ -479,7 +479,7 @@ def test_deferred_frees_under_the_emulated_capture_mode(paused):
     event query made while a capture is under way (and invalidates the
     capture): paused while capturing, the pool queries nothing until the
     capture ends; told no capture is under way, it breaks the capture."""
-    device = HostBackend()
+    device = EmulatedDevice()
     log = []
     capturing = (lambda: bool(device.machine.captures)) if paused else (lambda: False)
     frees, deleted, by_id = _pool_on(device, log, capturing=capturing)
@@ -498,7 +498,7 @@ def test_deferred_frees_under_the_emulated_capture_mode(paused):
         frees.collect()  # the capture is over: queried now, complete
         assert deleted == [0x1000]
     else:
-        with pytest.raises(CaptureError, match="capture"), device.capture(c):
+        with pytest.raises(EmulatedCaptureError, match="capture"), device.capture(c):
             frees.collect()
     for s in (a, b, c):
         s.close()
@@ -506,7 +506,7 @@ def test_deferred_frees_under_the_emulated_capture_mode(paused):
 
 
 def test_capture_is_asked_only_when_an_event_is_to_be_recorded_or_queried():
-    device = HostBackend()
+    device = EmulatedDevice()
     asked = []
     frees, deleted, _ = _pool_on(device, [], capturing=lambda: asked.append(1) or False)
     s = device.stream()
@@ -522,7 +522,7 @@ def test_capture_is_asked_only_when_an_event_is_to_be_recorded_or_queried():
 def test_a_free_run_by_the_garbage_collector_inside_the_pool_never_waits():
     """CuPy frees from destructors, which the collector may run while this
     thread is inside the pool with its lock held (here: while it queries)."""
-    device = HostBackend()
+    device = EmulatedDevice()
     log = []
     frees, deleted, by_id = _pool_on(device, log, on_query=gc.collect)
     a, b = device.stream(), device.stream()
@@ -560,7 +560,7 @@ def test_a_free_run_by_the_garbage_collector_inside_the_pool_never_waits():
 
 
 def test_a_block_whose_event_cannot_be_recorded_is_dropped_and_the_others_go_on():
-    device = HostBackend()
+    device = EmulatedDevice()
     log = []
     frees, deleted, by_id = _pool_on(device, log)
     a, b = device.stream(), device.stream()

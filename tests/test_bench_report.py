@@ -184,10 +184,10 @@ def test_report_of_a_gpu_row_names_memory_in_words():
 def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
     """The trace of a real transfer (host backend), as a GPU row carries it."""
     from interop.bench.rows.gpu import traced
-    from interop.pipeline.host import HostBackend
     from interop.pipeline.ring import free_cached_rings
+    from interop.testing import EmulatedDevice
 
-    device = HostBackend(delay=0.001)
+    device = EmulatedDevice(delay=0.001)
     try:
         x = device.asarray(np.arange(1 << 17, dtype=np.float32))  # 512 KiB: 8 chunks
         out = np.zeros(1 << 17, np.float32)
@@ -229,11 +229,11 @@ def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
 def test_a_traced_direct_copy_says_no_host_threads_copied():
     """A pinned out: the trace of the DMAs-only run, as the report prints it."""
     from interop.bench.rows.gpu import traced
-    from interop.pipeline.host import HostBackend
+    from interop.testing import EmulatedDevice
 
     from .helpers import pinned
 
-    device = HostBackend(delay=0.001)
+    device = EmulatedDevice(delay=0.001)
     try:
         x = device.asarray(np.arange(1 << 17, dtype=np.float32))  # 512 KiB: 8 chunks
         with pinned(device, (1 << 17,), np.float32) as out:

@@ -673,7 +673,7 @@ def test_a_device_block_streams_through_the_pipeline_into_its_runs(tmp_path, cor
     trailing axes lands at its C-order offsets."""
     from interop.dask import _Layout, _write_block
     from interop.npy import _header_bytes
-    from interop.pipeline.host import HostBackend
+    from interop.testing import EmulatedDevice
 
     full = sample((640, 480), np.float64, seed=4)
     path = tmp_path / "blocks.npy"
@@ -682,7 +682,7 @@ def test_a_device_block_streams_through_the_pipeline_into_its_runs(tmp_path, cor
         f.write(header)
         f.truncate(len(header) + full.nbytes)
     layout = _Layout(str(path), full.shape, full.dtype, len(header))
-    device = HostBackend(delay=0.0002)
+    device = EmulatedDevice(delay=0.0002)
     r, c = corner
     block = full[r : r + 160, c : c + 120]  # 150 KiB: three chunks of 64 KiB
     where = [(r, r + 160), (c, c + 120)]

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import interop
-from interop.pipeline.host import (
-    CaptureError,
-    HostBackend,
-    HostDeviceError,
+from interop.pipeline.ring import StagingRing
+from interop.testing import (
+    EmulatedCaptureError,
+    EmulatedDevice,
+    EmulatedDeviceError,
     InvertedArray,
     RuleViolation,
 )
-from interop.pipeline.ring import StagingRing
 
 from .helpers import NUMPY_DTYPES, hold, inverted_bytes, sample
 
@@ -27,7 +27,7 @@ CHUNK = 64 << 10  # the smallest chunk interop uses
 
 @pytest.fixture
 def backend():
-    b = HostBackend()
+    b = EmulatedDevice()
     yield b
     b.close()
 
@@ -245,13 +245,13 @@ def test_a_stream_closed_before_the_host_saw_its_work_complete_is_refused(backen
 
 
 def test_an_injected_device_fault_is_sticky():
-    faulty = HostBackend(faults={"pack": 1})
+    faulty = EmulatedDevice(faults={"pack": 1})
     a = faulty.asarray(np.ones(4))
     b = faulty.empty((4,), np.float64)
     faulty.copy_on_device(b, a, faulty.current_stream())
-    with pytest.raises(HostDeviceError, match="injected fault"):
+    with pytest.raises(EmulatedDeviceError, match="injected fault"):
         faulty.synchronize()
-    with pytest.raises(HostDeviceError, match="failed earlier"):
+    with pytest.raises(EmulatedDeviceError, match="failed earlier"):
         faulty.stream()
     faulty.close()
 
@@ -419,7 +419,9 @@ def test_queued_work_on_a_block_handed_out_again_fails_when_it_runs(backend):
     b = backend.asarray(np.zeros(256, np.float32))  # handed out again and written ...
     backend.default_stream.synchronize()  # ... before the copy on reader runs
     gate.set()
-    with pytest.raises(HostDeviceError, match=f"handed out again on stream {b.allocated_on.id}"):
+    with pytest.raises(
+        EmulatedDeviceError, match=f"handed out again on stream {b.allocated_on.id}"
+    ):
         reader.synchronize()
     assert "use-after-free across streams" in backend.violations[-1]
 
@@ -474,7 +476,7 @@ def test_an_array_used_on_another_librarys_stream_needs_an_event(backend):
 
 @pytest.fixture
 def machine():
-    d0 = HostBackend(devices=2)
+    d0 = EmulatedDevice(devices=2)
     yield d0, d0.peer(1)
     d0.close()
 
@@ -484,7 +486,7 @@ def test_a_machine_of_two_devices(machine):
     assert (d0.index, d1.index) == (0, 1)
     assert d0.devices == (d0, d1)
     assert d1.peer(0) is d0
-    assert len(HostBackend().devices) == 1
+    assert len(EmulatedDevice().devices) == 1
     assert d0.ring_key is d1.ring_key  # pinned memory serves both
     assert d1.default_stream.backend is d1
     assert d0.current_device() == 0
@@ -507,7 +509,7 @@ def test_a_machine_of_two_devices(machine):
     with pytest.raises(ValueError, match=r"expected a device index in \[0, 2\) \(got 2\)"):
         d0.peer(2)
     with pytest.raises(ValueError, match="expected devices >= 1"):
-        HostBackend(devices=0)
+        EmulatedDevice(devices=0)
 
 
 def test_device_work_is_queued_only_while_its_device_is_current(machine):
@@ -765,13 +767,13 @@ def test_what_capture_forbids_fails_and_invalidates_it(backend, name, message):
 
     def capture():
         with backend.capture(s) as graph:
-            with pytest.raises(CaptureError, match=message):
+            with pytest.raises(EmulatedCaptureError, match=message):
                 call()
-            with pytest.raises(CaptureError, match="after its capture was invalidated"):
+            with pytest.raises(EmulatedCaptureError, match="after its capture was invalidated"):
                 s.enqueue("op", lambda: None)
         return graph
 
-    with pytest.raises(CaptureError, match=r"invalidated: .*StreamCaptureInvalidated"):
+    with pytest.raises(EmulatedCaptureError, match=r"invalidated: .*StreamCaptureInvalidated"):
         capture()
     assert not backend.is_capturing(s)
     assert not backend.machine.captures
@@ -837,16 +839,16 @@ def test_a_stream_that_joined_a_capture_must_be_joined_back(backend):
             side.wait(fork)
             backend.copy_on_device(out, out, side)  # and s never waits for it
 
-    with pytest.raises(CaptureError, match=r"streams \[\d+\] joined .* not joined back"):
+    with pytest.raises(EmulatedCaptureError, match=r"streams \[\d+\] joined .* not joined back"):
         capture()
     assert not backend.is_capturing(side)
 
 
 def test_a_capture_begins_only_on_a_stream_of_its_own_that_is_not_capturing(backend):
     s = backend.stream()
-    with pytest.raises(CaptureError, match="legacy default stream"):
+    with pytest.raises(EmulatedCaptureError, match="legacy default stream"):
         backend.capture(backend.default_stream).__enter__()
-    with backend.capture(s), pytest.raises(CaptureError, match="already capturing"):
+    with backend.capture(s), pytest.raises(EmulatedCaptureError, match="already capturing"):
         backend.capture(s).__enter__()
     assert not backend.is_capturing(s)
     s.close()
@@ -857,7 +859,7 @@ def test_a_capture_begins_only_on_a_stream_of_its_own_that_is_not_capturing(back
 
 @pytest.mark.parametrize("where", ["same device", "peer device"])
 def test_a_source_dropped_after_copy_to_device_is_not_overwritten_early(where):
-    machine = HostBackend(devices=2)
+    machine = EmulatedDevice(devices=2)
     try:
         dx = machine if where == "same device" else machine.peer(1)
         a = sample((64, 32), np.float32)

@@ -24,8 +24,8 @@ from interop import bench
 from interop.bench.ratios import Ratio
 from interop.bench.run import _judge
 from interop.pipeline import trace
-from interop.pipeline.host import HostBackend
 from interop.pipeline.ring import free_cached_rings
+from interop.testing import EmulatedDevice
 from tests.bench_runs import full_host_run
 from tests.helpers import REPO_ROOT, git_head
 
@@ -60,7 +60,7 @@ def _head() -> str:
 
 def _host_trace() -> dict[str, Any]:
     """The summary of a real traced transfer (host backend): what a GPU row's ``trace`` holds."""
-    backend = HostBackend(delay=0.001)
+    backend = EmulatedDevice(delay=0.001)
     try:
         d = backend.asarray(np.arange(64 << 10, dtype=np.float32))
         with trace.recording() as traces:

@@ -83,8 +83,21 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_real_imports():
     graph = _imports()
     assert "interop.transfer" in graph["interop.exchange"]
-    assert "interop.pipeline.schedule" in graph["interop.transfer"]
-    assert "interop.pipeline.cuda" in graph["interop.transfer"]  # a lazy import counts too
+    assert "interop.pipeline.start" in graph["interop.transfer"]
+    assert "interop.pipeline.schedule" in graph["interop.pipeline.start"]
+    assert "interop.pipeline.cuda" in graph["interop.pipeline.start"]  # a lazy import counts too
+
+
+def test_no_production_module_knows_the_emulated_device():
+    """The emulated device plugs in through the device interface (it registers
+    its array types); nothing outside interop.testing imports it or asks for it."""
+    graph = _imports()
+    for module, imported in graph.items():
+        if not module.startswith("interop.testing"):
+            assert not any(m.startswith("interop.testing") for m in imported), module
+    for path in ROOT.rglob("*.py"):
+        if "testing" not in path.relative_to(ROOT).parts:
+            assert "__interop_backend__" not in path.read_text(), path
 
 
 def test_no_import_cycle_inside_interop():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import interop
-from interop.pipeline.host import HostBackend
+from interop.testing import EmulatedDevice
 
 from .helpers import hold, inverted_bytes, sample
 
@@ -43,7 +43,7 @@ SITES = {
 
 @pytest.fixture
 def machine():
-    d0 = HostBackend(devices=2, delay=0.0002)
+    d0 = EmulatedDevice(devices=2, delay=0.0002)
     yield d0
     d0.close()
 

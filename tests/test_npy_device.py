@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import interop
-from interop.pipeline.host import HostBackend
 from interop.pipeline.ring import free_cached_rings
+from interop.testing import EmulatedDevice
 
 from .helpers import NUMPY_DTYPES, reading_fifo, sample
 
@@ -21,7 +21,7 @@ CHUNK = 64 << 10
 
 @pytest.fixture
 def device():
-    b = HostBackend(delay=0.0002)
+    b = EmulatedDevice(delay=0.0002)
     yield b
     assert b.violations == []
     assert b._streams == [b.default_stream]

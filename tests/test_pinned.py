@@ -14,8 +14,8 @@ import pytest
 
 import interop
 from interop.pipeline import trace
-from interop.pipeline.host import HostDeviceError
 from interop.pipeline.ring import cached_rings
+from interop.testing import EmulatedDeviceError
 
 from . import test_schedule
 from .helpers import NUMPY_DTYPES, pinned, sample, staged
@@ -207,7 +207,7 @@ def test_a_failed_dma_is_reported_and_everything_released(direction, stage):
     ) as info:
         call()
     err = info.value
-    assert isinstance(err.__cause__, HostDeviceError)
+    assert isinstance(err.__cause__, EmulatedDeviceError)
     assert err.bytes_done < a.nbytes
     if direction == "d2h":
         assert raw(host)[: err.bytes_done] == raw(expect)[: err.bytes_done]

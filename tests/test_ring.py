@@ -11,7 +11,6 @@ import pytest
 import interop
 from interop.config import MIN_CHUNK_BYTES, chunk_bytes_or_default
 from interop.pipeline import ring as rings
-from interop.pipeline.host import HostBackend, HostDeviceError
 from interop.pipeline.plan import STAGING_ALIGN, plan_chunks, round_up
 from interop.pipeline.ring import (
     StagingRing,
@@ -24,6 +23,7 @@ from interop.pipeline.ring import (
     size_class,
     staging_ring,
 )
+from interop.testing import EmulatedDevice, EmulatedDeviceError
 
 from .helpers import in_threads, run_python
 
@@ -33,7 +33,7 @@ KiB, MiB = 1 << 10, 1 << 20
 @pytest.fixture
 def backend():
     free_cached_rings()
-    b = HostBackend()
+    b = EmulatedDevice()
     yield b
     free_cached_rings()
     assert b.host_buffers == {}
@@ -251,7 +251,7 @@ def test_a_ring_not_made_by_the_cache_is_freed_when_returned(backend):
 def test_a_failed_transfer_frees_its_ring_and_keeps_the_cache(backend):
     with staging_ring(backend, 2, 64 * KiB):
         pass
-    failing = HostBackend(faults={"drain": 2})  # a host thread's copy out of a slot fails
+    failing = EmulatedDevice(faults={"drain": 2})  # a host thread's copy out of a slot fails
     a = np.ones(1 << 20, np.float32)
     with pytest.raises(interop.TransferError):
         interop.copy_to_host(failing.asarray(a), chunk_bytes=64 * KiB)
@@ -262,7 +262,7 @@ def test_a_failed_transfer_frees_its_ring_and_keeps_the_cache(backend):
 
 
 def test_rings_of_two_backends_are_never_mixed(backend):
-    other = HostBackend()
+    other = EmulatedDevice()
     with staging_ring(backend, 1, 64) as mine:
         mine_ptrs = list(mine.ptrs)
     with staging_ring(other, 1, 64) as theirs:
@@ -274,9 +274,9 @@ def test_rings_of_two_backends_are_never_mixed(backend):
 
 
 def test_free_tries_every_buffer_and_raises_the_first_failure():
-    backend = HostBackend(faults={"host_free": 2})
+    backend = EmulatedDevice(faults={"host_free": 2})
     ring = StagingRing(backend, 4, 256)
-    with pytest.raises(HostDeviceError, match="freeing pinned buffer"):
+    with pytest.raises(EmulatedDeviceError, match="freeing pinned buffer"):
         ring.free()
     assert backend.counts["host_free"] == 4
     assert len(backend.host_buffers) == 1
@@ -286,10 +286,10 @@ def test_free_tries_every_buffer_and_raises_the_first_failure():
 
 def test_freeing_the_cache_tries_every_buffer_and_raises_the_first_failure():
     free_cached_rings()
-    backend = HostBackend(faults={"host_free": 2})
+    backend = EmulatedDevice(faults={"host_free": 2})
     with staging_ring(backend, 3, 64 * KiB):
         pass
-    with pytest.raises(HostDeviceError, match="freeing pinned buffer"):
+    with pytest.raises(EmulatedDeviceError, match="freeing pinned buffer"):
         free_cached_rings()
     assert backend.counts["host_free"] == 3
     assert cached_buffers() == 0
@@ -297,7 +297,7 @@ def test_freeing_the_cache_tries_every_buffer_and_raises_the_first_failure():
 
 
 def test_a_failing_free_never_replaces_the_error_in_flight():
-    backend = HostBackend(faults={"host_free": 1})
+    backend = EmulatedDevice(faults={"host_free": 1})
     with pytest.raises(KeyError, match="the original") as info, StagingRing(backend, 2, 64):
         raise KeyError("the original")
     assert any("freeing the staging ring also failed" in n for n in info.value.__notes__)
@@ -306,8 +306,8 @@ def test_a_failing_free_never_replaces_the_error_in_flight():
 
 
 def test_a_failed_allocation_frees_what_it_had():
-    backend = HostBackend(faults={"host_alloc": 3})
-    with pytest.raises(HostDeviceError, match="pinned host allocation failed"):
+    backend = EmulatedDevice(faults={"host_alloc": 3})
+    with pytest.raises(EmulatedDeviceError, match="pinned host allocation failed"):
         StagingRing(backend, 4, 64)
     assert backend.host_buffers == {}
     backend.close()
@@ -318,9 +318,9 @@ def test_a_forked_child_starts_with_an_empty_cache_and_a_free_lock():
         """
         import os, threading
         from interop.pipeline import ring as rings
-        from interop.pipeline.host import HostBackend
+        from interop.testing import EmulatedDevice
 
-        backend = HostBackend()
+        backend = EmulatedDevice()
         with rings.staging_ring(backend, 2, 1000):
             pass
         held, release = threading.Event(), threading.Event()
@@ -335,7 +335,7 @@ def test_a_forked_child_starts_with_an_empty_cache_and_a_free_lock():
         held.wait(30)
         pid = os.fork()
         if pid == 0:
-            child = HostBackend()
+            child = EmulatedDevice()
             r = rings.borrow_ring(child, 1, 1000)  # would hang on the parent's held lock
             rings.return_ring(r)
             print("child", rings.cached_buffers(), child.counts["host_alloc"], flush=True)

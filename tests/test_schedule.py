@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import interop
-from interop.pipeline.host import HostBackend, HostDeviceError
 from interop.pipeline.ring import cached_rings, free_cached_rings
+from interop.testing import EmulatedDevice, EmulatedDeviceError
 
 from .helpers import NUMPY_DTYPES, cancel_on_progress, in_threads, pinned, sample, staged
 
@@ -28,7 +28,7 @@ def raw(a):
 
 
 def make_device(**kwargs):
-    return HostBackend(delay=kwargs.pop("delay", 0.0002), **kwargs)
+    return EmulatedDevice(delay=kwargs.pop("delay", 0.0002), **kwargs)
 
 
 def check_released(device, leaked_ok=False):
@@ -317,7 +317,7 @@ def test_an_error_at_each_stage_is_reported_and_everything_released(direction, s
         call()
     err = info.value
     cause = err.__cause__
-    assert isinstance(cause, ZeroDivisionError if stage == "progress" else HostDeviceError)
+    assert isinstance(cause, ZeroDivisionError if stage == "progress" else EmulatedDeviceError)
     assert err.bytes_done % CHUNK == 0
     assert err.bytes_done < a.nbytes
     if stage == "progress":

@@ -11,9 +11,9 @@ import pytest
 import interop
 from interop.errors import TransferError
 from interop.pipeline import trace
-from interop.pipeline.host import HostBackend, RuleViolation
 from interop.pipeline.plan import c_order_chunks
 from interop.pipeline.ring import free_cached_rings
+from interop.testing import EmulatedDevice, RuleViolation
 
 from .helpers import in_threads, sample
 
@@ -23,7 +23,7 @@ DELAY = 0.002  # seconds the host stream sleeps before each queued operation
 
 @pytest.fixture
 def device():
-    b = HostBackend(delay=DELAY)
+    b = EmulatedDevice(delay=DELAY)
     yield b
     assert b.violations == []
     free_cached_rings()
@@ -101,7 +101,7 @@ def test_transfers_from_other_threads_are_recorded(device):
 
 
 def test_a_failed_transfer_publishes_no_trace():
-    device = HostBackend(delay=0.0, faults={"copy": 2})
+    device = EmulatedDevice(delay=0.0, faults={"copy": 2})
     try:
         d = device.asarray(sample((64, 1024), np.float32))
         with (
@@ -116,7 +116,7 @@ def test_a_failed_transfer_publishes_no_trace():
 
 
 def test_timers_that_cannot_be_read_leave_the_transfer_whole_and_say_why():
-    device = HostBackend(delay=0.0, faults={"timer_read": 3})
+    device = EmulatedDevice(delay=0.0, faults={"timer_read": 3})
     try:
         a = sample((64, 1024), np.float32)  # 256 KiB: 4 chunks
         with trace.recording() as traces:
@@ -124,7 +124,7 @@ def test_timers_that_cannot_be_read_leave_the_transfer_whole_and_say_why():
         np.testing.assert_array_equal(out, a)
         (t,) = traces
         assert t.summary() == {
-            "error": "reading the timing events failed: HostDeviceError: "
+            "error": "reading the timing events failed: EmulatedDeviceError: "
             "injected fault: reading a timing event failed"
         }
     finally:

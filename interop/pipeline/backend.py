@@ -1,10 +1,12 @@
 """The small device interface the slot schedule talks to.
 
 Two implementations: :mod:`interop.pipeline.cuda` (CuPy runtime calls on a
-real GPU) and :mod:`interop.pipeline.host` (a stream of the CPU: a worker
-thread that executes queued copies in order and enforces CUDA's rules). The
-schedule (:mod:`interop.pipeline.schedule`) is written once against this
-interface, for both directions.
+real GPU) and the emulated device of :mod:`interop.testing` (streams of the
+CPU: worker threads that execute queued copies in order and enforce CUDA's
+rules), which plugs in by registering its array types
+(:func:`interop.arrays.register_device_type`). The schedule
+(:mod:`interop.pipeline.schedule`) is written once against this interface,
+for both directions.
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ class Backend(Protocol):
 
     def activate(self) -> AbstractContextManager[Any]:
         """Make this device current for the calling thread."""
+
+    def peer(self, index: int | None) -> Backend:
+        """Device ``index`` of this kind (None: the calling thread's current one)."""
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new uninitialised array on this device (a transfer's result)."""
 
     def stream(self) -> Stream:
         """A new non-blocking stream, owned by the caller."""

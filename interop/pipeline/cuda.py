@@ -137,6 +137,24 @@ class CudaBackend:
     def activate(self) -> Any:
         return self._cp.cuda.Device(self.index)
 
+    def peer(self, index: int | None) -> CudaBackend:
+        """The backend of CUDA device ``index`` (None: the current device)."""
+        if index is None:
+            index = int(self._cp.cuda.runtime.getDevice())
+        return self if index == self.index else cuda_backend(index)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new uninitialised CuPy array on this device, on CuPy's current stream.
+
+        Raises
+        ------
+        UnsupportedDtypeError
+            CuPy cannot hold ``dtype``.
+        """
+        dtypes.check_cupy_dtype(np.dtype(dtype))
+        with self.activate():
+            return self._cp.empty(shape, dtype=dtype)
+
     def stream(self) -> CudaStream:
         with self.activate():
             return CudaStream(

@@ -24,16 +24,16 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
   device copy is queued on a slot while a host thread uses it;
 * nothing is used after it was freed, and no event is waited on before it
   was recorded;
-* with several devices (``HostBackend(devices=2)``): device work is queued
+* with several devices (``EmulatedDevice(devices=2)``): device work is queued
   only while its device is current, and an event is recorded only on a
   stream of its own device;
-* while a stream captures into a graph (:meth:`HostBackend.capture`), its
+* while a stream captures into a graph (:meth:`EmulatedDevice.capture`), its
   work is recorded, not run, and what CUDA's global capture mode forbids
   (synchronising, querying events, pinned allocation...) fails and
   invalidates the capture.
 
 A broken rule raises :class:`RuleViolation` where it happens and is kept in
-:attr:`HostBackend.violations`. Faults can be injected by operation count
+:attr:`EmulatedDevice.violations`. Faults can be injected by operation count
 (``faults={"copy": 3}`` fails the third DMA); a fault in device work is sticky,
 as CUDA's asynchronous errors are: every later call on that device fails.
 """
@@ -55,16 +55,17 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..arrays import register_device_type
 from ..errors import InvalidValueError
-from .backend import DeviceChunk, DeviceData
-from .plan import STAGING_ALIGN, round_up
+from ..pipeline.backend import DeviceChunk, DeviceData
+from ..pipeline.plan import STAGING_ALIGN, round_up
 
 __all__ = [
-    "CaptureError",
+    "EmulatedCaptureError",
     "DeviceArray",
-    "HostBackend",
-    "HostDeviceError",
-    "HostGraph",
+    "EmulatedDevice",
+    "EmulatedDeviceError",
+    "EmulatedGraph",
     "InvertedArray",
     "RuleViolation",
 ]
@@ -82,11 +83,11 @@ class RuleViolation(AssertionError):
     """A CUDA rule was broken (a bug in the caller, not in the data)."""
 
 
-class HostDeviceError(RuntimeError):
+class EmulatedDeviceError(RuntimeError):
     """An injected device failure (the emulated ``CUDARuntimeError``)."""
 
 
-class CaptureError(HostDeviceError):
+class EmulatedCaptureError(EmulatedDeviceError):
     """A call CUDA refuses while a stream captures into a graph (the emulated
     ``cudaErrorStreamCaptureUnsupported`` / ``...Invalidated`` /
     ``...Isolation`` / ``...Unjoined``). Not sticky: the device stays usable."""
@@ -102,7 +103,11 @@ class _Region:
     """
 
     def __init__(
-        self, name: str, kind: str = "pinned", stream_id: int = 0, graph: HostGraph | None = None
+        self,
+        name: str,
+        kind: str = "pinned",
+        stream_id: int = 0,
+        graph: EmulatedGraph | None = None,
     ) -> None:
         self.name = name
         self.kind = kind  # "pinned" or "device"
@@ -129,18 +134,18 @@ class _Block:
         self.id = ident
         self.size = size
         self.buf = _aligned(size, STAGING_ALIGN)
-        self.stream: HostStream | None = None  # the stream of its current (or last) allocation
+        self.stream: EmulatedStream | None = None  # the stream of its current (or last) allocation
         self.region: _Region | None = None  # its current (or last) allocation
-        self.recorded: list[HostStream] = []  # record_stream of the current allocation
-        self.pending: list[tuple[HostStream, int]] = []  # to reach before it is handed out
-        self.graph: HostGraph | None = None  # allocated in a capture: kept for the graph
+        self.recorded: list[EmulatedStream] = []  # record_stream of the current allocation
+        self.pending: list[tuple[EmulatedStream, int]] = []  # to reach before it is handed out
+        self.graph: EmulatedGraph | None = None  # allocated in a capture: kept for the graph
 
 
 class _Allocation:
     """What every view of one allocation holds; its block is freed when the
     last of them is gone (CPython frees at once), or by :meth:`free`."""
 
-    def __init__(self, device: HostBackend, block: _Block, region: _Region, lib: str) -> None:
+    def __init__(self, device: EmulatedDevice, block: _Block, region: _Region, lib: str) -> None:
         self.device = device
         self.block = block
         self.region = region
@@ -170,7 +175,7 @@ class _Machine:
         self.blocks = itertools.count(1)
         self.completed: dict[int, int] = {}  # stream id -> last seq the host saw complete
         self.local = threading.local()  # .device: the thread's current device
-        self.devices: list[HostBackend] = []
+        self.devices: list[EmulatedDevice] = []
         self.captures: list[_Capture] = []
 
     def current_device(self) -> int:
@@ -183,11 +188,11 @@ def _check_lib(lib: str) -> str:
     return lib
 
 
-class HostBackend:
+class EmulatedDevice:
     """An emulated device: streams, events, memory and copies on the CPU.
 
-    ``HostBackend()`` is a machine with one device (index 0);
-    ``HostBackend(devices=2)`` returns device 0 of a machine with two, the
+    ``EmulatedDevice()`` is a machine with one device (index 0);
+    ``EmulatedDevice(devices=2)`` returns device 0 of a machine with two, the
     other reached with :meth:`peer`. The devices share the machine's pinned
     host memory, its ``counts``, ``violations`` and ``faults``; each has its
     own streams, events, memory pool and current streams.
@@ -221,11 +226,11 @@ class HostBackend:
         self, *, delay: float = 0.0, faults: dict[str, int] | None = None, devices: int = 1
     ) -> None:
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-            raise ValueError(f"HostBackend expected devices >= 1 (got {devices!r})")
+            raise ValueError(f"EmulatedDevice expected devices >= 1 (got {devices!r})")
         machine = _Machine(delay, faults)
         self._attach(machine, 0)
         for index in range(1, devices):
-            object.__new__(HostBackend)._attach(machine, index)
+            object.__new__(EmulatedDevice)._attach(machine, index)
 
     def _attach(self, machine: _Machine, index: int) -> None:
         self.machine = machine
@@ -242,24 +247,26 @@ class HostBackend:
         self._completed = machine.completed
         self._slots = machine.slots
         self._sticky: BaseException | None = None
-        self._streams: list[HostStream] = []
+        self._streams: list[EmulatedStream] = []
         self._local = threading.local()  # .streams: lib -> the thread's current stream here
         self._pool: dict[int, list[_Block]] = {}  # stream id -> free blocks, oldest first
-        self._frees: collections.deque[tuple[_Block, list[tuple[HostStream, int]]]] = (
+        self._frees: collections.deque[tuple[_Block, list[tuple[EmulatedStream, int]]]] = (
             collections.deque()
         )  # freed blocks not yet on a free list (a finalizer may run in any thread)
-        self.default_stream = HostStream(self)
+        self.default_stream = EmulatedStream(self)
 
     # -- the machine
-    def peer(self, index: int) -> HostBackend:
-        """Device ``index`` of this machine."""
+    def peer(self, index: int | None) -> EmulatedDevice:
+        """Device ``index`` of this machine (None: the calling thread's current one)."""
         devices = self.machine.devices
+        if index is None:
+            index = self.machine.current_device()
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(devices):
             raise ValueError(f"expected a device index in [0, {len(devices)}) (got {index!r})")
         return devices[index]
 
     @property
-    def devices(self) -> tuple[HostBackend, ...]:
+    def devices(self) -> tuple[EmulatedDevice, ...]:
         """Every device of this machine, by index."""
         return tuple(self.machine.devices)
 
@@ -280,10 +287,16 @@ class HostBackend:
 
     def _check_alive(self) -> None:
         if self._sticky is not None:
-            raise HostDeviceError(f"the device failed earlier: {self._sticky}") from self._sticky
+            raise EmulatedDeviceError(
+                f"the device failed earlier: {self._sticky}"
+            ) from self._sticky
 
     def _check_use(
-        self, stream: HostStream, region: _Region, write: bool, graph: HostGraph | None = None
+        self,
+        stream: EmulatedStream,
+        region: _Region,
+        write: bool,
+        graph: EmulatedGraph | None = None,
     ) -> None:
         """With the lock held: may ``stream`` queue a use of ``region`` now?
         (``graph``: a replay of it, which may use the blocks its capture allocated.)"""
@@ -305,7 +318,7 @@ class HostBackend:
                     f"after its use on stream {s} (no event waited on)"
                 )
 
-    def _known(self, stream: HostStream) -> dict[int, int]:
+    def _known(self, stream: EmulatedStream) -> dict[int, int]:
         """With the lock held: how far each stream's work is ordered before
         work queued on ``stream`` now (its waits, and what the host saw complete)."""
         known = dict(self._completed)
@@ -327,7 +340,7 @@ class HostBackend:
             for capture in live:
                 capture.invalidate(f"{what} while it was under way")
         if live:
-            raise CaptureError(
+            raise EmulatedCaptureError(
                 f"{what} while a graph capture is under way on stream {live[0].origin.id} "
                 "(illegal in CUDA's global capture mode; the capture is invalidated): do it "
                 "before the capture begins or after it ends"
@@ -335,7 +348,7 @@ class HostBackend:
 
     # -- the Backend interface
     @contextlib.contextmanager
-    def activate(self) -> Iterator[HostBackend]:
+    def activate(self) -> Iterator[EmulatedDevice]:
         """Make this device the calling thread's current device inside the
         block (the previous one is current again after it)."""
         local = self.machine.local
@@ -346,23 +359,23 @@ class HostBackend:
         finally:
             local.device = previous
 
-    def stream(self) -> HostStream:
+    def stream(self) -> EmulatedStream:
         self._check_alive()
-        return HostStream(self)
+        return EmulatedStream(self)
 
-    def event(self) -> HostEvent:
+    def event(self) -> EmulatedEvent:
         with self._lock:
             self.counts["event"] += 1  # for tests: how many events a call made
-        return HostEvent(self)
+        return EmulatedEvent(self)
 
-    def timer(self) -> HostTimer:
-        return HostTimer(self)
+    def timer(self) -> EmulatedTimer:
+        return EmulatedTimer(self)
 
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         self._check_alive()
         self._refuse_in_capture("cudaHostAlloc (a pinned host allocation)")
         if self._fault("host_alloc"):
-            raise HostDeviceError("injected fault: pinned host allocation failed")
+            raise EmulatedDeviceError("injected fault: pinned host allocation failed")
         array = _aligned(nbytes, _PAGE)
         ptr = int(array.ctypes.data)
         with self._lock:
@@ -374,7 +387,7 @@ class HostBackend:
         self._check_alive()
         self._refuse_in_capture("cudaFreeHost (freeing a pinned host buffer)")
         if self._fault("host_free"):
-            raise HostDeviceError(f"injected fault: freeing pinned buffer {ptr:#x} failed")
+            raise EmulatedDeviceError(f"injected fault: freeing pinned buffer {ptr:#x} failed")
         with self._lock:
             del self.host_buffers[ptr]
             self._slots.pop(ptr).freed = True
@@ -396,21 +409,21 @@ class HostBackend:
         try:
             kind = "drain" if region.last_write and not region.reads else "fill"
             if self._fault(kind):
-                raise HostDeviceError(f"injected fault in a host thread's {kind}")
+                raise EmulatedDeviceError(f"injected fault in a host thread's {kind}")
             yield
         finally:
             with self._lock:
                 region.host_users -= 1
 
-    def staging(self, count: int, row_bytes: int) -> HostStaging:
+    def staging(self, count: int, row_bytes: int) -> EmulatedStaging:
         """Rows from this device's pool on CuPy's current stream (as the CUDA
         backend takes them from CuPy's own pool)."""
         if self._fault("staging"):
-            raise HostDeviceError("injected fault: device staging allocation failed")
+            raise EmulatedDeviceError("injected fault: device staging allocation failed")
         stride = round_up(row_bytes, STAGING_ALIGN)
         stream = self.current_stream("cupy")
         block = self._array((count * stride,), np.uint8, "cupy", stream)
-        return HostStaging(block, stride, stream)
+        return EmulatedStaging(block, stride, stream)
 
     def is_contiguous(self, view: DeviceArray) -> bool:
         return bool(view.data.flags.c_contiguous)
@@ -428,7 +441,7 @@ class HostBackend:
                     return array[ptr - base : ptr - base + nbytes], self._slots[base]
         return None
 
-    def copy_to_host(self, dst: int, src: DeviceArray, nbytes: int, s: HostStream) -> None:
+    def copy_to_host(self, dst: int, src: DeviceArray, nbytes: int, s: EmulatedStream) -> None:
         host, region = self._check_dma(src, dst, nbytes)
         data = src.data
         s.enqueue(
@@ -436,7 +449,7 @@ class HostBackend:
             reads=[src.region], writes=[region],
         )  # fmt: skip
 
-    def copy_to_device(self, dst: DeviceArray, src: int, nbytes: int, s: HostStream) -> None:
+    def copy_to_device(self, dst: DeviceArray, src: int, nbytes: int, s: EmulatedStream) -> None:
         host, region = self._check_dma(dst, src, nbytes)
         data = dst.data
         s.enqueue(
@@ -458,7 +471,7 @@ class HostBackend:
             )
         return pinned
 
-    def copy_on_device(self, dst: DeviceArray, src: DeviceArray, s: HostStream) -> None:
+    def copy_on_device(self, dst: DeviceArray, src: DeviceArray, s: EmulatedStream) -> None:
         """Queue ``dst[...] = src`` on ``s``, a stream of ``dst``'s device.
 
         ``src`` on another device is first read whole into a temporary from
@@ -494,7 +507,7 @@ class HostBackend:
         d, v = dst.data, src.data
         s.enqueue("pack", lambda: np.copyto(d, v), reads=[src.region], writes=[dst.region])
 
-    def _peer_copy(self, src: DeviceArray, s: HostStream) -> DeviceArray:
+    def _peer_copy(self, src: DeviceArray, s: EmulatedStream) -> DeviceArray:
         """``src`` (on another device) in a temporary on this device with its
         strides: one peer read on ``s`` of the bytes its elements span."""
         lo, span = _byte_extent(src.shape, src.strides, src.dtype.itemsize)
@@ -506,25 +519,27 @@ class HostBackend:
         view = np.ndarray(src.shape, src.dtype, buffer=into, offset=-lo, strides=src.strides)
         return DeviceArray(temp._owner, view)
 
-    def is_capturing(self, stream: HostStream) -> bool:
+    def is_capturing(self, stream: EmulatedStream) -> bool:
         """True while ``stream`` is in a capture (its own, or one it joined by
         waiting on an event recorded in it), invalidated or not, until it ends."""
         return stream.capture is not None
 
-    def capture_under_way(self, stream: HostStream) -> bool:
+    def capture_under_way(self, stream: EmulatedStream) -> bool:
         """True while any capture is under way on the machine (CUDA's global
         capture mode: a host call now would invalidate it)."""
         return bool(self.machine.captures) or self.is_capturing(stream)
 
     # -- device memory and data, for callers and tests
-    def current_stream(self, lib: str = "cupy") -> HostStream:
+    def current_stream(self, lib: str = "cupy") -> EmulatedStream:
         """The calling thread's current stream of ``lib`` (``"torch"`` or
         ``"cupy"``) on this device: the default stream unless set."""
         streams = getattr(self._local, "streams", None) or {}
         return streams.get(_check_lib(lib)) or self.default_stream
 
     @contextlib.contextmanager
-    def use_stream(self, stream: HostStream, lib: str | None = None) -> Iterator[HostStream]:
+    def use_stream(
+        self, stream: EmulatedStream, lib: str | None = None
+    ) -> Iterator[EmulatedStream]:
         """Make ``stream`` the calling thread's current stream of ``lib``
         inside the block (``None``: of both libraries, like ``interop.stream``)."""
         libs = _LIBS if lib is None else (_check_lib(lib),)
@@ -568,7 +583,7 @@ class HostBackend:
             raise TypeError(f"inverted expected a DeviceArray (got {type(x).__name__})")
         return InvertedArray(x)
 
-    def record_stream(self, x: DeviceArray, stream: HostStream) -> None:
+    def record_stream(self, x: DeviceArray, stream: EmulatedStream) -> None:
         """Like ``Tensor.record_stream``: when ``x``'s block is freed, it is not
         handed out again until the work queued on ``stream`` by then is done
         (an event recorded at the free, queried at each allocation)."""
@@ -636,17 +651,17 @@ class HostBackend:
             )
         return self.source(x)
 
-    def capture(self, stream: HostStream) -> _CaptureBlock:
+    def capture(self, stream: EmulatedStream) -> _CaptureBlock:
         """``with backend.capture(stream) as graph:`` captures into ``graph``.
 
         While a capture is under way, work queued on ``stream`` (and on every
         stream that waits on an event recorded in the capture, which joins it)
         is recorded, not run; its memory rules are checked when it is queued.
-        Illegal then, raising :class:`CaptureError` and invalidating every
+        Illegal then, raising :class:`EmulatedCaptureError` and invalidating every
         capture under way: synchronising a capturing stream, synchronising or
         querying any event, ``host_alloc`` / ``host_free``, :meth:`synchronize`,
         and a capturing stream waiting on an event recorded outside its
-        capture. Leaving the block raises :class:`CaptureError` when the
+        capture. Leaving the block raises :class:`EmulatedCaptureError` when the
         capture was invalidated or a stream that joined it was not joined back
         (the capturing stream waited on an event recorded on it after its last
         captured work); otherwise ``graph.replay()`` queues the work again.
@@ -666,13 +681,13 @@ class HostBackend:
                 device._frees.clear()
 
     # -- the pool
-    def _array(self, shape: Any, dtype: Any, lib: str, stream: HostStream) -> DeviceArray:
+    def _array(self, shape: Any, dtype: Any, lib: str, stream: EmulatedStream) -> DeviceArray:
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         owner = self._allocate(n, stream, _check_lib(lib))
         return DeviceArray(owner, owner.block.buf[:n].view(dtype).reshape(shape))
 
-    def _allocate(self, nbytes: int, stream: HostStream, lib: str) -> _Allocation:
+    def _allocate(self, nbytes: int, stream: EmulatedStream, lib: str) -> _Allocation:
         """A block of at least ``nbytes`` from the pool on ``stream``: a freed
         one of that stream when one fits (same size first, most recently
         freed first), else a new one. Counts as a write on ``stream``."""
@@ -713,7 +728,7 @@ class HostBackend:
             stream.enqueue("alloc", lambda: _started(region), writes=[region])
         return owner
 
-    def _pick(self, stream: HostStream, size: int) -> int | None:
+    def _pick(self, stream: EmulatedStream, size: int) -> int | None:
         """With the lock held: the index in ``stream``'s free list of the block
         to hand out for ``size`` bytes, or None."""
         blocks = self._pool.get(stream.id, [])
@@ -742,7 +757,7 @@ class HostBackend:
         block.pending = []
         return True
 
-    def _check_reuse(self, stream: HostStream, block: _Block) -> None:
+    def _check_reuse(self, stream: EmulatedStream, block: _Block) -> None:
         """With the lock held: handing ``block`` out again on ``stream`` is a
         write there, after every use of its previous life on other streams."""
         old = block.region
@@ -801,10 +816,10 @@ def _byte_extent(
     return lo, hi - lo + itemsize
 
 
-class HostStream:
+class EmulatedStream:
     """A stream: a worker thread executing queued operations in order."""
 
-    def __init__(self, backend: HostBackend) -> None:
+    def __init__(self, backend: EmulatedDevice) -> None:
         self.backend = backend
         with backend._lock:
             self.id = next(backend._ids)
@@ -823,7 +838,7 @@ class HostStream:
         self._thread.start()
 
     def __repr__(self) -> str:
-        return f"HostStream(id={self.id}, device={self.backend.index})"
+        return f"EmulatedStream(id={self.id}, device={self.backend.index})"
 
     def enqueue(
         self,
@@ -850,7 +865,7 @@ class HostStream:
                 "(backend.activate())"
             )
         if self.capture is not None and self.capture.invalid:
-            raise CaptureError(
+            raise EmulatedCaptureError(
                 f"work queued on stream {self.id} after its capture was invalidated "
                 f"({self.capture.invalid})"
             )
@@ -861,7 +876,7 @@ class HostStream:
         op: Callable[[], None],
         reads: tuple[_Region, ...],
         writes: tuple[_Region, ...],
-        graph: HostGraph | None = None,
+        graph: EmulatedGraph | None = None,
     ) -> None:
         b = self.backend
         b._check_alive()
@@ -910,7 +925,7 @@ class HostStream:
         """True if ``other`` is this stream."""
         return other is self
 
-    def wait(self, event: HostEvent) -> None:
+    def wait(self, event: EmulatedEvent) -> None:
         b = self.backend
         with b._lock:
             if event.point is None:
@@ -919,7 +934,7 @@ class HostStream:
             mine = self.capture
             if mine is not None and recorded_in is not mine:
                 mine.invalidate(f"stream {self.id} waited on an event recorded outside it")
-                raise CaptureError(
+                raise EmulatedCaptureError(
                     f"capturing stream {self.id} waits on an event recorded outside its capture "
                     "(cudaErrorStreamCaptureIsolation; the capture is invalidated): order it "
                     "before the capture begins"
@@ -937,7 +952,7 @@ class HostStream:
         if capture is not None:
             with b._lock:
                 capture.invalidate(f"stream {self.id} was synchronised")
-            raise CaptureError(
+            raise EmulatedCaptureError(
                 f"stream {self.id} synchronised while it captures into a graph "
                 "(cudaErrorStreamCaptureUnsupported; the capture is invalidated): synchronise "
                 "it after the capture ends"
@@ -980,7 +995,7 @@ def _nothing() -> None:
 
 
 def _guarded(
-    backend: HostBackend, kind: str, op: Callable[[], None], regions: tuple[_Region, ...]
+    backend: EmulatedDevice, kind: str, op: Callable[[], None], regions: tuple[_Region, ...]
 ) -> Callable[[], None]:
     """``op``, refusing to run on a pinned buffer freed after it was queued,
     or on a device block handed out again (and written) after it was queued."""
@@ -1003,27 +1018,27 @@ def _guarded(
 
 def _failing(kind: str) -> Callable[[], None]:
     def op() -> None:
-        raise HostDeviceError(f"injected fault: a device {kind} failed")
+        raise EmulatedDeviceError(f"injected fault: a device {kind} failed")
 
     return op
 
 
-class HostEvent:
+class EmulatedEvent:
     """An event: a point in one stream's queue, on one device."""
 
-    def __init__(self, backend: HostBackend) -> None:
+    def __init__(self, backend: EmulatedDevice) -> None:
         self.backend = backend
         # (stream, seq, its clock, the capture it was recorded in)
-        self.point: tuple[HostStream, int, dict[int, int], _Capture | None] | None = None
+        self.point: tuple[EmulatedStream, int, dict[int, int], _Capture | None] | None = None
 
-    def record(self, stream: HostStream) -> None:
+    def record(self, stream: EmulatedStream) -> None:
         b = self.backend
         b._check_alive()
         with b._lock:
             _check_same_device(b, stream, "an event")
             capture = stream.capture
             if capture is not None and capture.invalid:
-                raise CaptureError(
+                raise EmulatedCaptureError(
                     f"event recorded on stream {stream.id} after its capture was invalidated "
                     f"({capture.invalid})"
                 )
@@ -1049,7 +1064,7 @@ class HostEvent:
         self.backend._check_alive()
 
 
-def _check_same_device(backend: HostBackend, stream: HostStream, what: str) -> None:
+def _check_same_device(backend: EmulatedDevice, stream: EmulatedStream, what: str) -> None:
     if stream.backend is not backend:
         raise backend.violation(
             f"{what} of device {backend.index} recorded on stream {stream.id} of device "
@@ -1058,14 +1073,14 @@ def _check_same_device(backend: HostBackend, stream: HostStream, what: str) -> N
         )
 
 
-class HostTimer:
+class EmulatedTimer:
     """A timing event: the time the stream's worker reached it."""
 
-    def __init__(self, backend: HostBackend) -> None:
+    def __init__(self, backend: EmulatedDevice) -> None:
         self.backend = backend
         self.at: float | None = None
 
-    def record(self, stream: HostStream) -> None:
+    def record(self, stream: EmulatedStream) -> None:
         with self.backend._lock:
             _check_same_device(self.backend, stream, "a timing event")
         self.at = None
@@ -1074,9 +1089,9 @@ class HostTimer:
     def _stamp(self) -> None:
         self.at = time.perf_counter()
 
-    def seconds_since(self, start: HostTimer) -> float:
+    def seconds_since(self, start: EmulatedTimer) -> float:
         if self.backend._fault("timer_read"):
-            raise HostDeviceError("injected fault: reading a timing event failed")
+            raise EmulatedDeviceError("injected fault: reading a timing event failed")
         if self.at is None or start.at is None:
             raise self.backend.violation(
                 "a timer read before its stream reached it (synchronise the stream first)"
@@ -1084,10 +1099,10 @@ class HostTimer:
         return self.at - start.at
 
 
-class HostStaging:
+class EmulatedStaging:
     """Device rows for packing, ``stride`` bytes apart (a multiple of 256)."""
 
-    def __init__(self, block: DeviceArray, stride: int, stream: HostStream) -> None:
+    def __init__(self, block: DeviceArray, stride: int, stream: EmulatedStream) -> None:
         self.block = block
         self.stride = stride
         self.stream = stream
@@ -1108,10 +1123,10 @@ class HostStaging:
 class _Capture:
     """A capture under way: its streams and why it was invalidated, if it was."""
 
-    def __init__(self, origin: HostStream, graph: HostGraph) -> None:
+    def __init__(self, origin: EmulatedStream, graph: EmulatedGraph) -> None:
         self.origin = origin
         self.graph = graph
-        self.streams: list[HostStream] = [origin]  # the origin, then the streams that joined
+        self.streams: list[EmulatedStream] = [origin]  # the origin, then the streams that joined
         self.last: dict[int, int] = {}  # stream id -> the seq of its last captured work
         self.invalid: str | None = None
         self.under_way = True
@@ -1121,14 +1136,14 @@ class _Capture:
 
 
 class _CaptureBlock:
-    """``with backend.capture(stream) as graph:`` (see :meth:`HostBackend.capture`)."""
+    """``with backend.capture(stream) as graph:`` (see :meth:`EmulatedDevice.capture`)."""
 
-    def __init__(self, backend: HostBackend, stream: HostStream) -> None:
+    def __init__(self, backend: EmulatedDevice, stream: EmulatedStream) -> None:
         self.backend = backend
         self.stream = stream
         self._capture: _Capture | None = None
 
-    def __enter__(self) -> HostGraph:
+    def __enter__(self) -> EmulatedGraph:
         b, stream = self.backend, self.stream
         b._check_alive()
         with b._lock:
@@ -1140,16 +1155,16 @@ class _CaptureBlock:
             if stream._closed:
                 raise b.violation(f"capture on stream {stream.id} after it was closed")
             if stream is b.default_stream:
-                raise CaptureError(
+                raise EmulatedCaptureError(
                     "capture on the legacy default stream is not permitted "
                     "(cudaErrorStreamCaptureUnsupported): capture on a stream of backend.stream()"
                 )
             if stream.capture is not None:
-                raise CaptureError(
+                raise EmulatedCaptureError(
                     f"capture on stream {stream.id}, which is already capturing "
                     "(cudaErrorIllegalState)"
                 )
-            graph = HostGraph(stream)
+            graph = EmulatedGraph(stream)
             capture = self._capture = _Capture(stream, graph)
             stream.capture = capture
             b.machine.captures.append(capture)
@@ -1177,12 +1192,12 @@ class _CaptureBlock:
         if exc is not None:
             return  # the error in flight is the one to see
         if capture.invalid:
-            raise CaptureError(
+            raise EmulatedCaptureError(
                 f"the capture on stream {origin.id} was invalidated: {capture.invalid} "
                 "(cudaErrorStreamCaptureInvalidated)"
             )
         if unjoined:
-            raise CaptureError(
+            raise EmulatedCaptureError(
                 f"streams {unjoined} joined the capture on stream {origin.id} and were not joined "
                 f"back (cudaErrorStreamCaptureUnjoined): before the capture ends, make stream "
                 f"{origin.id} wait on an event recorded on each after its last work"
@@ -1190,10 +1205,10 @@ class _CaptureBlock:
         capture.graph.complete = True
 
 
-class HostGraph:
+class EmulatedGraph:
     """The work a capture recorded (``cudaGraphExec``), to be replayed."""
 
-    def __init__(self, stream: HostStream) -> None:
+    def __init__(self, stream: EmulatedStream) -> None:
         self.stream = stream  # the capturing stream: where a replay runs by default
         self._ops: list[_Op] = []
         self.complete = False  # the capture ended valid
@@ -1203,7 +1218,7 @@ class HostGraph:
         """The kinds of the recorded operations, in order."""
         return [kind for kind, _, _, _ in self._ops]
 
-    def replay(self, stream: HostStream | None = None) -> None:
+    def replay(self, stream: EmulatedStream | None = None) -> None:
         """Queue the recorded work on ``stream`` (default: the capturing
         stream), in the order it was recorded (``cudaGraphLaunch``).
 
@@ -1212,7 +1227,7 @@ class HostGraph:
         and ordered as for any other work on ``stream``.
         """
         if not self.complete:
-            raise CaptureError("a graph replayed whose capture did not end valid")
+            raise EmulatedCaptureError("a graph replayed whose capture did not end valid")
         s = self.stream if stream is None else stream
         for kind, op, reads, writes in self._ops:
             s._enqueue(kind, op, reads, writes, graph=self)
@@ -1222,8 +1237,6 @@ class DeviceArray:
     """An array in an emulated device's memory. Strided views share one
     allocation, freed (back to its stream's pool) when the last is gone."""
 
-    __interop_backend__ = True  # recognised by interop.arrays as device data
-
     def __init__(self, owner: _Allocation, data: np.ndarray) -> None:
         self._owner = owner
         self.backend = owner.device
@@ -1232,7 +1245,7 @@ class DeviceArray:
         self.data = data  # touched by stream workers only, or after a synchronisation
 
     @property
-    def allocated_on(self) -> HostStream:
+    def allocated_on(self) -> EmulatedStream:
         """The stream whose pool the memory came from (where it is freed to)."""
         stream = self._owner.block.stream
         assert stream is not None
@@ -1272,12 +1285,10 @@ class DeviceArray:
 
 
 class InvertedArray:
-    """A device array read lazily transformed (:meth:`HostBackend.inverted`):
+    """A device array read lazily transformed (:meth:`EmulatedDevice.inverted`):
     its values are ``base``'s bytes XOR 0xFF. Like a CUDA tensor with the
     conjugate/negative bit, a transfer materialises it chunk by chunk into
     temporaries on its producer's stream; it cannot be written."""
-
-    __interop_backend__ = True
 
     def __init__(self, base: DeviceArray) -> None:
         self.base = base
@@ -1292,3 +1303,9 @@ class InvertedArray:
 
     def __repr__(self) -> str:
         return f"InvertedArray({self.base!r})"
+
+
+# Arrays of the emulated device are device data to interop's transfers, through
+# the same interface as CUDA's (interop.pipeline.backend.Backend).
+register_device_type(DeviceArray, lambda x: x.backend)
+register_device_type(InvertedArray, lambda x: x.backend)
