@@ -80,6 +80,20 @@ def is_cupy_array(x: Any) -> bool:
     return mod is not None and isinstance(x, mod.ndarray)
 
 
+class _NotImported:
+    """No object is an instance of this: the type of a library not imported."""
+
+
+def array_types() -> tuple[Any, Any]:
+    """``(torch.Tensor, cupy.ndarray)``, each replaced by a type nothing is an
+    instance of when its library was never imported (never imports one)."""
+    th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
+    return (
+        _NotImported if th is None else th.Tensor,
+        _NotImported if cp is None else cp.ndarray,
+    )
+
+
 def cupy_device_count() -> int:
     """Number of CUDA devices CuPy can use; 0 when there is no driver or device.
 

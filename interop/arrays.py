@@ -362,17 +362,52 @@ def array_source(x: Any, func: str) -> Source:
     """
     if isinstance(x, np.ndarray):
         return Source(x, x.shape, x.dtype, False)
-    if _backends.is_torch_tensor(x):
-        check_strided_tensor(x, func)
-        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
-        if x.device.type == "cuda":
-            return Source(x.detach(), tuple(x.shape), dtype, True, x.device.index)
-        return Source(x.detach(), tuple(x.shape), dtype, False)
-    if _backends.is_cupy_array(x):
-        return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))
+    tensor, cupy_array = _backends.array_types()
     backend_of = _device_types.get(type(x))
+    if not isinstance(x, (tensor, cupy_array)) and backend_of is None:
+        if not (hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__")):
+            raise not_an_array(func, x)
+        x = import_foreign(x, func)  # a NumPy or CuPy array now
+        if isinstance(x, np.ndarray):
+            return Source(x, x.shape, x.dtype, False)
     if backend_of is not None:
         return Source(x, tuple(x.shape), np.dtype(x.dtype), True, None, backend_of(x))
-    if hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__"):
-        return array_source(import_foreign(x, func), func)
-    raise not_an_array(func, x)
+    if isinstance(x, tensor):
+        check_strided_tensor(x, func)
+        cuda = x.device.index if x.device.type == "cuda" else None
+        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
+        return Source(x.detach(), tuple(x.shape), dtype, cuda is not None, cuda)
+    return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))  # CuPy
+
+
+def check_host_out(out: Any, src: Source, func: str) -> None:
+    """Check a host destination for ``src`` before anything is written: a
+    writable NumPy array of its shape and dtype that does not overlap it.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``out`` is not a NumPy array (a ``TypeError``).
+    InvalidValueError
+        Wrong shape or dtype, read-only, or overlapping a host source (a
+        ``ValueError``).
+    """
+    if not isinstance(out, np.ndarray):
+        raise InvalidTypeError(
+            f"{func} expected out to be a writable NumPy array (numpy.memmap included) "
+            f"(got {type(out).__module__}.{type(out).__qualname__}); use interop.copy_to_device "
+            "for device destinations"
+        )
+    if out.shape != tuple(src.shape):
+        raise InvalidValueError(
+            f"{func} expected out of shape {tuple(src.shape)} (got {out.shape})"
+        )
+    if not out.flags.writeable:
+        raise InvalidValueError(f"{func} expected a writable out (got a read-only array)")
+    if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
+        raise InvalidValueError(
+            f"{func} expected out not to overlap the source (got overlapping memory); copy "
+            "into a separate array"
+        )
+    if out.dtype != src.dtype:
+        raise InvalidValueError(dtypes.mismatch_message(func, src.dtype, out.dtype))

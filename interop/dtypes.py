@@ -191,3 +191,15 @@ def check_cupy_dtype(dtype: Any) -> None:
             f"expected a dtype CuPy can hold: bool, an integer, float or complex type "
             f"(got {dtype!r}); convert first with a.astype(<a numeric dtype>)"
         )
+
+
+def mismatch_message(func: str, want: np.dtype, got: np.dtype) -> str:
+    """The message for an ``out`` of dtype ``got`` where ``want`` was expected,
+    with the fix (byte order, the ``ml_dtypes`` type, or the dtype to use)."""
+    if want.newbyteorder("=") == got.newbyteorder("="):
+        hint = f"the byte order differs: allocate out with dtype {want.str!r}"
+    elif is_ml_dtype(want):
+        hint = f"use the ml_dtypes dtype ml_dtypes.{want.name}"
+    else:
+        hint = f"allocate out with dtype {want}"
+    return f"{func} expected out of dtype {want} (got {got}); {hint}"

@@ -18,11 +18,10 @@ from . import _backends, dtypes
 from .arrays import (
     Source,
     array_source,
+    check_host_out,
     is_device_array,
     numpy_view_of_cpu_tensor,
-    overlaps,
     parse_device,
-    raw_host_memory,
 )
 from .config import chunk_bytes_or_default, config, host_copy_threads
 from .errors import InvalidTypeError, InvalidValueError
@@ -62,38 +61,6 @@ def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
     return numpy_view_of_cpu_tensor(obj)
 
 
-def _check_host_out(out: Any, src: Source) -> None:
-    if not isinstance(out, np.ndarray):
-        raise InvalidTypeError(
-            "copy_to_host expected out to be a writable NumPy array (numpy.memmap included) "
-            f"(got {type(out).__module__}.{type(out).__qualname__}); use interop.copy_to_device "
-            "for device destinations"
-        )
-    if out.shape != tuple(src.shape):
-        raise InvalidValueError(
-            f"copy_to_host expected out of shape {tuple(src.shape)} (got {out.shape})"
-        )
-    if out.dtype != src.dtype:
-        raise InvalidValueError(_dtype_mismatch("copy_to_host", src.dtype, out.dtype))
-    if not out.flags.writeable:
-        raise InvalidValueError("copy_to_host expected a writable out (got a read-only array)")
-    if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
-        raise InvalidValueError(
-            "copy_to_host expected out not to overlap the source (got overlapping "
-            "memory); copy into a separate array"
-        )
-
-
-def _dtype_mismatch(func: str, want: np.dtype, got: np.dtype) -> str:
-    if want.newbyteorder("=") == got.newbyteorder("="):
-        hint = f"the byte order differs: allocate out with dtype {want.str!r}"
-    elif dtypes.is_ml_dtype(want):
-        hint = f"use the ml_dtypes dtype ml_dtypes.{want.name}"
-    else:
-        hint = f"allocate out with dtype {want}"
-    return f"{func} expected out of dtype {want} (got {got}); {hint}"
-
-
 def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Source:
     """Check a device destination's type, shape and dtype (before anything is
     written); return it described."""
@@ -106,7 +73,7 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
     if dst.shape != tuple(shape):
         raise InvalidValueError(f"{func} expected out of shape {tuple(shape)} (got {dst.shape})")
     if dst.dtype != dtype:
-        raise InvalidValueError(_dtype_mismatch(func, dtype, dst.dtype))
+        raise InvalidValueError(dtypes.mismatch_message(func, dtype, dst.dtype))
     return dst
 
 
@@ -194,7 +161,7 @@ def copy_to_host_async(
     if out is None:
         out = np.empty(src.shape, src.dtype)
     else:
-        _check_host_out(out, src)
+        check_host_out(out, src, "copy_to_host")
     if src.on_device:
         return device_to_host(
             src,
