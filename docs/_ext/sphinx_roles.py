@@ -46,7 +46,9 @@ def _documented(pkg: Any) -> tuple[set[str], dict[str, str], dict[str, str]]:
             if not name.startswith("_") and member.docstring is not None:
                 identifiers.add(f"interop.{path}.{name}")
                 top.setdefault(f"{path.rsplit('.', 1)[-1]}.{name}", f"interop.{path}.{name}")
-    top["Config"] = "interop.config.Config"
+    # ``interop.config`` is the one instance of Config: its entry is the class's.
+    top["config"] = top["Config"] = "interop.config.Config"
+    identifiers.discard("interop.config")
     identifiers.add("interop.config.Config")
     return identifiers, top, dask
 
