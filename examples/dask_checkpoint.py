@@ -24,12 +24,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-import dask.array as da
 import numpy as np
 
 import interop
-import interop.dask
 from interop.npy import read_npy_header
+
+try:
+    import dask.array as da
+
+    import interop.dask
+except ImportError as exc:  # an optional dependency: say what to install
+    sys.stderr.write(
+        f"{__file__}: this example needs dask ({exc}).\n"
+        "Install it with: pip install 'torch-cupy-interop[dask]'\n"
+    )
+    raise SystemExit(2) from None
 
 FULL = (32768, 32768)  # 4 GiB of float32
 
@@ -51,7 +60,15 @@ def _scheduler(workers: int) -> contextlib.AbstractContextManager[Any]:
         import dask
 
         return dask.config.set(scheduler="threads")
-    from distributed import Client, LocalCluster
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:  # an optional dependency: say what to install
+        sys.stderr.write(
+            f"{__file__}: worker processes need distributed ({exc}).\n"
+            "Install it with: pip install 'torch-cupy-interop[dask]', "
+            "or run on threads: --workers 0\n"
+        )
+        raise SystemExit(2) from None
 
     stack = contextlib.ExitStack()
     cluster = stack.enter_context(

@@ -14,13 +14,22 @@ Run::
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from typing import Any
 
 import numpy as np
-import torch
 
 import interop
+
+try:
+    import torch
+except ImportError as exc:  # an optional dependency: say what to install
+    sys.stderr.write(
+        f"{__file__}: this example needs PyTorch ({exc}).\n"
+        "Install it with: pip install 'torch-cupy-interop[examples]'\n"
+    )
+    raise SystemExit(2) from None
 
 
 def cuda_status() -> str | None:

@@ -38,9 +38,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 import interop
+
+try:
+    import torch
+except ImportError as exc:  # an optional dependency: say what to install
+    sys.stderr.write(
+        f"{__file__}: this example needs PyTorch ({exc}).\n"
+        "Install it with: pip install 'torch-cupy-interop[examples]'\n"
+    )
+    raise SystemExit(2) from None
 
 MiB = 1 << 20
 FULL_MIB = 8192

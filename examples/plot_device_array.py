@@ -38,9 +38,18 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import torch
 
 import interop
+
+try:
+    import torch
+    from matplotlib.figure import Figure
+except ImportError as exc:  # an optional dependency: say what to install
+    sys.stderr.write(
+        f"{__file__}: this example needs PyTorch and matplotlib ({exc}).\n"
+        "Install it with: pip install 'torch-cupy-interop[examples]'\n"
+    )
+    raise SystemExit(2) from None
 
 FULL_SIDE = 32768
 
@@ -120,8 +129,6 @@ def fetch(name: str, view: Any) -> tuple[Row, np.ndarray]:
 
 
 def render(images: list[tuple[str, np.ndarray]], path: Path) -> None:
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(5 * len(images), 4.4), layout="constrained")
     for ax, (title, image) in zip(fig.subplots(1, len(images)), images, strict=True):
         shown = ax.imshow(image.astype(np.float32), cmap="RdBu_r", origin="lower")

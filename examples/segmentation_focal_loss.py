@@ -33,11 +33,19 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 import interop
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as exc:  # an optional dependency: say what to install
+    sys.stderr.write(
+        f"{__file__}: this example needs PyTorch ({exc}).\n"
+        "Install it with: pip install 'torch-cupy-interop[examples]'\n"
+    )
+    raise SystemExit(2) from None
 
 CLASSES = ("background", "disc", "bar")
 

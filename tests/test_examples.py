@@ -8,6 +8,7 @@ runner the same tests run them on the device.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import math
 import re
@@ -301,3 +302,77 @@ def test_an_example_whose_check_fails_exits_with_an_error(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "WRONG" in proc.stdout
     assert "differs from the usual way's for: NumPy, torch (cpu)" in proc.stderr
+
+
+# What each example imports besides interop's own dependencies, and the extra
+# that installs it (docs/examples.md lists the same). CuPy is left out: every
+# example runs without it, on the CPU.
+NEEDS = {
+    "dask_checkpoint": {"dask": "dask", "distributed": "dask"},
+    "exchange_tour": {"torch": "examples"},
+    "mixed_pipeline": {"torch": "examples"},
+    "oversized_to_host": {"torch": "examples"},
+    "plot_device_array": {"torch": "examples", "matplotlib": "examples"},
+    "segmentation_focal_loss": {"torch": "examples"},
+}
+OPTIONAL = {"torch", "matplotlib", "dask", "distributed"}
+
+
+def _imported(path: Path) -> set[str]:
+    """Top-level names of every module the script imports, anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_optional_import_of_an_example_is_listed():
+    found = {name: _imported(EXAMPLES / f"{name}.py") & OPTIONAL for name in _example_names()}
+    assert found == {name: set(needs) for name, needs in NEEDS.items()}
+
+
+def _without(tmp_path: Path, package: str) -> dict[str, str]:
+    """A child environment in which ``import package`` raises ImportError."""
+    stub = tmp_path / "hidden" / package
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(f"raise ImportError('{package} is hidden by the test')\n")
+    return child_env({"PYTHONPATH": str(stub.parent)})
+
+
+def _run_example(name: str, env: dict[str, str], cwd: Path, *args: str):
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), "--cpu", *args],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "package"),
+    [(name, package) for name, needs in NEEDS.items() for package in needs],
+)
+def test_an_example_without_its_package_says_which_extra_to_install(tmp_path, name, package):
+    proc = _run_example(name, _without(tmp_path, package), tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{package} is hidden by the test" in proc.stderr  # the reason, as Python gave it
+    assert f"pip install 'torch-cupy-interop[{NEEDS[name][package]}]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # it stopped before measuring anything (the dask example says first what it uses) ...
+    assert proc.stdout in ("", "NumPy blocks: --cpu was given\n")
+    assert list(tmp_path.iterdir()) == [tmp_path / "hidden"]  # ... or writing anything
+
+
+def test_the_dask_example_runs_on_threads_without_distributed(tmp_path):
+    pytest.importorskip("dask", reason="the example needs the 'dask' extra")
+    proc = _run_example(
+        "dask_checkpoint", _without(tmp_path, "distributed"), tmp_path,
+        "--workers", "0", "--rows", "256", "--cols", "128", "--dir", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "round trip  equal"
+    assert "--workers 0" in _run_example(  # the cluster needs it, and says how to do without
+        "dask_checkpoint", _without(tmp_path / "again", "distributed"), tmp_path,
+        "--rows", "256", "--cols", "128", "--dir", str(tmp_path),
+    ).stderr  # fmt: skip
