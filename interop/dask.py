@@ -2,7 +2,7 @@
 
 ``interop.dask`` is imported explicitly (``import interop.dask``); ``import
 interop`` never imports dask or distributed. It needs the ``dask`` extra
-(``pip install 'interop[dask]'``: ``dask[array]`` and ``distributed``).
+(``pip install 'torch-cupy-interop[dask]'``: ``dask[array]`` and ``distributed``).
 
 Dask schedules everything; interop adds one task per block:
 

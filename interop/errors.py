@@ -55,7 +55,7 @@ class InvalidValueError(InteropError, ValueError):
 
 
 class UnknownSettingError(InteropError, AttributeError):
-    """A name that is not a setting of ``interop.config``."""
+    """A name that is not a setting of :data:`interop.config`."""
 
 
 class CopyRequiredError(InteropError, BufferError):
@@ -75,7 +75,7 @@ class NpyFormatError(InteropError, ValueError):
 
 
 class PathError(InteropError, OSError):
-    """A path ``save_npy`` or ``load_npy`` cannot use, or a file that could not
+    """A path :func:`save_npy` or :func:`load_npy` cannot use, or a file that could not
     be written or read. Each instance is also the ``OSError`` subclass its
     ``errno`` stands for (``PermissionError`` for ``EACCES``, ...), through the
     ``Path*Error`` classes; :func:`path_error` picks the class."""
