@@ -178,13 +178,6 @@ def torch_stream_handle(index: int) -> int:
     return int(th.cuda.current_stream(index).cuda_stream)
 
 
-def cupy_stream_handle(index: int) -> int:
-    """The handle of CuPy's current stream on device ``index``."""
-    cp = _backends.cupy()
-    with cp.cuda.Device(index):
-        return int(cp.cuda.get_current_stream().ptr)
-
-
 @contextlib.contextmanager
 def stream(s: Any) -> Iterator[Any]:
     """Make ``s`` the current stream of both PyTorch and CuPy inside the block.

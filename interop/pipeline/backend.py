@@ -45,9 +45,6 @@ class Event(Protocol):
     def synchronize(self) -> None:
         """Block the calling thread (without spinning) until the recorded point is reached."""
 
-    def query(self) -> bool:
-        """True once the recorded point was reached (never blocks)."""
-
 
 class Timer(Protocol):
     """A timing event: a point in a stream's work whose time can be read."""

@@ -80,9 +80,6 @@ class CudaEvent:
     def synchronize(self) -> None:
         self.cupy.synchronize()
 
-    def query(self) -> bool:
-        return bool(self.cupy.done)
-
 
 class CudaTimer:
     """A CuPy event with timing, for tracing a transfer."""
