@@ -26,7 +26,7 @@ __all__: list[str] = []
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
 
 EXPECTED = (
-    "a NumPy array, a PyTorch tensor, a CuPy array, or an object with "
+    "a NumPy array (or scalar), a PyTorch tensor, a CuPy array, or an object with "
     "__dlpack__ or __cuda_array_interface__"
 )
 
@@ -52,7 +52,7 @@ def not_an_array(func: str, x: object) -> InvalidTypeError:
 def is_array(x: object) -> bool:
     """True for anything interop can take as an array (never imports a library)."""
     return (
-        isinstance(x, np.ndarray)
+        isinstance(x, np.ndarray | np.generic)
         or _backends.is_torch_tensor(x)
         or _backends.is_cupy_array(x)
         or type(x) in _device_types
@@ -361,6 +361,9 @@ def array_source(x: Any, func: str) -> Source:
         No NumPy dtype holds its values.
     """
     if isinstance(x, np.ndarray):
+        return Source(x, x.shape, x.dtype, False)
+    if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
+        x = np.asarray(x)
         return Source(x, x.shape, x.dtype, False)
     tensor, cupy_array = _backends.array_types()
     backend_of = _device_types.get(type(x))

@@ -319,6 +319,8 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     _check_copy(copy)
     if isinstance(x, np.ndarray):
         return _numpy_from_numpy(x, copy)
+    if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
+        return _numpy_from_numpy(np.asarray(x), copy)
     if _backends.is_torch_tensor(x):
         return _numpy_from_torch(x, copy)
     if _backends.is_cupy_array(x):
@@ -517,6 +519,8 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         initialised CUDA.
     """
     _check_copy(copy)
+    if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
+        x = np.asarray(x)
     target = parse_device(device)
     if not is_array(x):
         raise not_an_array("to_torch", x)
@@ -675,6 +679,8 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         (a ``ValueError``).
     """
     _check_copy(copy)
+    if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
+        x = np.asarray(x)
     target = parse_device(device)
     if target is not None and target[0] == "cpu":
         raise InvalidValueError(

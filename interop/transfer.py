@@ -155,32 +155,7 @@ def copy_to_host_async(
     NoDeviceError, BackendUnavailableError
         Device data without a usable CUDA device or CuPy.
     """
-    chunk = chunk_bytes_or_default(chunk_bytes)
-    check_progress(progress)
-    src = array_source(x, "copy_to_host")
-    if out is None:
-        out = np.empty(src.shape, src.dtype)
-    else:
-        check_host_out(out, src, "copy_to_host")
-    if src.on_device:
-        return device_to_host(
-            src,
-            chunk,
-            drain_into(out, config.host_threads),
-            result=out,
-            progress=progress,
-            func="copy_to_host",
-            order="the source's C order",
-            into=out,
-        )
-    threads = host_copy_threads()
-    nbytes = nbytes_of(src.shape, src.dtype.itemsize)
-    if chunk_bytes is None:
-        chunk = host_chunk_bytes(nbytes, chunk, threads)
-    chunks = list(c_order_chunks(src.shape, src.dtype.itemsize, chunk))
-    sizes = [nbytes_of(out[idx].shape, src.dtype.itemsize) for idx in chunks]
-    transfer = Transfer(out, sizes, Progress(progress, nbytes, "copy_to_host"), func="copy_to_host")
-    return transfer.start(host_copy(src.obj, out, chunks, threads))
+    return _copy_to_host(x, out, chunk_bytes, progress, inline=False)
 
 
 def copy_to_host(
@@ -212,9 +187,43 @@ def copy_to_host(
     KeyboardInterrupt
         Interrupted: the copy is cancelled and every resource released first.
     """
-    transfer = copy_to_host_async(x, out, chunk_bytes=chunk_bytes, progress=progress)
+    transfer = _copy_to_host(x, out, chunk_bytes, progress, inline=True)
     del x, out  # a held error's traceback must not keep them alive
     return transfer.result()
+
+
+def _copy_to_host(
+    x: Any, out: np.ndarray | None, chunk_bytes: int | None, progress: Any, *, inline: bool
+) -> Transfer:
+    """``copy_to_host_async``; ``inline``: the copy runs on the calling thread
+    before this returns (``copy_to_host``, which waits for it anyway)."""
+    chunk = chunk_bytes_or_default(chunk_bytes)
+    check_progress(progress)
+    src = array_source(x, "copy_to_host")
+    if out is None:
+        out = np.empty(src.shape, src.dtype)
+    else:
+        check_host_out(out, src, "copy_to_host")
+    if src.on_device:
+        return device_to_host(
+            src,
+            chunk,
+            drain_into(out, config.host_threads),
+            result=out,
+            progress=progress,
+            func="copy_to_host",
+            order="the source's C order",
+            into=out,
+            inline=inline,
+        )
+    threads = host_copy_threads()
+    nbytes = nbytes_of(src.shape, src.dtype.itemsize)
+    if chunk_bytes is None:
+        chunk = host_chunk_bytes(nbytes, chunk, threads)
+    chunks = list(c_order_chunks(src.shape, src.dtype.itemsize, chunk))
+    sizes = [nbytes_of(out[idx].shape, src.dtype.itemsize) for idx in chunks]
+    transfer = Transfer(out, sizes, Progress(progress, nbytes, "copy_to_host"), func="copy_to_host")
+    return transfer.start(host_copy(src.obj, out, chunks, threads), inline=inline)
 
 
 # ----------------------------------------------------------------- copy_to_device
@@ -250,6 +259,37 @@ def copy_to_device_async(
     NoDeviceError, BackendUnavailableError
         No CUDA device, or CuPy missing.
     """
+    return _copy_to_device(x, out, device, chunk_bytes, progress, inline=False)
+
+
+def _cuda_index(device: Any) -> int | None:
+    """The index of a CUDA ``device`` argument (None: the current device).
+
+    Raises
+    ------
+    InvalidValueError
+        ``device`` is not a CUDA device.
+    """
+    target = parse_device(device)
+    if target is not None and target[0] != "cuda":
+        raise InvalidValueError(
+            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
+            "use interop.copy_to_host for host destinations"
+        )
+    return None if target is None else target[1]
+
+
+def _copy_to_device(
+    x: Any,
+    out: Any,
+    device: Any,
+    chunk_bytes: int | None,
+    progress: Any,
+    *,
+    inline: bool,
+) -> Transfer:
+    """``copy_to_device_async``; ``inline``: the copy runs on the calling thread
+    before this returns (``copy_to_device``, which waits for it anyway)."""
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
     src = array_source(x, "copy_to_device")
@@ -268,7 +308,7 @@ def copy_to_device_async(
         transfer = Transfer(
             result, [], Progress(progress, 0, "copy_to_device"), func="copy_to_device"
         )
-        return transfer.start(lambda t: None)
+        return transfer.start(lambda t: None, inline=True)
     return host_to_device(
         dst,
         chunk,
@@ -278,24 +318,8 @@ def copy_to_device_async(
         func="copy_to_device",
         order="the source's C order",
         source=_host_bytes(src, native),
+        inline=inline,
     )
-
-
-def _cuda_index(device: Any) -> int | None:
-    """The index of a CUDA ``device`` argument (None: the current device).
-
-    Raises
-    ------
-    InvalidValueError
-        ``device`` is not a CUDA device.
-    """
-    target = parse_device(device)
-    if target is not None and target[0] != "cuda":
-        raise InvalidValueError(
-            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
-            "use interop.copy_to_host for host destinations"
-        )
-    return None if target is None else target[1]
 
 
 def copy_to_device(
@@ -369,8 +393,6 @@ def copy_to_device(
         A chunk failed; the message says which byte range is complete. Every
         staging buffer and stream is released.
     """
-    transfer = copy_to_device_async(
-        x, out, device=device, chunk_bytes=chunk_bytes, progress=progress
-    )
+    transfer = _copy_to_device(x, out, device, chunk_bytes, progress, inline=True)
     del x, out
     return transfer.result()

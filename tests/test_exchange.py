@@ -326,6 +326,29 @@ def test_unsupported_objects(func, value):
         func(value)
 
 
+SCALARS = [np.float64(2.5), np.float32(-1.5), np.int16(-3), np.bool_(True), np.complex64(1 + 2j)]
+
+
+@pytest.mark.parametrize("scalar", SCALARS)
+def test_numpy_scalars_are_taken_as_numpy_asarray_takes_them(scalar, torch):
+    """A NumPy scalar is a 0-d array, as numpy.asarray and torch.as_tensor see it."""
+    t = interop.to_torch(scalar)
+    assert t.shape == ()
+    assert t.dtype == torch.as_tensor(scalar).dtype
+    assert t.item() == scalar.item()
+    for copy in (None, True, False):
+        a = interop.to_numpy(scalar, copy=copy)
+        assert isinstance(a, np.ndarray)
+        assert (a.shape, a.dtype, a[()]) == ((), scalar.dtype, scalar)
+    with pytest.raises(interop.NoDeviceError):  # a CUDA device is what is missing here
+        interop.to_cupy(scalar)
+
+
+def test_python_scalars_are_still_refused():
+    with pytest.raises(TypeError, match=r"to_torch expected a NumPy array \(or scalar\)"):
+        interop.to_torch(2.5)
+
+
 @pytest.mark.parametrize("copy", ["yes", 0, 1.0])
 def test_bad_copy_argument(copy):
     with pytest.raises(TypeError, match=r"copy to be None, True or False"):

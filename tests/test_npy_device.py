@@ -100,7 +100,7 @@ def test_progress_and_a_failed_save_leave_no_file(device, tmp_path):
     def boom(done, total):
         raise ZeroDivisionError
 
-    with pytest.raises(interop.TransferError, match="save_npy failed"):
+    with pytest.raises(ZeroDivisionError):  # the callback's own error, as itself
         interop.save_npy(device.asarray(a), tmp_path / "q.npy", chunk_bytes=CHUNK, progress=boom)
     assert sorted(os.listdir(tmp_path)) == ["p.npy"]  # no final file, no temporary left
     _same(np.load(path), a)

@@ -86,8 +86,14 @@ class Transfer:
         if self._cancelled.is_set():
             raise Cancelled
 
-    def start(self, run: Callable[[Transfer], None]) -> Transfer:
-        """Run ``run(self)`` on the transfer's thread; return ``self``."""
+    def start(self, run: Callable[[Transfer], None], *, inline: bool = False) -> Transfer:
+        """Run ``run(self)`` on the transfer's thread; return ``self``.
+
+        ``inline``: run it here, on the calling thread, before returning (the
+        blocking calls, which wait for it anyway: no thread to start, and it
+        works where none can be, e.g. in an ``atexit`` handler). Its error is
+        raised by :meth:`result` all the same.
+        """
 
         def target() -> None:
             nonlocal run
@@ -112,6 +118,9 @@ class Transfer:
 
         with _running_lock:
             _running.add(self)
+        if inline:
+            target()
+            return self
         self._thread = threading.Thread(target=target, name=f"interop-{self._func}", daemon=True)
         try:
             self._thread.start()
@@ -177,6 +186,15 @@ class Transfer:
             raise self._failure(self._error)
         return self._result
 
+    def __repr__(self) -> str:
+        if not self._finished.is_set():
+            state = "cancelling" if self._cancelled.is_set() else "running"
+        elif self._error is None:
+            state = "done"
+        else:
+            state = "cancelled" if isinstance(self._error, Cancelled) else "failed"
+        return f"<Transfer {self._func}: {self.bytes_done} of {self.nbytes} bytes, {state}>"
+
     def _join(self) -> None:
         # Finished: the thread is past its last statement; joining it means
         # it (and everything its frames referenced) is gone when result() ends.
@@ -188,6 +206,15 @@ class Transfer:
         if isinstance(exc, TransferError | KeyboardInterrupt):
             return exc
         done = self.bytes_done
+        if exc is self._progress.raised:
+            # the caller's own callback: its error, as itself, with where the copy got
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(
+                    f"raised by the progress callback of {self._func}; bytes [0, {done}) of "
+                    f"{self.nbytes} (in {self._order}) were complete when it raised"
+                )
+            return exc
         if isinstance(exc, Cancelled):
             what = "was cancelled"
         else:
@@ -218,7 +245,7 @@ def _detached(exc: BaseException) -> BaseException:
     text = "".join(traceback.format_exception(exc)).rstrip()
     add_note = getattr(exc, "add_note", None)
     if add_note is not None and text:
-        add_note("in the transfer's worker thread:\n" + text)
+        add_note("where the transfer ran:\n" + text)
     seen: set[int] = set()
     link: BaseException | None = exc
     while link is not None and id(link) not in seen:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..arrays import bits, host_values
 from .future import Transfer
+from .workers import submit
 
 __all__ = ["HOST_CHUNK_MAX", "host_chunk_bytes", "host_copy"]
 
@@ -45,13 +46,19 @@ def host_copy(
         np.copyto(bits(out[idx]), bits(host_values(src[idx])))
 
     def run(transfer: Transfer) -> None:
-        window = max(1, threads) * 2
-        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="interop-host") as pool:
+        if len(chunks) == 1 or threads <= 1:  # nothing to overlap: no thread to start
+            for i in range(len(chunks)):
+                transfer.check_cancel()
+                copy(i)
+                transfer.chunk_done(i)
+            return
+        window = threads * 2
+        with ThreadPoolExecutor(threads, thread_name_prefix="interop-host") as pool:
             pending: dict[int, Future[None]] = {}
             try:
                 for i in range(len(chunks)):
                     transfer.check_cancel()
-                    pending[i] = pool.submit(copy, i)
+                    pending[i] = submit(pool, copy, i)
                     if len(pending) >= window:
                         first = min(pending)
                         pending.pop(first).result()

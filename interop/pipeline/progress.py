@@ -39,6 +39,7 @@ class Progress:
         self._bar = None
         self.done = 0
         self.total = total
+        self.raised: BaseException | None = None  # what the callback raised, if it did
         if callable(progress):
             self._callback = progress
         elif progress:
@@ -50,7 +51,11 @@ class Progress:
         """Count ``n`` more bytes as done."""
         self.done += n
         if self._callback is not None:
-            self._callback(self.done, self.total)
+            try:
+                self._callback(self.done, self.total)
+            except BaseException as exc:
+                self.raised = exc  # the transfer raises it as itself, not as its own failure
+                raise
         if self._bar is not None:
             self._bar.update(n)
 

@@ -52,6 +52,7 @@ from .backend import Backend, DeviceData, Event, Staging, Stream, Timer
 from .future import Transfer
 from .plan import Plan
 from .ring import StagingRing, borrow_ring, note, return_ring
+from .workers import submit
 
 __all__ = ["HostTask", "SlotJob", "run_slots"]
 
@@ -158,7 +159,7 @@ class _Run:
             if pieces is not None:
                 pieces.append((i, submitted, waited, trace.now()))
 
-        self.pending[k] = [pool.submit(piece, task) for task in self.job.host_tasks(i)]
+        self.pending[k] = [submit(pool, piece, task) for task in self.job.host_tasks(i)]
 
     def wait_host(self, k: int) -> None:
         """Wait for the host pieces in slot ``k``; re-raise the first failure."""

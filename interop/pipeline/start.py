@@ -73,6 +73,7 @@ def device_to_host(
     order: str,
     threads: int | None = None,
     into: np.ndarray | None = None,
+    inline: bool = False,
 ) -> Transfer:
     """Start the device-to-host slot pipeline for the device array ``src``.
 
@@ -82,7 +83,8 @@ def device_to_host(
     work queued on the array's library's current stream at this call.
     ``into``, the host array the pieces write (if they write one), is written
     by the DMAs directly, without the ring and the pieces, where it is
-    page-locked and C-contiguous.
+    page-locked and C-contiguous. ``inline``: run on the calling thread
+    before returning (for blocking calls; see :meth:`Transfer.start`).
 
     Raises
     ------
@@ -91,7 +93,7 @@ def device_to_host(
     """
     backend = backend_for(src)
     return _start("d2h", backend, backend.source(src.obj), chunk, host_step,
-                  result, progress, func, order, threads, into)  # fmt: skip
+                  result, progress, func, order, threads, into, inline)  # fmt: skip
 
 
 def host_to_device(
@@ -105,6 +107,7 @@ def host_to_device(
     order: str,
     threads: int | None = None,
     source: np.ndarray | None = None,
+    inline: bool = False,
 ) -> Transfer:
     """Start the host-to-device slot pipeline into the device array ``dst``.
 
@@ -114,6 +117,7 @@ def host_to_device(
     on the device. ``source``, host memory holding exactly the bytes the
     pieces would fill the slots with, is read by the DMAs directly, without
     the ring and the pieces, where it is page-locked and C-contiguous.
+    ``inline``: run on the calling thread before returning.
 
     Raises
     ------
@@ -122,7 +126,7 @@ def host_to_device(
     """
     backend = backend_for(dst)
     return _start("h2d", backend, backend.target(dst.obj, func), chunk, host_step,
-                  result, progress, func, order, threads, source)  # fmt: skip
+                  result, progress, func, order, threads, source, inline)  # fmt: skip
 
 
 def _start(
@@ -137,6 +141,7 @@ def _start(
     order: str,
     threads: int | None,
     host: np.ndarray | None,
+    inline: bool,
 ) -> Transfer:
     if backend.capture_under_way(data.stream):
         raise CaptureError(
@@ -150,7 +155,7 @@ def _start(
         result, plan.sizes, Progress(progress, plan.nbytes, func), func=func, order=order
     )
     if not plan.nbytes:
-        return transfer.start(lambda t: None)  # zero-size: no ring, no stream
+        return transfer.start(lambda t: None, inline=True)  # zero-size: no ring, no stream
     tasks, pinned = host_step(plan), _pinned_addresses(backend, host, plan)
     job = SlotJob(
         direction,  # type: ignore[arg-type]
@@ -162,7 +167,7 @@ def _start(
         config.host_threads if threads is None else threads,
         pinned=pinned,
     )
-    return transfer.start(lambda t: run_slots(t, job))
+    return transfer.start(lambda t: run_slots(t, job), inline=inline)
 
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
