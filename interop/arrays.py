@@ -383,9 +383,10 @@ def array_source(x: Any, func: str) -> Source:
     return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))  # CuPy
 
 
-def check_host_out(out: Any, src: Source, func: str) -> None:
+def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = None) -> None:
     """Check a host destination for ``src`` before anything is written: a
-    writable NumPy array of its shape and dtype that does not overlap it.
+    writable NumPy array of its shape and dtype (``cast`` where given) that
+    does not overlap it.
 
     Raises
     ------
@@ -412,5 +413,6 @@ def check_host_out(out: Any, src: Source, func: str) -> None:
             f"{func} expected out not to overlap the source (got overlapping memory); copy "
             "into a separate array"
         )
-    if out.dtype != src.dtype:
-        raise InvalidValueError(dtypes.mismatch_message(func, src.dtype, out.dtype))
+    want = src.dtype if cast is None else cast
+    if out.dtype != want:
+        raise InvalidValueError(dtypes.mismatch_message(func, want, out.dtype, cast is None))

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _backends
-from .errors import UnsupportedDtypeError
+from .errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
 
 __all__: list[str] = []
 
@@ -193,13 +193,50 @@ def check_cupy_dtype(dtype: Any) -> None:
         )
 
 
-def mismatch_message(func: str, want: np.dtype, got: np.dtype) -> str:
+def mismatch_message(func: str, want: np.dtype, got: np.dtype, castable: bool = False) -> str:
     """The message for an ``out`` of dtype ``got`` where ``want`` was expected,
-    with the fix (byte order, the ``ml_dtypes`` type, or the dtype to use)."""
+    with the fix (byte order, the ``ml_dtypes`` type, or the dtype to use;
+    ``castable``: also the ``dtype=`` argument that casts on the way)."""
     if want.newbyteorder("=") == got.newbyteorder("="):
         hint = f"the byte order differs: allocate out with dtype {want.str!r}"
     elif is_ml_dtype(want):
         hint = f"use the ml_dtypes dtype ml_dtypes.{want.name}"
     else:
         hint = f"allocate out with dtype {want}"
+    if castable and _floating(want) and _floating(got):
+        hint += f", or pass dtype=numpy.{got.name} to cast on the way"
     return f"{func} expected out of dtype {want} (got {got}); {hint}"
+
+
+def _floating(dtype: np.dtype) -> bool:
+    """float16/32/64, or an ``ml_dtypes`` floating type (bfloat16, float8...)."""
+    return dtype.kind == "f" or (is_ml_dtype(dtype) and dtype.name.startswith(("bfloat", "float")))
+
+
+def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
+    """The dtype to cast ``have`` values to on the way, or None for a
+    bit-for-bit copy (``want`` None, or ``have`` itself).
+
+    Raises
+    ------
+    InvalidTypeError
+        ``want`` is not a dtype (a ``TypeError``).
+    InvalidValueError
+        A cast other than between floating dtypes (float16/32/64 and the
+        ``ml_dtypes`` bfloat16 and float8 types), a ``ValueError``.
+    """
+    if want is None:
+        return None
+    try:
+        target = np.dtype(want)
+    except TypeError as exc:
+        raise InvalidTypeError(f"{func} expected dtype to be a NumPy dtype (got {want!r})") from exc
+    if target == have:
+        return None
+    if not (_floating(have) and _floating(target)):
+        raise InvalidValueError(
+            f"{func} expected a cast between floating dtypes (got {have} to {target}); cast "
+            "on the way is for floating data, e.g. bfloat16 to float32: for other dtypes copy "
+            "first and call .astype() on the result"
+        )
+    return target

@@ -101,6 +101,7 @@ def copy_to_host_async(
     /,
     out: np.ndarray | None = None,
     *,
+    dtype: Any = None,
     chunk_bytes: int | None = None,
     progress: Any = False,
 ) -> Transfer:
@@ -115,8 +116,15 @@ def copy_to_host_async(
         with the conjugate/negative bit give the values they represent.
     out : numpy.ndarray, optional
         Writable destination (``numpy.memmap`` included) with exactly
-        ``x.shape`` and the matching dtype, any strides. Without it a new
-        (pageable) array is allocated.
+        ``x.shape`` and the matching dtype (``dtype`` where given), any
+        strides. Without it a new (pageable) array is allocated.
+    dtype : numpy dtype, optional
+        Cast on the way: the dtype of the result, a floating dtype (float16,
+        float32, float64, or an ``ml_dtypes`` one such as bfloat16) for a
+        floating ``x``. Each chunk is cast where it is, on the device for
+        device data (into a chunk-sized temporary on the producer's stream),
+        so no full-size temporary is made, unlike ``t.float().cpu()``. Default:
+        ``x``'s own dtype (a bit-for-bit copy).
     chunk_bytes : int, optional
         Chunk (staging buffer) size; default ``interop.config.chunk_bytes``.
     progress : bool or callable
@@ -148,14 +156,15 @@ def copy_to_host_async(
     InvalidTypeError, InvalidValueError
         ``x`` is not an array (or a nested, sparse or meta tensor), or ``out``
         has the wrong type, shape or dtype, is read-only or overlaps the
-        source, or ``chunk_bytes``/``progress`` are refused. A ``TypeError``
-        or ``ValueError``, raised here, before anything is written.
+        source, or ``dtype``, ``chunk_bytes`` or ``progress`` are refused (a
+        cast between other than floating dtypes). A ``TypeError`` or
+        ``ValueError``, raised here, before anything is written.
     UnsupportedDtypeError
         The dtype has no NumPy equivalent (``torch.complex32``).
     NoDeviceError, BackendUnavailableError
         Device data without a usable CUDA device or CuPy.
     """
-    return _copy_to_host(x, out, chunk_bytes, progress, inline=False)
+    return _copy_to_host(x, out, dtype, chunk_bytes, progress, inline=False)
 
 
 def copy_to_host(
@@ -163,6 +172,7 @@ def copy_to_host(
     /,
     out: np.ndarray | None = None,
     *,
+    dtype: Any = None,
     chunk_bytes: int | None = None,
     progress: Any = False,
 ) -> np.ndarray:
@@ -187,23 +197,30 @@ def copy_to_host(
     KeyboardInterrupt
         Interrupted: the copy is cancelled and every resource released first.
     """
-    transfer = _copy_to_host(x, out, chunk_bytes, progress, inline=True)
+    transfer = _copy_to_host(x, out, dtype, chunk_bytes, progress, inline=True)
     del x, out  # a held error's traceback must not keep them alive
     return transfer.result()
 
 
 def _copy_to_host(
-    x: Any, out: np.ndarray | None, chunk_bytes: int | None, progress: Any, *, inline: bool
+    x: Any,
+    out: np.ndarray | None,
+    dtype: Any,
+    chunk_bytes: int | None,
+    progress: Any,
+    *,
+    inline: bool,
 ) -> Transfer:
     """``copy_to_host_async``; ``inline``: the copy runs on the calling thread
     before this returns (``copy_to_host``, which waits for it anyway)."""
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
     src = array_source(x, "copy_to_host")
+    cast = dtypes.check_cast(src.dtype, dtype, "copy_to_host")
     if out is None:
-        out = np.empty(src.shape, src.dtype)
+        out = np.empty(src.shape, src.dtype if cast is None else cast)
     else:
-        check_host_out(out, src, "copy_to_host")
+        check_host_out(out, src, "copy_to_host", cast)
     if src.on_device:
         return device_to_host(
             src,
@@ -215,15 +232,18 @@ def _copy_to_host(
             order="the source's C order",
             into=out,
             inline=inline,
+            cast=cast,
         )
     threads = host_copy_threads()
-    nbytes = nbytes_of(src.shape, src.dtype.itemsize)
+    itemsize = out.dtype.itemsize  # progress counts the bytes of out
+    nbytes = nbytes_of(src.shape, itemsize)
     if chunk_bytes is None:
         chunk = host_chunk_bytes(nbytes, chunk, threads)
-    chunks = list(c_order_chunks(src.shape, src.dtype.itemsize, chunk))
-    sizes = [nbytes_of(out[idx].shape, src.dtype.itemsize) for idx in chunks]
+    chunks = list(c_order_chunks(src.shape, itemsize, chunk))
+    sizes = [nbytes_of(out[idx].shape, itemsize) for idx in chunks]
     transfer = Transfer(out, sizes, Progress(progress, nbytes, "copy_to_host"), func="copy_to_host")
-    return transfer.start(host_copy(src.obj, out, chunks, threads), inline=inline)
+    engine = host_copy(src.obj, out, chunks, threads, cast=cast is not None)
+    return transfer.start(engine, inline=inline)
 
 
 # ----------------------------------------------------------------- copy_to_device

@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -18,7 +19,15 @@ import interop
 from interop.pipeline.ring import cached_rings, free_cached_rings
 from interop.testing import EmulatedDevice, EmulatedDeviceError
 
-from .helpers import NUMPY_DTYPES, cancel_on_progress, in_threads, pinned, sample, staged
+from .helpers import (
+    NUMPY_DTYPES,
+    cancel_on_progress,
+    in_threads,
+    inverted_bytes,
+    pinned,
+    sample,
+    staged,
+)
 
 CHUNK = 64 << 10  # the smallest chunk interop uses
 
@@ -418,3 +427,36 @@ def test_device_to_device_copies_on_the_destination_stream(device):
     np.testing.assert_array_equal(device.to_numpy(out), a.T)
     fresh = interop.copy_to_device(src)
     np.testing.assert_array_equal(device.to_numpy(fresh), a)
+
+
+# ----------------------------------------------------------------- casting on the way
+
+
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "negative"])
+@pytest.mark.parametrize("memory", ["pageable", "pinned"])
+def test_device_data_is_cast_on_the_device_chunk_by_chunk(device, view, memory):
+    a = sample((1024, 512), ml_dtypes.bfloat16)  # 2 MiB as float32: 32 chunks
+    d = device.asarray(a)
+    src, expect = VIEWS[view](d), VIEWS[view](a).astype(np.float32)
+    base = device.reset_peak()
+    if memory == "pinned":
+        with pinned(device, expect.shape, np.float32) as out:
+            got = interop.copy_to_host(src, out, dtype=np.float32, chunk_bytes=CHUNK)
+            assert got is out
+            assert raw(out) == raw(expect)
+        assert staged(device) == 0  # straight into the pinned out
+    else:
+        out = interop.copy_to_host(src, dtype=np.float32, chunk_bytes=CHUNK)
+        assert out.dtype == np.float32
+        assert raw(out) == raw(expect)
+    # chunk-sized float32 temporaries (and packing rows), never a full-size one
+    extra = device.peak_bytes_in_use - base
+    assert 0 < extra <= 2 * interop.config.num_buffers * CHUNK < expect.nbytes
+
+
+def test_an_inverted_source_is_resolved_then_cast(device):
+    a = sample((256, 64), np.float16)
+    flipped = np.frombuffer(inverted_bytes(a), np.float16).reshape(a.shape)
+    out = interop.copy_to_host(device.inverted(device.asarray(a)), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out, flipped.astype(np.float64))

@@ -871,3 +871,80 @@ def test_copies_work_inside_atexit_handlers(tmp_path):
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "at exit: True []", proc.stderr
+
+
+# ----------------------------------------------------------------- casting on the way
+
+FLOATS = [np.float16, np.float32, np.float64, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("have", FLOATS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("want", [np.float32, ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_a_host_source_is_cast_on_the_way(have, want):
+    a = np.linspace(-4, 4, 3 << 12, dtype=np.float32).reshape(96, 128).astype(have)
+    expect = a.T.astype(want)
+    out = interop.copy_to_host(a.T, dtype=want, chunk_bytes=1 << 16)
+    assert out.dtype == np.dtype(want)
+    assert out.tobytes() == np.ascontiguousarray(expect).tobytes()
+    into = np.zeros(a.T.shape, want)
+    assert interop.copy_to_host(a.T, into, dtype=want, chunk_bytes=1 << 16) is into
+    assert into.tobytes() == np.ascontiguousarray(expect).tobytes()
+
+
+def test_a_bfloat16_cpu_tensor_is_cast_with_its_bits(torch):
+    t = torch.linspace(-3, 3, 5000).to(torch.bfloat16).reshape(50, 100)
+    seen = []
+    out = interop.copy_to_host(
+        t, dtype=np.float32, chunk_bytes=1 << 16, progress=lambda d, n: seen.append((d, n))
+    )
+    np.testing.assert_array_equal(out, t.float().numpy())
+    assert seen[-1] == (out.nbytes, out.nbytes)  # progress counts the bytes of the result
+    neg = torch._neg_view(torch.tensor([1.5, -2.0], dtype=torch.bfloat16))
+    assert neg.is_neg()  # the bit is applied before the cast
+    np.testing.assert_array_equal(interop.copy_to_host(neg, dtype=np.float64), [-1.5, 2.0])
+
+
+def test_cast_arguments_are_refused_before_anything_moves():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = np.full((3, 4), 9, np.float64)
+    with pytest.raises(
+        ValueError,
+        match=r"expected out of dtype float32 \(got float64\).*"
+        r"pass dtype=numpy.float64 to cast on the way",
+    ):
+        interop.copy_to_host(a, out)
+    with pytest.raises(ValueError, match=r"expected out of dtype float16 \(got float64\)"):
+        interop.copy_to_host(a, out, dtype=np.float16)  # dtype and out disagree
+    assert (out == 9).all()
+    with pytest.raises(
+        ValueError, match=r"a cast between floating dtypes \(got int64 to float32\)"
+    ):
+        interop.copy_to_host(np.arange(3), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"\(got float32 to int32\)"):
+        interop.copy_to_host(a, dtype=np.int32)
+    with pytest.raises(TypeError, match=r"expected dtype to be a NumPy dtype"):
+        interop.copy_to_host(a, dtype="no such dtype")
+    assert interop.copy_to_host(a, dtype=np.float32).dtype == np.float32  # the same: no cast
+
+
+@pytest.mark.gpu
+def test_gpu_casts_on_the_device_in_chunks(cp, torch):
+    """bfloat16 tensors and float16 CuPy arrays reach the host as float32, cast
+    chunk by chunk on the device: no full-size float32 temporary."""
+    n = 64 << 20  # 64 Mi elements: 128 MiB of bfloat16
+    t = torch.linspace(-3, 3, n, device="cuda").to(torch.bfloat16).reshape(8192, -1)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with interop.config.set(chunk_bytes=8 << 20, num_buffers=4):
+        out = interop.copy_to_host(t.T, dtype=np.float32)
+    peak = torch.cuda.max_memory_allocated() - base
+    # chunk-sized float32 temporaries only (one per slot, and one being made),
+    # never a full-size one (4 * n bytes = 256 MiB)
+    assert peak <= 2 * 4 * (8 << 20)
+    np.testing.assert_array_equal(out, t.T.float().cpu().numpy())
+    c = cp.linspace(-3, 3, 1 << 20, dtype=cp.float16).reshape(1024, 1024)
+    np.testing.assert_array_equal(
+        interop.copy_to_host(c[::2, ::3], dtype=np.float32),
+        cp.asnumpy(c[::2, ::3]).astype(np.float32),
+    )

@@ -158,9 +158,11 @@ class Backend(Protocol):
         allocation or free, a synchronisation, an event query) would break:
         one on ``stream``, or wherever this device can tell."""
 
-    def source(self, x: Any) -> DeviceData:
+    def source(self, x: Any, dtype: np.dtype | None = None) -> DeviceData:
         """Device array ``x`` as a transfer's source, described in the caller's
-        thread: its stream is the producing library's current stream now."""
+        thread: its stream is the producing library's current stream now.
+        With ``dtype`` (another floating dtype), its chunks are cast into
+        chunk-sized temporaries on that stream (``DeviceChunk.produced_on``)."""
 
     def target(self, out: Any, func: str) -> DeviceData:
         """Device array ``out`` as a transfer's destination (its stream: the

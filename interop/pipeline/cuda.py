@@ -262,15 +262,25 @@ class CudaBackend:
             dst[...] = src
 
     # -- data, described in the caller's thread (current streams are per thread)
-    def source(self, x: Any) -> DeviceData:
+    def source(self, x: Any, dtype: np.dtype | None = None) -> DeviceData:
         """A CuPy array or a (detached) CUDA tensor as a transfer's source; its
-        producer stream is the owning library's current stream now."""
+        producer stream is the owning library's current stream now. With
+        ``dtype`` (another floating dtype), each chunk is first cast into a
+        chunk-sized temporary on that stream."""
         cp = self._cp
         if _backends.is_cupy_array(x):
             with self.activate():
                 producer = CudaStream(cp.cuda.get_current_stream(), owned=False, device=self.index)
-            view = _bit_view(x)
-            return DeviceData(producer, tuple(x.shape), np.dtype(x.dtype), _chunks_of(view))
+            if dtype is None or dtype == np.dtype(x.dtype):
+                return DeviceData(
+                    producer, tuple(x.shape), np.dtype(x.dtype), _chunks_of(_bit_view(x))
+                )
+
+            def cast(idx: tuple) -> DeviceChunk:
+                with self.activate(), producer.cupy:  # CuPy's kernel on the producer stream
+                    return DeviceChunk(_bit_view(x[idx].astype(dtype)), produced_on=producer)
+
+            return DeviceData(producer, tuple(x.shape), dtype, cast)
         th = _backends.torch()
         torch_stream = th.cuda.current_stream(self.index)
         with self.activate():
@@ -279,19 +289,21 @@ class CudaBackend:
                 owned=False,
                 device=self.index,
             )
-        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
-        if x.is_conj() or x.is_neg():
+        own = dtypes.numpy_dtype_of_torch(x.dtype)
+        to = None if dtype is None or dtype == own else dtypes.torch_dtype_of_numpy(dtype)
+        if x.is_conj() or x.is_neg() or to is not None:
 
             def resolved(idx: tuple) -> DeviceChunk:
-                # a chunk-sized copy with the bit applied, made on the producer stream
+                # a chunk-sized copy with the bit applied (and cast), made on the producer stream
                 with th.cuda.device(self.index), th.cuda.stream(torch_stream):
                     part = x[idx].resolve_conj().resolve_neg()
+                    if to is not None:
+                        part = part.to(to)
                     return DeviceChunk(self._from_torch(part, producer), produced_on=producer)
 
-            return DeviceData(producer, tuple(x.shape), dtype, resolved)
-        return DeviceData(
-            producer, tuple(x.shape), dtype, _chunks_of(self._from_torch(x, producer))
-        )
+            values = own if to is None or dtype is None else dtype
+            return DeviceData(producer, tuple(x.shape), values, resolved)
+        return DeviceData(producer, tuple(x.shape), own, _chunks_of(self._from_torch(x, producer)))
 
     def target(self, out: Any, func: str) -> DeviceData:
         """A CuPy array or CUDA tensor as a transfer's destination; its consumer

@@ -37,13 +37,17 @@ def host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
 
 
 def host_copy(
-    src: Any, out: np.ndarray, chunks: list[tuple], threads: int
+    src: Any, out: np.ndarray, chunks: list[tuple], threads: int, *, cast: bool = False
 ) -> Callable[[Transfer], None]:
-    """The engine copying host ``src`` into ``out``, chunk by chunk."""
+    """The engine copying host ``src`` into ``out``, chunk by chunk (``cast``:
+    converting the values to ``out``'s dtype, else bit for bit)."""
 
     def copy(i: int) -> None:
         idx = chunks[i]
-        np.copyto(bits(out[idx]), bits(host_values(src[idx])))
+        if cast:
+            np.copyto(out[idx], host_values(src[idx]), casting="unsafe")
+        else:
+            np.copyto(bits(out[idx]), bits(host_values(src[idx])))
 
     def run(transfer: Transfer) -> None:
         if len(chunks) == 1 or threads <= 1:  # nothing to overlap: no thread to start

@@ -74,6 +74,7 @@ def device_to_host(
     threads: int | None = None,
     into: np.ndarray | None = None,
     inline: bool = False,
+    cast: np.dtype | None = None,
 ) -> Transfer:
     """Start the device-to-host slot pipeline for the device array ``src``.
 
@@ -85,6 +86,7 @@ def device_to_host(
     by the DMAs directly, without the ring and the pieces, where it is
     page-locked and C-contiguous. ``inline``: run on the calling thread
     before returning (for blocking calls; see :meth:`Transfer.start`).
+    ``cast``: a floating dtype the chunks are cast to on the device first.
 
     Raises
     ------
@@ -92,7 +94,7 @@ def device_to_host(
         A CUDA graph capture is under way (nothing was queued).
     """
     backend = backend_for(src)
-    return _start("d2h", backend, backend.source(src.obj), chunk, host_step,
+    return _start("d2h", backend, backend.source(src.obj, cast), chunk, host_step,
                   result, progress, func, order, threads, into, inline)  # fmt: skip
 
 

@@ -74,7 +74,7 @@ _PAGE = 4096
 _BLOCK_ROUND = 512  # PyTorch's caching allocator and CuPy's pool round sizes to 512 bytes
 _LIBS = ("torch", "cupy")
 # work that needs its stream's device current (a DMA, a kernel, an allocation)
-_DEVICE_WORK = frozenset({"copy", "pack", "alloc", "upload", "peer", "invert"})
+_DEVICE_WORK = frozenset({"copy", "pack", "alloc", "upload", "peer", "invert", "cast"})
 
 _Op = tuple[str, Callable[[], None], tuple["_Region", ...], tuple["_Region", ...]]
 
@@ -250,6 +250,8 @@ class EmulatedDevice:
         self._streams: list[EmulatedStream] = []
         self._local = threading.local()  # .streams: lib -> the thread's current stream here
         self._pool: dict[int, list[_Block]] = {}  # stream id -> free blocks, oldest first
+        self.bytes_in_use = 0  # device memory of live allocations (freed: counted out at the next)
+        self.peak_bytes_in_use = 0  # the most bytes_in_use seen at an allocation
         self._frees: collections.deque[tuple[_Block, list[tuple[EmulatedStream, int]]]] = (
             collections.deque()
         )  # freed blocks not yet on a free list (a finalizer may run in any thread)
@@ -607,33 +609,44 @@ class EmulatedDevice:
         x.backend.synchronize()
         return x.data.copy()
 
-    def source(self, x: DeviceArray | InvertedArray) -> DeviceData:
+    def source(self, x: DeviceArray | InvertedArray, dtype: Any = None) -> DeviceData:
         """``x`` as the device side of a transfer (its producer: the current
-        stream of ``x``'s library, in the calling thread)."""
-        if isinstance(x, InvertedArray):
-            return self._inverted_source(x)
-        bits = dtypes.int_view_of_numpy(x.dtype)
-        view = x if bits == x.dtype else x.view(bits)
-        return DeviceData(
-            self.current_stream(x.lib), x.shape, x.dtype, lambda idx: DeviceChunk(view[idx])
-        )
-
-    def _inverted_source(self, x: InvertedArray) -> DeviceData:
-        base = x.base
+        stream of ``x``'s library, in the calling thread). With ``dtype`` (or
+        an inverted ``x``), each chunk is first made into a temporary from the
+        pool on the producer's stream, cast (or inverted) there."""
+        base = x.base if isinstance(x, InvertedArray) else x
+        cast = None if dtype is None or np.dtype(dtype) == base.dtype else np.dtype(dtype)
         producer = self.current_stream(base.lib)
+        if cast is None and not isinstance(x, InvertedArray):
+            bits = dtypes.int_view_of_numpy(x.dtype)
+            view = x if bits == x.dtype else x.view(bits)
+            return DeviceData(producer, x.shape, x.dtype, lambda idx: DeviceChunk(view[idx]))
+        inverted = isinstance(x, InvertedArray)
+        out_dtype = base.dtype if cast is None else cast
         bits = dtypes.int_view_of_numpy(base.dtype)
+        out_bits = dtypes.int_view_of_numpy(out_dtype)
 
         def chunk(idx: tuple) -> DeviceChunk:
             # a chunk-sized temporary with the transform applied, made on the producer stream
             part = base[idx]
-            temp = self._array(part.shape, base.dtype, base.lib, producer)
-            into, values = temp.data.view(bits), part.data.view(bits)
-            producer.enqueue(
-                "invert", lambda: _invert(into, values), reads=[part.region], writes=[temp.region]
-            )
-            return DeviceChunk(temp if bits == temp.dtype else temp.view(bits), producer)
+            temp = self._array(part.shape, out_dtype, base.lib, producer)
+            into, values = temp.data, part.data
 
-        return DeviceData(producer, base.shape, base.dtype, chunk)
+            def materialise() -> None:
+                if not inverted:
+                    np.copyto(into, values, casting="unsafe")
+                elif cast is None:
+                    _invert(into.view(bits), values.view(bits))
+                else:
+                    flipped = np.empty_like(values)
+                    _invert(flipped.view(bits), values.view(bits))
+                    np.copyto(into, flipped, casting="unsafe")
+
+            kind = "invert" if inverted else "cast"
+            producer.enqueue(kind, materialise, reads=[part.region], writes=[temp.region])
+            return DeviceChunk(temp if out_bits == temp.dtype else temp.view(out_bits), producer)
+
+        return DeviceData(producer, base.shape, out_dtype, chunk)
 
     def target(self, x: DeviceArray | InvertedArray, func: str = "") -> DeviceData:
         """``x`` as the destination of a transfer (its consumer: the current
@@ -713,6 +726,8 @@ class EmulatedDevice:
             if block is None:
                 block = _Block(next(self.machine.blocks), size)
                 self.counts["device_alloc"] += 1
+            self.bytes_in_use += block.size
+            self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
             graph = None if capture is None else capture.graph
             region = _Region(
                 f"device allocation of {nbytes} bytes (block {block.id} of device {self.index})",
@@ -785,10 +800,18 @@ class EmulatedDevice:
         points = [(s, s.clock[s.id]) for s in block.recorded if s is not block.stream]
         self._frees.append((block, points))
 
+    def reset_peak(self) -> int:
+        """Start measuring ``peak_bytes_in_use`` from now; return the bytes in use."""
+        with self._lock:
+            self._drain_frees()
+            self.peak_bytes_in_use = self.bytes_in_use
+            return self.bytes_in_use
+
     def _drain_frees(self) -> None:
         """With the lock held: put the blocks freed since on their free lists."""
         while self._frees:
             block, points = self._frees.popleft()
+            self.bytes_in_use -= block.size
             stream = block.stream
             assert stream is not None
             block.pending = points
