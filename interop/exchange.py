@@ -231,6 +231,52 @@ def _host_to_torch(t: Any, index: int | None) -> torch.Tensor:
     return copy_to_device(t, out)
 
 
+# --------------------------------------------------------------------------- fast paths
+
+# The exchange's common cases, answered before the general rules: a writable,
+# aligned, C-contiguous NumPy array of a dtype PyTorch shares as it is, to
+# torch; a plain CPU tensor, to NumPy. Anything else takes the general path,
+# which gives the same result where both apply.
+_TENSOR: list[Any] = [None]  # torch.Tensor once torch was imported here
+_SHAREABLE: dict[np.dtype, bool] = {}  # native dtypes torch.from_numpy takes as they are
+
+
+def _torch_fast(a: np.ndarray) -> torch.Tensor | None:
+    dtype = a.dtype
+    ok = _SHAREABLE.get(dtype)
+    if ok is None:
+        ok = _SHAREABLE[dtype] = _shareable(dtype)
+    flags = a.flags
+    if not (ok and flags.c_contiguous and flags.aligned and flags.writeable):
+        return None
+    shape = a.shape
+    if 1 in shape or 0 in shape:  # C-contiguous, yet any stride on such an axis: see the rules
+        return None
+    th = _backends.torch()
+    _TENSOR[0] = th.Tensor
+    return th.from_numpy(a)
+
+
+def _shareable(dtype: np.dtype) -> bool:
+    if not dtype.isnative or not dtypes.is_standard(dtype):
+        return False
+    try:
+        dtypes.torch_dtype_of_numpy(dtype)
+    except Exception:
+        return False
+    return True
+
+
+def _numpy_fast(t: torch.Tensor) -> np.ndarray | None:
+    if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
+        return None
+    try:
+        a = t.numpy()  # refuses what it cannot share: bfloat16, sparse, nested, ...
+    except (TypeError, RuntimeError):
+        return None
+    return _readonly_if_broadcast(a) if 0 in a.strides else a
+
+
 # --------------------------------------------------------------------------- to_numpy
 
 
@@ -316,6 +362,13 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``x`` is a meta tensor or on a device other than CPU or CUDA, or a
         foreign producer's export fails (a ``ValueError``).
     """
+    tensor = _TENSOR[0]
+    if tensor is None and "torch" in sys.modules:
+        tensor = _TENSOR[0] = sys.modules["torch"].Tensor
+    if copy is None and type(x) is tensor:
+        shared = _numpy_fast(x)  # the common case, checked first: a plain CPU tensor
+        if shared is not None:
+            return shared
     _check_copy(copy)
     if isinstance(x, np.ndarray):
         return _numpy_from_numpy(x, copy)
@@ -518,6 +571,10 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         CUDA data or ``device='cuda'`` in a process forked after its parent
         initialised CUDA.
     """
+    if device is None and copy is None and type(x) is np.ndarray:
+        shared = _torch_fast(x)  # the common case, checked first: a plain shareable array
+        if shared is not None:
+            return shared
     _check_copy(copy)
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
         x = np.asarray(x)

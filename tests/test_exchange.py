@@ -459,3 +459,38 @@ def test_cupy_refuses_numpy_dtypes_it_cannot_hold(dtype):
 )
 def test_bfloat16_needs_cupy_14_and_numpy_2_1_2(cupy_version, numpy_version, expected):
     assert interop._backends.bfloat16_capable(cupy_version, numpy_version) is expected
+
+
+# ----------------------------------------------------------------- the fast paths
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(1.0)[::-1],  # C-contiguous by NumPy's rules, stride -8
+        lambda: np.arange(6.0).reshape(3, 2)[1:2, ::-1],  # a length-1 axis and a negative stride
+        lambda: np.empty((0, 3))[:, ::-1],  # zero-size with a negative stride
+        lambda: np.lib.stride_tricks.as_strided(np.arange(4.0), (1, 2), (3, 8)),  # odd stride
+    ],
+    ids=["length-1 reversed", "row reversed", "zero-size reversed", "odd length-1 stride"],
+)
+def test_arrays_numpy_calls_contiguous_but_torch_refuses_are_handled(make, torch):
+    """The common case is answered first (a plain contiguous array, shared at
+    once); C-contiguous arrays whose strides PyTorch would refuse still take
+    the general rules."""
+    a = make()
+    t = interop.to_torch(a)
+    assert t.tolist() == a.tolist()
+    back = interop.to_numpy(t)
+    assert back.tolist() == a.tolist()
+
+
+def test_the_fast_paths_share_what_the_general_ones_share(torch):
+    a = np.arange(12.0).reshape(3, 4)
+    t = interop.to_torch(a)
+    assert t.data_ptr() == a.ctypes.data
+    assert interop.to_numpy(t).ctypes.data == a.ctypes.data
+    e = torch.zeros(1, 4).expand(3, 4)  # a broadcast view: read-only as NumPy
+    assert not interop.to_numpy(e).flags.writeable
+    parameter = torch.nn.Parameter(torch.ones(2))  # requires grad: its detached data
+    assert interop.to_numpy(parameter).tolist() == [1.0, 1.0]
