@@ -258,7 +258,9 @@ def _torch_fast(a: np.ndarray) -> torch.Tensor | None:
 
 
 def _shareable(dtype: np.dtype) -> bool:
-    if not dtype.isnative or not dtypes.is_standard(dtype):
+    # NumPy's "aligned" means aligned to dtype.alignment, which for complex128 is
+    # 8: PyTorch needs the whole itemsize (the general path checks the address)
+    if not dtype.isnative or not dtypes.is_standard(dtype) or dtype.alignment != dtype.itemsize:
         return False
     try:
         dtypes.torch_dtype_of_numpy(dtype)
@@ -363,8 +365,10 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         foreign producer's export fails (a ``ValueError``).
     """
     tensor = _TENSOR[0]
-    if tensor is None and "torch" in sys.modules:
-        tensor = _TENSOR[0] = sys.modules["torch"].Tensor
+    if tensor is None:
+        th = sys.modules.get("torch")
+        if th is not None:
+            tensor = _TENSOR[0] = th.Tensor
     if copy is None and type(x) is tensor:
         shared = _numpy_fast(x)  # the common case, checked first: a plain CPU tensor
         if shared is not None:
