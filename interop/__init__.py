@@ -33,6 +33,7 @@ from .errors import (
 )
 from .exchange import to_cupy, to_numpy, to_torch
 from .npy import load_npy, save_npy
+from .pinned import Pinned, empty_pinned, pin
 from .streams import stream
 from .transfer import (
     Transfer,
@@ -60,6 +61,7 @@ __all__ = [
     "PathNotADirectoryError",
     "PathNotFoundError",
     "PathPermissionError",
+    "Pinned",
     "ReadOnlyWarning",
     "StreamMismatchError",
     "Transfer",
@@ -73,7 +75,9 @@ __all__ = [
     "copy_to_device_async",
     "copy_to_host",
     "copy_to_host_async",
+    "empty_pinned",
     "load_npy",
+    "pin",
     "save_npy",
     "stream",
     "to_cupy",
