@@ -775,14 +775,17 @@ def test_gpu_a_direct_copy_waits_for_the_producer_stream(torch):
 
 def test_ctrl_c_while_waiting_cancels_releases_and_reraises():
     """SIGINT during result(): KeyboardInterrupt is re-raised after the transfer
-    stopped and its threads are gone; the process stays usable."""
+    stopped and its work ended (the process's pool of host threads stays, idle);
+    the process stays usable."""
     proc = run_python(
         """
         import os, signal, threading, time
         import numpy as np, interop
-        base = threading.active_count()
         a = np.arange(1 << 21, dtype=np.float64)  # 256 chunks of 64 KiB
         out = np.zeros_like(a)
+        interop.copy_to_host(a, out, chunk_bytes=1 << 16)  # the pool's threads are started
+        out[:] = 0
+        base = threading.active_count()
         slow = lambda done, total: time.sleep(0.01)
         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
         try:

@@ -270,7 +270,12 @@ def cancel_running() -> None:
         transfer._finished.wait()
         transfer._join()
     for thread in threading.enumerate():  # finished, but still unwinding
-        if thread.name.startswith("interop-") and thread is not threading.current_thread():
+        name = thread.name
+        if (
+            name.startswith("interop-")
+            and not name.startswith("interop-host")  # the pool's: idle, ended by concurrent.futures
+            and thread is not threading.current_thread()
+        ):
             thread.join()
 
 

@@ -8,14 +8,14 @@ a tensor's conjugate/negative bit applied chunk by chunk.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from ..arrays import bits, host_values
 from .future import Transfer
-from .workers import submit
+from .workers import host_pool, settle, submit
 
 __all__ = ["HOST_CHUNK_MAX", "host_chunk_bytes", "host_copy"]
 
@@ -57,22 +57,21 @@ def host_copy(
                 transfer.chunk_done(i)
             return
         window = threads * 2
-        with ThreadPoolExecutor(threads, thread_name_prefix="interop-host") as pool:
-            pending: dict[int, Future[None]] = {}
-            try:
-                for i in range(len(chunks)):
-                    transfer.check_cancel()
-                    pending[i] = submit(pool, copy, i)
-                    if len(pending) >= window:
-                        first = min(pending)
-                        pending.pop(first).result()
-                        transfer.chunk_done(first)
-                for i in sorted(pending):
-                    transfer.check_cancel()
-                    pending.pop(i).result()
-                    transfer.chunk_done(i)
-            finally:
-                for f in pending.values():
-                    f.cancel()
+        pool = host_pool(threads)
+        pending: dict[int, Future[None]] = {}
+        try:
+            for i in range(len(chunks)):
+                transfer.check_cancel()
+                pending[i] = submit(pool, copy, i)
+                if len(pending) >= window:
+                    first = min(pending)
+                    pending.pop(first).result()
+                    transfer.chunk_done(first)
+            for i in sorted(pending):
+                transfer.check_cancel()
+                pending.pop(i).result()
+                transfer.chunk_done(i)
+        finally:
+            settle(pending.values())  # none left running when the transfer ends
 
     return run

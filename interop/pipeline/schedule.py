@@ -41,7 +41,7 @@ replaces the error that is propagating (it becomes a note on it).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,7 +52,7 @@ from .backend import Backend, DeviceData, Event, Staging, Stream, Timer
 from .future import Transfer
 from .plan import Plan
 from .ring import StagingRing, borrow_ring, note, return_ring
-from .workers import submit
+from .workers import host_pool, settle, submit
 
 __all__ = ["HostTask", "SlotJob", "run_slots"]
 
@@ -125,11 +125,11 @@ class _Run:
         self.events: list[Event] = [job.backend.event() for _ in range(n)]
         self.pending: list[list[Future[None]]] = [[] for _ in range(n)]
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
-        self.pool = (
-            None
-            if job.pinned is not None
-            else ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="interop-host")
-        )
+        # the process's host threads; each chunk's pieces run as at most `parts`
+        # tasks, so that the chunks of several slots keep every thread busy at
+        # once instead of every chunk ending at a barrier of all the threads
+        self.pool = None if job.pinned is not None else host_pool(job.threads)
+        self.parts = max(1, -(-job.threads // max(1, n - 1)))
         self.ring: StagingRing | None = None
         self.staging: Staging | None = None
         # diagnosis only (interop.pipeline.trace): timing events around each device step
@@ -149,17 +149,20 @@ class _Run:
         n = self.plan.sizes[i]
         pieces = self.trace.pieces if self.trace is not None else None
 
-        def piece(task: HostTask) -> None:
+        def piece(tasks: list[HostTask]) -> None:
             submitted = trace.now()
             if after is not None:
                 after.synchronize()
             waited = trace.now()
             with ring.host(k, n) as buf:
-                task(buf)
+                for task in tasks:
+                    task(buf)
             if pieces is not None:
                 pieces.append((i, submitted, waited, trace.now()))
 
-        self.pending[k] = [submit(pool, piece, task) for task in self.job.host_tasks(i)]
+        tasks = list(self.job.host_tasks(i))
+        groups = [tasks[g :: self.parts] for g in range(min(self.parts, len(tasks)))]
+        self.pending[k] = [submit(pool, piece, group) for group in groups]
 
     def wait_host(self, k: int) -> None:
         """Wait for the host pieces in slot ``k``; re-raise the first failure."""
@@ -275,12 +278,8 @@ class _Run:
 
     # -- release
     def release(self, errors: _Errors) -> None:
-        for futures in self.pending:
-            for f in futures:
-                f.cancel()
-        pool = self.pool
-        if pool is not None:
-            errors.attempt("stopping the host threads", lambda: pool.shutdown(wait=True))
+        pending = [f for futures in self.pending for f in futures]
+        errors.attempt("stopping the host pieces", lambda: settle(pending))
         errors.attempt("synchronising the copy stream", self.stream.synchronize)
         self.held = []
         if self.staging is not None:

@@ -165,6 +165,7 @@ class _Machine:
 
     def __init__(self, delay: float, faults: dict[str, int] | None) -> None:
         self.delay = float(delay)
+        self.link_gbps: float | None = None
         self.faults = dict(faults or {})
         self.counts: Counter[str] = Counter()
         self.violations: list[str] = []
@@ -210,6 +211,11 @@ class EmulatedDevice:
         ``"timer_read"`` (reading a timing event; not sticky).
     devices : int
         How many devices the machine has (default 1).
+    link_gbps : float, optional
+        Emulate a link of this many GB/s: each DMA takes at least its bytes
+        at that rate (the stream's worker waits out the rest). With the host
+        copies running at the machine's own speed, a transfer's overlap of
+        DMA and host copies can then be measured as a ratio on a CPU.
 
     Attributes
     ----------
@@ -223,11 +229,19 @@ class EmulatedDevice:
     """
 
     def __init__(
-        self, *, delay: float = 0.0, faults: dict[str, int] | None = None, devices: int = 1
+        self,
+        *,
+        delay: float = 0.0,
+        faults: dict[str, int] | None = None,
+        devices: int = 1,
+        link_gbps: float | None = None,
     ) -> None:
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise ValueError(f"EmulatedDevice expected devices >= 1 (got {devices!r})")
+        if link_gbps is not None and not link_gbps > 0:
+            raise ValueError(f"EmulatedDevice expected link_gbps > 0 (got {link_gbps!r})")
         machine = _Machine(delay, faults)
+        machine.link_gbps = link_gbps
         self._attach(machine, 0)
         for index in range(1, devices):
             object.__new__(EmulatedDevice)._attach(machine, index)
@@ -447,7 +461,7 @@ class EmulatedDevice:
         host, region = self._check_dma(src, dst, nbytes)
         data = src.data
         s.enqueue(
-            "copy", lambda: np.copyto(host, data.reshape(-1).view(np.uint8)),
+            "copy", self._on_link(nbytes, lambda: np.copyto(host, data.reshape(-1).view(np.uint8))),
             reads=[src.region], writes=[region],
         )  # fmt: skip
 
@@ -455,9 +469,24 @@ class EmulatedDevice:
         host, region = self._check_dma(dst, src, nbytes)
         data = dst.data
         s.enqueue(
-            "copy", lambda: np.copyto(data.reshape(-1).view(np.uint8), host),
+            "copy", self._on_link(nbytes, lambda: np.copyto(data.reshape(-1).view(np.uint8), host)),
             reads=[region], writes=[dst.region],
         )  # fmt: skip
+
+    def _on_link(self, nbytes: int, op: Callable[[], None]) -> Callable[[], None]:
+        """``op``, a DMA of ``nbytes``, taking at least the emulated link's time."""
+        gbps = self.machine.link_gbps
+        if gbps is None:
+            return op
+
+        def dma() -> None:
+            start = time.perf_counter()
+            op()
+            rest = nbytes / (gbps * 1e9) - (time.perf_counter() - start)
+            if rest > 0:
+                time.sleep(rest)
+
+        return dma
 
     def _check_dma(self, view: DeviceArray, ptr: int, nbytes: int) -> tuple[np.ndarray, _Region]:
         if not view.data.flags.c_contiguous or view.nbytes != nbytes:
