@@ -440,7 +440,11 @@ def _torch_from_numpy(a: np.ndarray, copy: bool | None) -> torch.Tensor:
 def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     th = _backends.require_torch_cuda()
     index = int(c.data.device_id)
-    pack = c.size > 0 and _pytorch_cannot_share(c)
+    shape = c.shape
+    plain = (  # the common case, answered first: what PyTorch takes as it is
+        c.flags.c_contiguous and 0 not in shape and 1 not in shape and not c.data.ptr % c.itemsize
+    )
+    pack = not plain and c.size > 0 and _pytorch_cannot_share(c)
     if pack and copy is False:
         raise _copy_required(f"an array with {_layout_in_words(c)}")
     if pack or (copy and c.size > 0):
@@ -451,8 +455,10 @@ def _torch_from_cupy(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     # CuPy's device only: torch.from_dlpack names the array's device itself
     # (so PyTorch's current stream there is the consumer it names to
     # __dlpack__), and CuPy's __dlpack__ orders that stream after CuPy's
-    # current stream (the producer's) of the current device.
-    with cp.cuda.Device(index):
+    # current stream (the producer's) of the current device. Usually that
+    # device is current already: then nothing is switched.
+    here = cp.cuda.runtime.getDevice() == index
+    with _ALREADY_CURRENT if here else cp.cuda.Device(index):
         if c.size == 0 and (copy or _pytorch_cannot_share(c)):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
         current = cp.cuda.get_current_stream()

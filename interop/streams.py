@@ -173,8 +173,12 @@ def torch_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream_handle(index: int) -> int:
-    """The handle of PyTorch's current stream on device ``index``."""
+    """The handle of PyTorch's current stream on device ``index`` (PyTorch's raw
+    query where it has one: building a ``torch.cuda.Stream`` costs microseconds)."""
     th = _backends.torch()
+    raw = getattr(th._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(index))
     return int(th.cuda.current_stream(index).cuda_stream)
 
 
