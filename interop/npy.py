@@ -41,7 +41,7 @@ from .arrays import (
     parse_device,
 )
 from .config import chunk_bytes_or_default, config
-from .destination import prepare_destination
+from .destination import Destination, prepare_destination
 from .errors import (
     BackendUnavailableError,
     InteropError,
@@ -49,6 +49,7 @@ from .errors import (
     InvalidValueError,
     NoDeviceError,
     NpyFormatError,
+    PathError,
     TransferError,
     path_error,
 )
@@ -262,19 +263,29 @@ def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
             offset += n
 
 
-def _into_file(fd: int, offset: int, positioned: bool, threads: int) -> HostStep:
+def _into_file(
+    fd: int, offset: int, positioned: bool, threads: int, failed: list[OSError]
+) -> HostStep:
     """Write each slot at its chunk's offset in the file (``os.pwrite``, split
     across host threads); in order with one thread where the file has no
-    positions."""
+    positions. A write that fails is added to ``failed`` (so the caller can
+    tell it from the pipeline's other errors) and re-raised."""
+
+    def write(view: memoryview, at: int | None) -> None:
+        try:
+            _write_all(fd, view, at)
+        except OSError as exc:
+            failed.append(exc)
+            raise
 
     def step(plan: Plan) -> Callable[[int], list[HostTask]]:
         def tasks(i: int) -> list[HostTask]:
             base = offset + plan.starts[i]
             if not positioned:
-                return [lambda buf: _write_all(fd, buf.data, None)]
+                return [lambda buf: write(buf.data, None)]
 
             def piece(lo: int, hi: int) -> HostTask:
-                return lambda buf: _write_all(fd, buf[lo:hi].data, base + lo)
+                return lambda buf: write(buf[lo:hi].data, base + lo)
 
             return [piece(lo, hi) for lo, hi in split_bytes(plan.sizes[i], threads)]
 
@@ -283,12 +294,13 @@ def _into_file(fd: int, offset: int, positioned: bool, threads: int) -> HostStep
     return step
 
 
-def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
+def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any, failed: list[OSError]) -> None:
     """Write the data of ``src`` after the header already in ``f``.
 
     Host data is written chunk by chunk; device data goes through the
     device-to-host slot pipeline, whose host threads write each pinned slot
-    straight into the file at its offset (no host copy of the array).
+    straight into the file at its offset (no host copy of the array); a
+    write of theirs that fails is added to ``failed``.
     """
     nbytes = nbytes_of(src.shape, src.dtype.itemsize)
     if not src.on_device:
@@ -310,7 +322,7 @@ def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
     device_to_host(
         src.obj,
         chunk,
-        _into_file(fd, offset, positioned, threads),
+        _into_file(fd, offset, positioned, threads, failed),
         result=None,
         progress=progress,
         func="save_npy",
@@ -345,12 +357,16 @@ def save_npy(
         ``"x.bin"`` is kept), except for an existing FIFO or character device.
         What happens at the path:
 
-        - a new or regular file: the data is written to a short hidden
-          temporary file in the same directory, renamed to ``path`` only when
-          complete, so an interrupted or failed save never leaves a partial
-          file under ``path`` (an existing file stays as it was). A replaced
-          file keeps its mode bits, and its owner and group where this process
-          may set them;
+        - a new or regular file: the data is written to a temporary file in
+          the same directory, renamed to ``path`` only when complete, so an
+          interrupted or failed save never leaves a partial file under
+          ``path`` (an existing file stays as it was, byte for byte). On
+          Linux file systems with ``O_TMPFILE`` (tmpfs, ext4, xfs, btrfs...)
+          the temporary file has no name until the data is complete, so even
+          a process killed mid-save leaves nothing behind; elsewhere it is a
+          short hidden file (``.NAME.XXXXXXXX.tmp``), which a killed process
+          leaves. A replaced file keeps its mode bits, and its owner and group
+          where this process may set them;
         - a symlink: followed; the file it points to is replaced (the
           temporary is made beside that file) and the link stays;
         - a FIFO or character device: written into, in order, as
@@ -406,12 +422,19 @@ def save_npy(
     PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
         The destination is refused (see ``path``), before any data moves; each
         is also the ``OSError`` subclass of its name (``IsADirectoryError``, ...).
-    TransferError
-        A device chunk failed; no file is left under ``path``.
     PathError
-        The file cannot be written (a full disk, a size limit): an ``OSError``
-        with the failure's ``errno`` and the path; no file is left under
-        ``path`` (for a FIFO or device, what was written stays written).
+        The file cannot be written (a full disk: ``errno.ENOSPC``, a file
+        size limit: ``EFBIG``, an I/O error), for host and device sources
+        alike: an ``OSError`` with the failure's ``errno`` and the path as
+        ``filename``. The destination is untouched (an existing file keeps its
+        contents, a new one is not created, no temporary file is left), and
+        the message says so; for a FIFO or device it says instead that what
+        was written stays written.
+    TransferError
+        A device chunk failed otherwise (a CUDA error, a ``progress`` callable
+        that raised, chained as ``__cause__``): the destination is untouched
+        as above and ``bytes_done`` is 0 (for a FIFO or device: the data bytes
+        known to be written).
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
@@ -421,24 +444,61 @@ def save_npy(
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
     header = _header_bytes(src.shape, _file_dtype(src.dtype))
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
+    failed: list[OSError] = []  # writes of the device pipeline's host threads that failed
     try:
         with dest.open() as f:  # commit when complete, discard on any error
             f.write(header)
-            _write_data(f, src, chunk, progress)
+            _write_data(f, src, chunk, progress, failed)
+    except TransferError as exc:
+        cause = exc.__cause__
+        if any(cause is e for e in failed):  # the file could not be written: as for host data
+            assert isinstance(cause, OSError)
+            raise _write_failed(dest, cause, exc.bytes_done) from cause
+        raise _transfer_failed(dest, exc) from cause
     except OSError as exc:
         if isinstance(exc, InteropError):
             raise
-        left = (
-            "what was written before the error stays written"
-            if dest.streaming
-            else f"no file was left under {str(dest.path)!r}"
-        )
-        raise path_error(
-            exc.errno,
-            f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; {left}",
-            str(dest.path),
-        ) from exc
+        raise _write_failed(dest, exc) from exc
     return dest.path
+
+
+def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
+    """What a failed save left at its destination, for a message."""
+    shown = repr(str(dest.path))
+    if dest.streaming:
+        done = "" if data_done is None else f" (the header and at least {data_done} data bytes)"
+        return (
+            f"{shown} is written into in place, not replaced: what was written before the "
+            f"error{done} stays written, and a reader sees a truncated .npy file"
+        )
+    if os.path.lexists(dest.target):
+        return f"the destination is untouched: {shown} still holds the file it held before"
+    return f"the destination is untouched: no file was left under {shown}"
+
+
+def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None) -> PathError:
+    """The :class:`PathError` (with the failure's ``errno``) of a write or
+    rename that failed: a full disk, a file size limit, an I/O error."""
+    return path_error(
+        exc.errno,
+        f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; "
+        f"{_what_is_left(dest, data_done)}",
+        str(dest.path),
+    )
+
+
+def _transfer_failed(dest: Destination, exc: TransferError) -> TransferError:
+    """The pipeline's error (a device error, a ``progress`` callable that
+    raised, a cancel) restated for the file: nothing of an atomic save is
+    kept, so no byte of the destination counts as done."""
+    cause = exc.__cause__
+    what = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
+    done = exc.bytes_done if dest.streaming else 0
+    return TransferError(
+        f"save_npy {what}; {_what_is_left(dest, done)}",
+        bytes_done=done,
+        nbytes=exc.nbytes,
+    )
 
 
 def _refuse_masked(x: Any) -> None:

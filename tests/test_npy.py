@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
 import stat
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -586,3 +588,126 @@ def test_an_unknown_format_version_is_named(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"v9\.npy'.*unsupported \.npy format version 9\.0"):
         read_npy_header(path)
+
+
+# ------------------------------------------------------- a write that fails
+
+# Run in a child: on a 1 MiB tmpfs (a full disk) or under RLIMIT_FSIZE (a file
+# size limit). argv[1] is the directory; the source is a NumPy array or an
+# array of the emulated device (through the device-to-host slot pipeline).
+_FAILING_SAVE = """
+import errno, json, os, resource, signal, sys
+import numpy as np, interop
+from interop.pipeline.host import HostBackend
+
+d, kind, existing, limit = sys.argv[1], {kind!r}, {existing!r}, {limit!r}
+path = os.path.join(d, "x.npy")
+old = b"the file that was there before " * 300  # 9.3 KB
+if existing:
+    with open(path, "wb") as f:
+        f.write(old)
+if limit:  # a write past the limit fails with EFBIG instead of killing the process
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+free = os.statvfs(d).f_bfree
+a = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: more than either allows
+backend = HostBackend()
+src = backend.asarray(a) if kind == "device" else a
+try:
+    interop.save_npy(src, path, chunk_bytes=64 << 10)
+    got = None
+except Exception as exc:
+    got = exc
+print(json.dumps({{
+    "classes": [c.__name__ for c in type(got).__mro__],
+    "errno": getattr(got, "errno", None),
+    "filename": getattr(got, "filename", None),
+    "message": str(got),
+    "listing": sorted(os.listdir(d)),
+    "old_kept": open(path, "rb").read() == old if existing else None,
+    "space_back": os.statvfs(d).f_bfree == free,
+}}))
+backend.close()
+"""
+
+
+def _failing_save(run, kind, existing, limit=0):
+    proc = run(_FAILING_SAVE.format(kind=kind, existing=existing, limit=limit))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _check_untouched(got, path, code, existing):
+    assert "PathError" in got["classes"]  # an interop error ...
+    assert "OSError" in got["classes"]  # ... and the OSError a user catches around open
+    assert "TransferError" not in got["classes"]
+    assert got["errno"] == code
+    assert got["filename"] == path
+    assert f"save_npy could not write {path!r}: {os.strerror(code)}" in got["message"]
+    assert "the destination is untouched" in got["message"]
+    if existing:
+        assert f"{path!r} still holds the file it held before" in got["message"]
+        assert got["old_kept"] is True  # byte for byte
+        assert got["listing"] == ["x.npy"]  # and no temporary file beside it
+    else:
+        assert f"no file was left under {path!r}" in got["message"]
+        assert got["listing"] == []
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_full_disk_is_a_path_error_with_its_errno_and_nothing_changes(kind, existing):
+    from .small_fs import run_on_tmpfs
+
+    got = _failing_save(lambda code: run_on_tmpfs(code, "1m"), kind, existing)
+    path = got["filename"]
+    assert isinstance(path, str), got
+    assert path.endswith("/x.npy")
+    _check_untouched(got, path, errno.ENOSPC, existing)
+    assert got["space_back"]  # the temporary file's blocks were freed too
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_file_size_limit_is_a_path_error_with_its_errno_and_nothing_changes(
+    tmp_path, kind, existing
+):
+    code = _FAILING_SAVE.format(kind=kind, existing=existing, limit=256 << 10)
+    proc = run_python(f"import sys; sys.argv[1:] = [{str(tmp_path)!r}]\n" + code)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    _check_untouched(got, str(tmp_path / "x.npy"), errno.EFBIG, existing)
+
+
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_fifo_whose_reader_leaves_says_what_was_written_stays(tmp_path, kind):
+    from interop.pipeline.host import HostBackend
+
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    a = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: far more than the pipe holds
+    received = bytearray()
+
+    def read_a_little():
+        with open(fifo, "rb") as f:
+            received.extend(f.read(1000))
+
+    reader = threading.Thread(target=read_a_little)
+    reader.start()
+    backend = HostBackend()
+    try:
+        src = backend.asarray(a) if kind == "device" else a
+        with pytest.raises(interop.PathError) as info:
+            interop.save_npy(src, fifo, chunk_bytes=64 << 10)
+    finally:
+        reader.join(30)
+        backend.close()
+    err = info.value
+    assert isinstance(err, OSError)
+    assert not isinstance(err, interop.TransferError)
+    assert err.errno == errno.EPIPE
+    assert "is written into in place, not replaced: what was written before the error" in str(err)
+    assert "stays written, and a reader sees a truncated .npy file" in str(err)
+    assert "untouched" not in str(err)
+    assert bytes(received[:6]) == b"\x93NUMPY"  # the header went out before the error
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
