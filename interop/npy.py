@@ -586,7 +586,126 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         )
     if host and not isinstance(out, np.ndarray):
         out = numpy_view_of_cpu_tensor(out)  # a CPU tensor: write through a NumPy view
+    if host:
+        _refuse_a_map_of_the_file(header, out)
     return out, host
+
+
+# ----------------------------------------------------------------------- an out that maps the file
+
+
+def _may_map_a_file(a: np.ndarray) -> bool:
+    """False where ``a``'s memory is certainly not a file mapping: its base
+    chain ends in an array that allocated its own memory (``numpy.empty``)."""
+    obj: Any = a
+    while isinstance(obj, np.ndarray):
+        if obj.base is None:
+            return not obj.flags.owndata
+        obj = obj.base
+    return True  # an mmap.mmap (numpy.memmap, numpy.load(mmap_mode=...)), a tensor, a buffer
+
+
+def _mapped_file_ranges(lo: int, hi: int) -> list[tuple[int, int, int, str, int, int]] | None:
+    """The shared file mappings of this process under addresses ``[lo, hi)``,
+    from Linux's ``/proc/self/maps``: ``(major, minor, inode, path, start,
+    end)``, where ``[start, end)`` are the file offsets of the part inside
+    ``[lo, hi)``. A private (copy-on-write) mapping never writes the file and
+    is left out. None where there is no such table (another system)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 5 or fields[4] == "0" or not fields[1].endswith("s"):
+                    continue  # anonymous or private memory
+                first, _, last = fields[0].partition("-")
+                start, end = int(first, 16), int(last, 16)
+                if end <= lo or start >= hi:
+                    continue
+                major, _, minor = fields[3].partition(":")
+                offset = int(fields[2], 16)
+                name = fields[5].rstrip("\n") if len(fields) > 5 else ""
+                found.append(
+                    (
+                        int(major, 16),
+                        int(minor, 16),
+                        int(fields[4]),
+                        name,
+                        offset + max(lo, start) - start,
+                        offset + min(hi, end) - start,
+                    )
+                )
+    except (OSError, ValueError):
+        return None
+    return found
+
+
+def _memmap_file_ranges(
+    a: np.ndarray, lo: int, hi: int
+) -> list[tuple[str | os.PathLike[str], int, int]]:
+    """Where ``/proc/self/maps`` is missing: the ``numpy.memmap`` at the root
+    of ``a``'s base chain, as ``(filename, start, end)`` file offsets of
+    ``[lo, hi)``."""
+    root: Any = None
+    obj: Any = a
+    while isinstance(obj, np.ndarray):
+        if isinstance(obj, np.memmap) and not isinstance(obj.base, np.ndarray):
+            root = obj  # the memmap made on the mapping itself: offset is its first byte
+        obj = obj.base
+    if root is None or not getattr(root, "filename", None) or root.mode == "c":
+        return []  # no memmap, or a copy-on-write one (it never writes the file)
+    first = root.ctypes.data
+    return [(root.filename, root.offset + lo - first, root.offset + hi - first)]
+
+
+def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
+    """Refuse an ``out`` that maps bytes of the file being read (a
+    ``numpy.memmap`` of it, ``numpy.load(path, mmap_mode="r+")``, any view of
+    one): each chunk written into ``out`` would change bytes of the file that
+    later chunks read, so the result would be wrong (a reversed view leaves a
+    palindrome). Two mappings of one file have different addresses, so
+    nothing else can see the overlap. Conservative: any byte of the file
+    under ``out``'s extent is refused; a mapping of another file, of an older
+    file that was since replaced under the same name, or a copy-on-write one
+    (``mmap_mode="c"``: it never writes the file) is not."""
+    if not out.size or not _may_map_a_file(out):
+        return
+    lo, hi = np.lib.array_utils.byte_bounds(out)
+    try:
+        st = os.stat(header.path)
+    except OSError:
+        return  # the read that follows reports it
+    size = header.offset + header.nbytes
+    hits: list[tuple[int, int]] = []
+    mapped = _mapped_file_ranges(lo, hi)
+    if mapped is not None:
+        for major, minor, inode, name, start, end in mapped:
+            if inode != st.st_ino:
+                continue
+            same = os.makedev(major, minor) == st.st_dev  # btrfs and overlayfs name another device
+            if not same and name.startswith("/"):
+                try:
+                    same = os.path.samefile(name, header.path)
+                except (OSError, ValueError):
+                    same = False
+            if same:
+                hits.append((start, end))
+    else:
+        for filename, start, end in _memmap_file_ranges(out, lo, hi):
+            try:
+                if os.path.samefile(filename, header.path):
+                    hits.append((start, end))
+            except (OSError, ValueError):
+                continue
+    for start, end in hits:
+        if start < size and end > 0:
+            raise InvalidValueError(
+                f"expected out for {str(header.path)!r} not to be a memory map of that file "
+                f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it, which "
+                "load_npy would read after writing into them: the values would come out "
+                "wrong); load into new memory and copy, out[...] = interop.load_npy(path), or "
+                "use the file's data as it is, numpy.load(path, mmap_mode='r')"
+            )
 
 
 def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
@@ -746,8 +865,12 @@ def load_npy(
     InvalidValueError
         An ``out`` of the wrong shape/dtype or read-only, or a ``device`` that
         is not where ``out`` is; a ``device`` string that is not ``"cpu"``,
-        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass). A
-        ``ValueError``; nothing is written.
+        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass); an
+        ``out`` that is a shared memory map of the file being read (a
+        ``numpy.memmap`` or ``numpy.load(path, mmap_mode="r+")`` of it, any
+        view of one, a tensor over one: writing it would change bytes still
+        to be read; load into new memory and copy, ``out[...] =
+        load_npy(path)``). A ``ValueError``; nothing is written.
     InvalidTypeError
         ``out`` is not an array, ``device`` is not a device, or ``path`` is
         not a path (a ``TypeError``).

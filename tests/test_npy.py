@@ -711,3 +711,119 @@ def test_a_fifo_whose_reader_leaves_says_what_was_written_stays(tmp_path, kind):
     assert "untouched" not in str(err)
     assert bytes(received[:6]) == b"\x93NUMPY"  # the header went out before the error
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+# ------------------------------------------------------- an out that maps the file
+
+
+def _mapped_views(path):
+    """Writable arrays over the data of the .npy file at ``path`` (shared mappings)."""
+    import mmap
+
+    header = read_npy_header(path)
+    f = open(path, "r+b")  # noqa: SIM115 (the mapping keeps what it needs)
+    raw = mmap.mmap(f.fileno(), 0)
+    f.close()
+    plain = np.frombuffer(raw, header.dtype, offset=header.offset).reshape(header.shape)
+    return {
+        "memmap reversed": np.load(path, mmap_mode="r+")[::-1],
+        "memmap itself": np.load(path, mmap_mode="r+"),
+        "numpy.memmap at an offset": np.memmap(
+            path, header.dtype, "r+", offset=header.offset, shape=header.shape
+        )[::-1],
+        "view of mmap.mmap": plain[::-1],
+        "ndarray of a memmap": np.asarray(np.load(path, mmap_mode="r+"))[::-1],
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["memmap reversed", "memmap itself", "numpy.memmap at an offset", "view of mmap.mmap",
+     "ndarray of a memmap"],
+)  # fmt: skip
+def test_loading_into_a_map_of_the_same_file_is_refused_before_anything_moves(tmp_path, name):
+    path = tmp_path / "m.npy"
+    a = np.arange(1 << 17, dtype=np.float64)  # 16 chunks of 64 KiB
+    np.save(path, a)
+    before = path.read_bytes()
+    out = _mapped_views(path)[name]
+    with pytest.raises(interop.InvalidValueError) as info:
+        interop.load_npy(path, out, chunk_bytes=1 << 16)
+    message = str(info.value)
+    assert f"expected out for {str(path)!r} not to be a memory map of that file" in message
+    assert f"bytes [128, {128 + a.nbytes}) of it" in message
+    assert "out[...] = interop.load_npy(path)" in message
+    assert path.read_bytes() == before  # nothing moved
+    out[...] = interop.load_npy(path)  # the fix the message gives gives the right values
+    np.testing.assert_array_equal(out, a)
+
+
+def test_a_cpu_tensor_over_a_map_of_the_file_is_refused(tmp_path, torch):
+    path, other = tmp_path / "t.npy", tmp_path / "other.npy"
+    a = np.arange(1 << 15, dtype=np.float32)
+    np.save(path, a)
+    np.save(other, a[::-1])
+    before = path.read_bytes()
+    over_the_file = torch.from_numpy(np.load(path, mmap_mode="r+"))  # shares the mapping
+    with pytest.raises(interop.InvalidValueError, match="not to be a memory map of that file"):
+        interop.load_npy(path, over_the_file, chunk_bytes=1 << 16)
+    assert path.read_bytes() == before
+    interop.load_npy(other, over_the_file, chunk_bytes=1 << 16)  # another file into it: fine
+    np.testing.assert_array_equal(np.load(path), a[::-1])
+    copied = torch.from_numpy(np.load(other, mmap_mode="r+")).clone()  # not a map at all
+    interop.load_npy(other, copied, chunk_bytes=1 << 16)
+    np.testing.assert_array_equal(copied.numpy(), a[::-1])
+
+
+@pytest.mark.parametrize("how", ["copy-on-write map", "replaced file", "another file", "empty"])
+def test_maps_that_cannot_change_what_is_read_are_allowed(tmp_path, how):
+    path = tmp_path / "m.npy"
+    a = np.arange(1 << 17, dtype=np.float64)
+    np.save(path, np.zeros_like(a) if how == "replaced file" else a)
+    if how == "copy-on-write map":  # writes stay in private pages: the file never changes
+        out = np.load(path, mmap_mode="c")[::-1]
+        expected_file = a
+    elif how == "replaced file":  # a map of the old file: save_npy wrote a new one
+        out = np.load(path, mmap_mode="r+")[::-1]
+        interop.save_npy(a, path)
+        expected_file = a
+    elif how == "another file":
+        np.save(tmp_path / "other.npy", np.zeros_like(a))
+        out = np.load(tmp_path / "other.npy", mmap_mode="r+")[::-1]
+        expected_file = a
+    else:
+        np.save(path, a[:0])
+        out = np.load(path, mmap_mode="r+")
+        a, expected_file = a[:0], a[:0]
+    assert interop.load_npy(path, out, chunk_bytes=1 << 16) is out
+    np.testing.assert_array_equal(out, a)
+    np.testing.assert_array_equal(np.load(path), expected_file)
+
+
+def test_where_there_is_no_maps_table_the_memmap_names_its_file(tmp_path):
+    from interop import npy
+
+    path = tmp_path / "m.npy"
+    np.save(path, np.arange(1000, dtype=np.int32))
+    view = np.load(path, mmap_mode="r+")[10:20]
+    lo, hi = np.lib.array_utils.byte_bounds(view)
+    ((name, start, end),) = npy._memmap_file_ranges(view, lo, hi)
+    assert os.fspath(name) == str(path)
+    assert (start, end) == (128 + 40, 128 + 80)
+    assert npy._memmap_file_ranges(np.load(path, mmap_mode="c"), lo, hi) == []
+    assert npy._memmap_file_ranges(np.zeros(3), lo, hi) == []
+
+
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_saving_a_map_of_the_destination_writes_the_right_values(tmp_path, mode, monkeypatch):
+    from interop import destination
+
+    for unnamed in (True, False):
+        monkeypatch.setattr(destination, "_UNNAMED_TEMPORARY", unnamed)
+        path = tmp_path / f"s{unnamed}.npy"
+        a = np.arange(1 << 17, dtype=np.float64)
+        np.save(path, a)
+        x = np.load(path, mmap_mode=mode)[::-1]  # read while the file is replaced: a new file
+        interop.save_npy(x, path, chunk_bytes=1 << 16)
+        np.testing.assert_array_equal(np.load(path), a[::-1])
+        np.testing.assert_array_equal(x, a[::-1])  # the map still shows the old file
