@@ -52,15 +52,15 @@ from .errors import (
     PathNotFoundError,
     TransferError,
 )
+from .npy import _header_bytes, _write_all, read_npy_header
+from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
+from .pipeline.schedule import HostTask
+from .transfer import HostStep, device_to_host, empty_device, host_to_device
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not a POSIX system: no file locks
     fcntl = None  # type: ignore[assignment]
-from .npy import _header_bytes, _write_all, read_npy_header
-from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
-from .pipeline.schedule import HostTask
-from .transfer import HostStep, device_to_host, empty_device, host_to_device
 
 try:
     import dask

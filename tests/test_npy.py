@@ -612,7 +612,12 @@ if limit:  # a write past the limit fails with EFBIG instead of killing the proc
 free = os.statvfs(d).f_bfree
 a = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: more than either allows
 backend = HostBackend()
-src = backend.asarray(a) if kind == "device" else a
+if kind == "cupy":
+    import cupy
+
+    src = cupy.asarray(a)
+else:
+    src = backend.asarray(a) if kind == "device" else a
 try:
     interop.save_npy(src, path, chunk_bytes=64 << 10)
     got = None
@@ -677,6 +682,20 @@ def test_a_file_size_limit_is_a_path_error_with_its_errno_and_nothing_changes(
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     _check_untouched(got, str(tmp_path / "x.npy"), errno.EFBIG, existing)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
+def test_gpu_a_full_disk_or_a_size_limit_is_a_path_error_for_cupy_sources(tmp_path, cp, existing):
+    from .small_fs import run_on_tmpfs
+
+    code = _FAILING_SAVE.format(kind="cupy", existing=existing, limit=256 << 10)
+    proc = run_python(f"import sys; sys.argv[1:] = [{str(tmp_path)!r}]\n" + code)
+    assert proc.returncode == 0, proc.stderr
+    _check_untouched(json.loads(proc.stdout), str(tmp_path / "x.npy"), errno.EFBIG, existing)
+    got = _failing_save(lambda code: run_on_tmpfs(code, "1m"), "cupy", existing)
+    _check_untouched(got, got["filename"], errno.ENOSPC, existing)
+    assert got["space_back"]
 
 
 @pytest.mark.parametrize("kind", ["host", "device"])
