@@ -14,7 +14,8 @@ Dask schedules everything; interop adds one task per block:
   bounded host buffer (a device block through the pinned staging ring of the
   device-to-host pipeline, whose host threads write each slot to the file);
   the temporary file is renamed to the final name only when every block is
-  written.
+  written. A failed save removes it once no task writes it any more (see
+  :func:`_abandon`).
 * :func:`load_npy`: a dask array whose blocks are read on the workers with
   positioned reads (``os.preadv``) of each block's runs, straight into a new
   NumPy block, or into the pinned staging ring and on to a new CuPy block.
@@ -26,6 +27,7 @@ leading axes. Runs are as long as the layout allows (adjacent ones are merged).
 
 from __future__ import annotations
 
+import contextlib
 import errno as _errno
 import os
 import socket
@@ -55,6 +57,11 @@ from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.schedule import HostTask
 from .pipeline.start import HostStep, device_to_host, host_to_device
 from .transfer import empty_device
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system: no file locks
+    fcntl = None  # type: ignore[assignment]
 
 try:
     import dask
@@ -187,16 +194,19 @@ def _where() -> str:
 
 
 def _host_pieces(src: Any, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
-    """The bytes of a host block in C order, as ``(position, bytes)`` pieces.
+    """The bytes of a host block in C order, as ``(position, bytes)`` pieces of
+    at most ``chunk_bytes`` (between two pieces a task checks that the save
+    goes on).
 
-    A C-contiguous NumPy block is one piece: its own memory, no copy. Any
-    other host block (strided, a CPU tensor) is copied piece by piece (each at
-    most ``chunk_bytes``, in C order) into one reused buffer, valid until the
-    next piece is asked for.
+    A C-contiguous NumPy block is cut into pieces of its own memory, no copy.
+    Any other host block (strided, a CPU tensor) is copied piece by piece (in
+    C order) into one reused buffer, valid until the next piece is asked for.
     """
     obj, shape, dtype = src.obj, src.shape, src.dtype
     if isinstance(obj, np.ndarray) and obj.flags.c_contiguous:
-        yield 0, obj.reshape(-1).view(np.uint8).data
+        whole = obj.reshape(-1).view(np.uint8).data
+        for position in range(0, len(whole), chunk_bytes):
+            yield position, whole[position : position + chunk_bytes]
         return
     total = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     bounce = np.empty(min(max(chunk_bytes, dtype.itemsize), total), np.uint8)
@@ -210,15 +220,37 @@ def _host_pieces(src: Any, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]
         position += n
 
 
-def _into_runs(fd: int, runs: _Runs, threads: int) -> HostStep:
+def _lock_shared(fd: int) -> None:
+    """Hold a shared lock on the temporary file while this task writes it: the
+    caller, giving the save up, takes the exclusive lock to know that no task
+    writes any more. Where the file system has no locks, nothing is held."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
+            fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def _still_saving(fd: int, what: str) -> None:
+    """Raise if the caller gave the save up (it removed the temporary file):
+    checked before each piece is written, so a task stops writing soon after
+    the save failed elsewhere or was cancelled."""
+    if os.fstat(fd).st_nlink == 0:
+        raise PathNotFoundError(
+            _errno.ENOENT,
+            f"{what}: the save failed or was cancelled (its temporary file was removed); "
+            "this block stopped writing",
+        )
+
+
+def _into_runs(fd: int, runs: _Runs, threads: int, what: str) -> HostStep:
     """The device pipeline's host step for a block: each pinned slot is
     written straight to the block's runs in the file (positioned writes,
-    split across host threads)."""
+    split across host threads), once the save is seen to go on."""
 
     def step(plan: Plan) -> Callable[[int], list[HostTask]]:
         def tasks(i: int) -> list[HostTask]:
             def piece(lo: int, hi: int) -> HostTask:
                 def write(buf: np.ndarray) -> None:
+                    _still_saving(fd, what)
                     for offset, at, length in runs.segments(plan.starts[i] + lo, hi - lo):
                         _write_all(fd, buf[lo + at : lo + at + length].data, offset)
 
@@ -231,7 +263,7 @@ def _into_runs(fd: int, runs: _Runs, threads: int) -> HostStep:
     return step
 
 
-def _write_device_block(fd: int, src: Any, runs: _Runs, chunk: int) -> None:
+def _write_device_block(fd: int, src: Any, runs: _Runs, chunk: int, what: str) -> None:
     """Stream a device block through the pinned staging ring into the file.
 
     This is the one place that moves a device block to the host for writing:
@@ -242,7 +274,7 @@ def _write_device_block(fd: int, src: Any, runs: _Runs, chunk: int) -> None:
     device_to_host(
         src,
         chunk,
-        _into_runs(fd, runs, config.host_threads),
+        _into_runs(fd, runs, config.host_threads, what),
         result=None,
         progress=False,
         func="interop.dask.save_npy",
@@ -291,10 +323,13 @@ def _write_block(
         ) from exc
     src = array_source(block, "interop.dask.save_npy")
     try:
+        _lock_shared(fd)  # released by the close
+        _still_saving(fd, what)
         if src.on_device:
-            _write_device_block(fd, src, runs, chunk)
+            _write_device_block(fd, src, runs, chunk, what)
         else:
             for position, data in _host_pieces(src, chunk):
+                _still_saving(fd, what)
                 for offset, at, length in runs.segments(position, len(data)):
                     _write_all(fd, data[at : at + length], offset)
     finally:
@@ -315,6 +350,34 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
         destination.discard()
         raise
     os.close(fd)
+
+
+def _abandon(destination: Destination) -> None:
+    """Remove the temporary file once no block task writes it any more.
+
+    Removing it first tells the running tasks to stop (each checks, before
+    every piece, that the file still has its name) and keeps tasks that start
+    later from opening it. The exclusive lock is granted once every task that
+    holds its shared lock has closed the file; truncating the removed file
+    then gives its space back at once, even while a task that stopped still
+    has it open. Where the file system has no locks the truncation alone
+    frees the space, and a task that was writing stops at its next piece.
+    """
+    fd = -1
+    if destination.temporary is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(destination.temporary, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        destination.discard()
+        if fd >= 0:
+            if fcntl is not None:
+                with contextlib.suppress(OSError):  # no locks here: nothing to wait for
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
@@ -509,11 +572,15 @@ def save_npy(
         not), its directory does not exist, or it is a socket or block
         device. Raised before any block is computed; nothing is created.
     SaveError
-        A block raised, a worker died too often, or the compute was
-        cancelled: no file is left under ``path`` (an existing one is
-        untouched); ``blocks_done`` lists the blocks that were written and
-        the block's own error is the ``__cause__``. A ``KeyboardInterrupt``
-        cancels the tasks, removes the temporary file and is re-raised.
+        A block raised (a full disk: its ``OSError`` with ``errno.ENOSPC``),
+        a worker died too often, or the compute was cancelled: no file is
+        left under ``path`` (an existing one is untouched); ``blocks_done``
+        lists the blocks that were written and the block's own error is the
+        ``__cause__``. It is raised once no block task writes the file any
+        more: tasks still writing stop before their next piece, and the
+        temporary file's space is free when the call returns. A
+        ``KeyboardInterrupt`` cancels the tasks, removes the temporary file
+        and is re-raised, after the same wait.
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
@@ -568,7 +635,7 @@ def save_npy(
             )
         destination.commit()
     except BaseException:
-        destination.discard()
+        _abandon(destination)  # returns once no block task writes the file any more
         raise
     return path
 

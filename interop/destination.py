@@ -6,9 +6,9 @@ it and decides, before the first byte is written, how the file is written:
 ===========================  ================================================
 the path names               what happens
 ===========================  ================================================
-nothing (a new file)         a hidden temporary file beside it, renamed to the
-                             path when complete (atomic: an interrupted save
-                             leaves no file under the path)
+nothing (a new file)         a temporary file beside it, renamed to the path
+                             when complete (atomic: an interrupted save leaves
+                             no file under the path)
 a regular file               the same; the new file gets the old one's mode
                              bits, and its owner and group where the process
                              may set them
@@ -31,6 +31,16 @@ beside the file); where the directory is not writable the save is refused
 with ``PermissionError`` before any data moves, although ``numpy.save`` would
 overwrite the file in place: a save that cannot be atomic is not attempted.
 
+The temporary file of :meth:`Destination.open` has no name while it is
+written where the system allows it (Linux's ``O_TMPFILE``; tmpfs, ext4, xfs,
+btrfs and most local file systems): a process killed in the middle of a save
+leaves nothing behind. It gets a hidden name beside the target only once the
+data is complete, just before the rename. Elsewhere (another system, a file
+system that refuses ``O_TMPFILE``, such as NFS) it is a hidden named file
+(``.NAME.XXXXXXXX.tmp``) from the start, which a killed process leaves behind.
+:meth:`Destination.create` always makes the named file (other processes open
+it by name).
+
 Like ``numpy.save``, ``.npy`` is appended to a file name without a suffix
 (``"weights"`` becomes ``"weights.npy"``). Names with another suffix are kept
 as given (``numpy.save`` would turn ``"x.bin"`` into ``"x.bin.npy"``), and so
@@ -46,6 +56,7 @@ import os
 import queue
 import secrets
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +72,13 @@ _SUFFIX = ".npy"
 # whatever the file's name, so a name numpy.save accepts never becomes too long.
 _NAME_CHARS = 16
 _TEMPORARY_TRIES = 16
+# Write through an unnamed temporary file (O_TMPFILE) where the system allows
+# it, so that a killed process leaves nothing behind; tests switch it off to
+# exercise the named temporary that other systems get.
+_UNNAMED_TEMPORARY = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")
+# What open(O_TMPFILE) fails with where the file system (or kernel) has no
+# unnamed files: EOPNOTSUPP, EISDIR on kernels before 3.11, EINVAL.
+_NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
 # Replacing a file frees the old one's blocks and page cache inside the
@@ -146,12 +164,14 @@ class Destination:
         True for a FIFO or character device: written in place, from the start,
         in order (no temporary, no rename, no positioned writes).
     temporary : pathlib.Path or None
-        The hidden temporary file in ``target``'s directory (None when
+        The hidden temporary file's name in ``target``'s directory (None when
         streaming). It exists from :meth:`create` until :meth:`commit` or
-        :meth:`discard`.
+        :meth:`discard`; with :meth:`open`, where the file system allows an
+        unnamed temporary file, only from the end of the ``with`` block's
+        writes until the rename just after.
     """
 
-    __slots__ = ("_created", "func", "path", "streaming", "target", "temporary")
+    __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
 
     def __init__(
         self, path: Path, target: Path, *, streaming: bool, func: str = "save_npy"
@@ -161,7 +181,8 @@ class Destination:
         self.streaming = streaming
         self.temporary: Path | None = None if streaming else _temporary_name(target)
         self.func = func
-        self._created = False
+        self._created = False  # the named temporary exists
+        self._opened = False  # create() or open() was called
 
     def __repr__(self) -> str:
         how = "streaming" if self.streaming else f"temporary={str(self.temporary)!r}"
@@ -187,12 +208,12 @@ class Destination:
         RuntimeError
             :meth:`create` was already called.
         """
-        if self._created:
+        if self._opened:
             raise RuntimeError(f"{self!r}: create() was already called")
         flags = os.O_WRONLY | os.O_CLOEXEC
         if self.streaming:
             fd = os.open(self.target, flags | os.O_NOCTTY)
-            self._created = True
+            self._opened = self._created = True
             return fd
         mode = 0o600 if self.target.exists() else 0o666
         assert self.temporary is not None
@@ -202,14 +223,66 @@ class Destination:
             except FileExistsError:
                 self.temporary = _temporary_name(self.target)
                 continue
-            self._created = True
+            self._opened = self._created = True
             return fd
-        raise path_error(
+        raise self._no_free_name()
+
+    def _no_free_name(self) -> PathError:
+        return path_error(
             errno.EEXIST,
             f"{self.func} could not create a temporary file beside {str(self.target)!r} "
             f"after {_TEMPORARY_TRIES} tries (every drawn name existed)",
             str(self.temporary),
         )
+
+    def _create_unnamed(self) -> int | None:
+        """An unnamed temporary file in the target's directory (``O_TMPFILE``),
+        opened for writing, with the mode :meth:`create` would give it; None
+        where the system or the file system has none (or ``/proc``, through
+        which it gets its name, is missing): then :meth:`create` is used."""
+        if self.streaming or not _UNNAMED_TEMPORARY:
+            return None
+        if self._opened:
+            raise RuntimeError(f"{self!r}: create() was already called")
+        mode = 0o600 if self.target.exists() else 0o666
+        flags = os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC
+        try:
+            fd = os.open(self.target.parent, flags, mode)
+        except OSError as exc:
+            if exc.errno in _NO_UNNAMED:
+                return None
+            raise
+        if not os.path.exists(f"/proc/self/fd/{fd}"):  # pragma: no cover - no /proc
+            os.close(fd)
+            return None
+        self._opened = True
+        return fd
+
+    def _name_unnamed(self, fd: int) -> None:
+        """Give the unnamed temporary file ``fd`` its hidden name beside the
+        target (``linkat`` of ``/proc/self/fd/N`` with ``AT_SYMLINK_FOLLOW``),
+        ready for :meth:`commit`."""
+        assert self.temporary is not None
+        # A directory descriptor makes os.link call linkat (a plain link(2)
+        # would link the /proc entry itself, not follow it to the file).
+        directory = os.open(self.temporary.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for _ in range(_TEMPORARY_TRIES):
+                try:
+                    os.link(
+                        f"/proc/self/fd/{fd}",
+                        self.temporary.name,
+                        dst_dir_fd=directory,
+                        follow_symlinks=True,
+                    )
+                except FileExistsError:
+                    self.temporary = _temporary_name(self.target)
+                    continue
+                self._created = True
+                return
+        finally:
+            os.close(directory)
+        raise self._no_free_name()
 
     def commit(self) -> None:
         """Put the written file in place: rename the temporary over the target.
@@ -266,7 +339,7 @@ class Destination:
         except BaseException:
             self.discard()
             raise
-        self._created = False
+        self._created = self._opened = False
         self.temporary = None
 
     def discard(self) -> None:
@@ -279,7 +352,7 @@ class Destination:
         if self._created and self.temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.temporary)
-        self._created = False
+        self._created = self._opened = False
 
     @contextlib.contextmanager
     def open(self) -> Iterator[BinaryIO]:
@@ -291,18 +364,31 @@ class Destination:
         temporary is removed, the target is left as it was, and the error
         propagates.
 
+        Where the system allows it (Linux's ``O_TMPFILE``, on tmpfs, ext4,
+        xfs, btrfs and most local file systems) the temporary file has no
+        name while the block writes it, so a process killed in the middle
+        leaves nothing behind; it is named (:attr:`temporary`) once the block
+        ends, then renamed over the target by :meth:`commit`. Elsewhere it is
+        the named file of :meth:`create` throughout.
+
         Examples
         --------
         >>> dest = prepare_destination(tmp / "a.npy")  # doctest: +SKIP
         >>> with dest.open() as f:  # doctest: +SKIP
         ...     f.write(data)
         """
-        fd = self.create()
+        fd = self._create_unnamed()
+        unnamed = fd is not None
+        if fd is None:
+            fd = self.create()
         try:
             with open(fd, "wb") as f:  # closes fd also if open itself fails
                 yield f
+                if unnamed:  # complete: give it a name (killed from here on, it stays)
+                    f.flush()
+                    self._name_unnamed(fd)
         except BaseException:
-            self.discard()
+            self.discard()  # an unnamed file is freed by the close
             raise
         self.commit()
 

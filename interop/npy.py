@@ -41,7 +41,7 @@ from .arrays import (
     parse_device,
 )
 from .config import chunk_bytes_or_default, config
-from .destination import prepare_destination
+from .destination import Destination, prepare_destination
 from .errors import (
     BackendUnavailableError,
     InteropError,
@@ -49,6 +49,7 @@ from .errors import (
     InvalidValueError,
     NoDeviceError,
     NpyFormatError,
+    PathError,
     TransferError,
     path_error,
 )
@@ -263,19 +264,29 @@ def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
             offset += n
 
 
-def _into_file(fd: int, offset: int, positioned: bool, threads: int) -> HostStep:
+def _into_file(
+    fd: int, offset: int, positioned: bool, threads: int, failed: list[OSError]
+) -> HostStep:
     """Write each slot at its chunk's offset in the file (``os.pwrite``, split
     across host threads); in order with one thread where the file has no
-    positions."""
+    positions. A write that fails is added to ``failed`` (so the caller can
+    tell it from the pipeline's other errors) and re-raised."""
+
+    def write(view: memoryview, at: int | None) -> None:
+        try:
+            _write_all(fd, view, at)
+        except OSError as exc:
+            failed.append(exc)
+            raise
 
     def step(plan: Plan) -> Callable[[int], list[HostTask]]:
         def tasks(i: int) -> list[HostTask]:
             base = offset + plan.starts[i]
             if not positioned:
-                return [lambda buf: _write_all(fd, buf.data, None)]
+                return [lambda buf: write(buf.data, None)]
 
             def piece(lo: int, hi: int) -> HostTask:
-                return lambda buf: _write_all(fd, buf[lo:hi].data, base + lo)
+                return lambda buf: write(buf[lo:hi].data, base + lo)
 
             return [piece(lo, hi) for lo, hi in split_bytes(plan.sizes[i], threads)]
 
@@ -284,12 +295,13 @@ def _into_file(fd: int, offset: int, positioned: bool, threads: int) -> HostStep
     return step
 
 
-def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
+def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any, failed: list[OSError]) -> None:
     """Write the data of ``src`` after the header already in ``f``.
 
     Host data is written chunk by chunk; device data goes through the
     device-to-host slot pipeline, whose host threads write each pinned slot
-    straight into the file at its offset (no host copy of the array).
+    straight into the file at its offset (no host copy of the array); a
+    write of theirs that fails is added to ``failed``.
     """
     nbytes = nbytes_of(src.shape, src.dtype.itemsize)
     if not src.on_device:
@@ -311,7 +323,7 @@ def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any) -> None:
     device_to_host(
         src,
         chunk,
-        _into_file(fd, offset, positioned, threads),
+        _into_file(fd, offset, positioned, threads, failed),
         result=None,
         progress=progress,
         func="save_npy",
@@ -346,12 +358,16 @@ def save_npy(
         ``"x.bin"`` is kept), except for an existing FIFO or character device.
         What happens at the path:
 
-        - a new or regular file: the data is written to a short hidden
-          temporary file in the same directory, renamed to ``path`` only when
-          complete, so an interrupted or failed save never leaves a partial
-          file under ``path`` (an existing file stays as it was). A replaced
-          file keeps its mode bits, and its owner and group where this process
-          may set them;
+        - a new or regular file: the data is written to a temporary file in
+          the same directory, renamed to ``path`` only when complete, so an
+          interrupted or failed save never leaves a partial file under
+          ``path`` (an existing file stays as it was, byte for byte). On
+          Linux file systems with ``O_TMPFILE`` (tmpfs, ext4, xfs, btrfs...)
+          the temporary file has no name until the data is complete, so even
+          a process killed mid-save leaves nothing behind; elsewhere it is a
+          short hidden file (``.NAME.XXXXXXXX.tmp``), which a killed process
+          leaves. A replaced file keeps its mode bits, and its owner and group
+          where this process may set them;
         - a symlink: followed; the file it points to is replaced (the
           temporary is made beside that file) and the link stays;
         - a FIFO or character device: written into, in order, as
@@ -407,12 +423,19 @@ def save_npy(
     PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
         The destination is refused (see ``path``), before any data moves; each
         is also the ``OSError`` subclass of its name (``IsADirectoryError``, ...).
-    TransferError
-        A device chunk failed; no file is left under ``path``.
     PathError
-        The file cannot be written (a full disk, a size limit): an ``OSError``
-        with the failure's ``errno`` and the path; no file is left under
-        ``path`` (for a FIFO or device, what was written stays written).
+        The file cannot be written (a full disk: ``errno.ENOSPC``, a file
+        size limit: ``EFBIG``, an I/O error), for host and device sources
+        alike: an ``OSError`` with the failure's ``errno`` and the path as
+        ``filename``. The destination is untouched (an existing file keeps its
+        contents, a new one is not created, no temporary file is left), and
+        the message says so; for a FIFO or device it says instead that what
+        was written stays written.
+    TransferError
+        A device chunk failed otherwise (a CUDA error, a ``progress`` callable
+        that raised, chained as ``__cause__``): the destination is untouched
+        as above and ``bytes_done`` is 0 (for a FIFO or device: the data bytes
+        known to be written).
     """
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
@@ -422,24 +445,61 @@ def save_npy(
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
     header = _header_bytes(src.shape, _file_dtype(src.dtype))
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
+    failed: list[OSError] = []  # writes of the device pipeline's host threads that failed
     try:
         with dest.open() as f:  # commit when complete, discard on any error
             f.write(header)
-            _write_data(f, src, chunk, progress)
+            _write_data(f, src, chunk, progress, failed)
+    except TransferError as exc:
+        cause = exc.__cause__
+        if any(cause is e for e in failed):  # the file could not be written: as for host data
+            assert isinstance(cause, OSError)
+            raise _write_failed(dest, cause, exc.bytes_done) from cause
+        raise _transfer_failed(dest, exc) from cause
     except OSError as exc:
         if isinstance(exc, InteropError):
             raise
-        left = (
-            "what was written before the error stays written"
-            if dest.streaming
-            else f"no file was left under {str(dest.path)!r}"
-        )
-        raise path_error(
-            exc.errno,
-            f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; {left}",
-            str(dest.path),
-        ) from exc
+        raise _write_failed(dest, exc) from exc
     return dest.path
+
+
+def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
+    """What a failed save left at its destination, for a message."""
+    shown = repr(str(dest.path))
+    if dest.streaming:
+        done = "" if data_done is None else f" (the header and at least {data_done} data bytes)"
+        return (
+            f"{shown} is written into in place, not replaced: what was written before the "
+            f"error{done} stays written, and a reader sees a truncated .npy file"
+        )
+    if os.path.lexists(dest.target):
+        return f"the destination is untouched: {shown} still holds the file it held before"
+    return f"the destination is untouched: no file was left under {shown}"
+
+
+def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None) -> PathError:
+    """The :class:`PathError` (with the failure's ``errno``) of a write or
+    rename that failed: a full disk, a file size limit, an I/O error."""
+    return path_error(
+        exc.errno,
+        f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; "
+        f"{_what_is_left(dest, data_done)}",
+        str(dest.path),
+    )
+
+
+def _transfer_failed(dest: Destination, exc: TransferError) -> TransferError:
+    """The pipeline's error (a device error, a ``progress`` callable that
+    raised, a cancel) restated for the file: nothing of an atomic save is
+    kept, so no byte of the destination counts as done."""
+    cause = exc.__cause__
+    what = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
+    done = exc.bytes_done if dest.streaming else 0
+    return TransferError(
+        f"save_npy {what}; {_what_is_left(dest, done)}",
+        bytes_done=done,
+        nbytes=exc.nbytes,
+    )
 
 
 def _refuse_masked(x: Any) -> None:
@@ -523,7 +583,126 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         )
     if host and not isinstance(out, np.ndarray):
         out = numpy_view_of_cpu_tensor(out)  # a CPU tensor: write through a NumPy view
+    if host:
+        _refuse_a_map_of_the_file(header, out)
     return out, host
+
+
+# ----------------------------------------------------------------------- an out that maps the file
+
+
+def _may_map_a_file(a: np.ndarray) -> bool:
+    """False where ``a``'s memory is certainly not a file mapping: its base
+    chain ends in an array that allocated its own memory (``numpy.empty``)."""
+    obj: Any = a
+    while isinstance(obj, np.ndarray):
+        if obj.base is None:
+            return not obj.flags.owndata
+        obj = obj.base
+    return True  # an mmap.mmap (numpy.memmap, numpy.load(mmap_mode=...)), a tensor, a buffer
+
+
+def _mapped_file_ranges(lo: int, hi: int) -> list[tuple[int, int, int, str, int, int]] | None:
+    """The shared file mappings of this process under addresses ``[lo, hi)``,
+    from Linux's ``/proc/self/maps``: ``(major, minor, inode, path, start,
+    end)``, where ``[start, end)`` are the file offsets of the part inside
+    ``[lo, hi)``. A private (copy-on-write) mapping never writes the file and
+    is left out. None where there is no such table (another system)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 5 or fields[4] == "0" or not fields[1].endswith("s"):
+                    continue  # anonymous or private memory
+                first, _, last = fields[0].partition("-")
+                start, end = int(first, 16), int(last, 16)
+                if end <= lo or start >= hi:
+                    continue
+                major, _, minor = fields[3].partition(":")
+                offset = int(fields[2], 16)
+                name = fields[5].rstrip("\n") if len(fields) > 5 else ""
+                found.append(
+                    (
+                        int(major, 16),
+                        int(minor, 16),
+                        int(fields[4]),
+                        name,
+                        offset + max(lo, start) - start,
+                        offset + min(hi, end) - start,
+                    )
+                )
+    except (OSError, ValueError):
+        return None
+    return found
+
+
+def _memmap_file_ranges(
+    a: np.ndarray, lo: int, hi: int
+) -> list[tuple[str | os.PathLike[str], int, int]]:
+    """Where ``/proc/self/maps`` is missing: the ``numpy.memmap`` at the root
+    of ``a``'s base chain, as ``(filename, start, end)`` file offsets of
+    ``[lo, hi)``."""
+    root: Any = None
+    obj: Any = a
+    while isinstance(obj, np.ndarray):
+        if isinstance(obj, np.memmap) and not isinstance(obj.base, np.ndarray):
+            root = obj  # the memmap made on the mapping itself: offset is its first byte
+        obj = obj.base
+    if root is None or not getattr(root, "filename", None) or root.mode == "c":
+        return []  # no memmap, or a copy-on-write one (it never writes the file)
+    first = root.ctypes.data
+    return [(root.filename, root.offset + lo - first, root.offset + hi - first)]
+
+
+def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
+    """Refuse an ``out`` that maps bytes of the file being read (a
+    ``numpy.memmap`` of it, ``numpy.load(path, mmap_mode="r+")``, any view of
+    one): each chunk written into ``out`` would change bytes of the file that
+    later chunks read, so the result would be wrong (a reversed view leaves a
+    palindrome). Two mappings of one file have different addresses, so
+    nothing else can see the overlap. Conservative: any byte of the file
+    under ``out``'s extent is refused; a mapping of another file, of an older
+    file that was since replaced under the same name, or a copy-on-write one
+    (``mmap_mode="c"``: it never writes the file) is not."""
+    if not out.size or not _may_map_a_file(out):
+        return
+    lo, hi = np.lib.array_utils.byte_bounds(out)
+    try:
+        st = os.stat(header.path)
+    except OSError:
+        return  # the read that follows reports it
+    size = header.offset + header.nbytes
+    hits: list[tuple[int, int]] = []
+    mapped = _mapped_file_ranges(lo, hi)
+    if mapped is not None:
+        for major, minor, inode, name, start, end in mapped:
+            if inode != st.st_ino:
+                continue
+            same = os.makedev(major, minor) == st.st_dev  # btrfs and overlayfs name another device
+            if not same and name.startswith("/"):
+                try:
+                    same = os.path.samefile(name, header.path)
+                except (OSError, ValueError):
+                    same = False
+            if same:
+                hits.append((start, end))
+    else:
+        for filename, start, end in _memmap_file_ranges(out, lo, hi):
+            try:
+                if os.path.samefile(filename, header.path):
+                    hits.append((start, end))
+            except (OSError, ValueError):
+                continue
+    for start, end in hits:
+        if start < size and end > 0:
+            raise InvalidValueError(
+                f"expected out for {str(header.path)!r} not to be a memory map of that file "
+                f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it, which "
+                "load_npy would read after writing into them: the values would come out "
+                "wrong); load into new memory and copy, out[...] = interop.load_npy(path), or "
+                "use the file's data as it is, numpy.load(path, mmap_mode='r')"
+            )
 
 
 def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
@@ -683,8 +862,12 @@ def load_npy(
     InvalidValueError
         An ``out`` of the wrong shape/dtype or read-only, or a ``device`` that
         is not where ``out`` is; a ``device`` string that is not ``"cpu"``,
-        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass). A
-        ``ValueError``; nothing is written.
+        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass); an
+        ``out`` that is a shared memory map of the file being read (a
+        ``numpy.memmap`` or ``numpy.load(path, mmap_mode="r+")`` of it, any
+        view of one, a tensor over one: writing it would change bytes still
+        to be read; load into new memory and copy, ``out[...] =
+        load_npy(path)``). A ``ValueError``; nothing is written.
     InvalidTypeError
         ``out`` is not an array, ``device`` is not a device, or ``path`` is
         not a path (a ``TypeError``).

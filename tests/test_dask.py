@@ -7,6 +7,8 @@ functions that make blocks live at module level so the workers can import them.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import signal
 import stat
@@ -133,6 +135,47 @@ def _killing_block(block, marker, kill, block_info=None):
     out = np.asfortranarray(block).view(_KillOnSecondPiece)
     out.marker = marker
     return out
+
+
+class _HeldAfterFirstPiece(np.ndarray):
+    """A block still being written when the save fails elsewhere: once its
+    first piece is written, taking the second opens the file ``gate`` and
+    then waits until the save's temporary file is gone (at most 60 s), and
+    one second more, as a long piece would."""
+
+    gate: str | None = None
+    taken = 0
+
+    def __getitem__(self, idx):
+        if self.gate is not None:
+            self.taken += 1
+            if self.taken == 2:
+                import time
+
+                directory = os.path.dirname(self.gate)
+                temporaries = [
+                    os.path.join(directory, n) for n in os.listdir(directory) if n[0] == "."
+                ]
+                Path(self.gate).touch()
+                deadline = time.monotonic() + 60
+                while any(map(os.path.exists, temporaries)) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(1)
+        return super().__getitem__(idx)
+
+
+def _held_or_filling(gate, rows, block_info=None):
+    """Block 0: Fortran-ordered (written piece by piece), held after its first
+    piece; block 1: made once block 0 is being written, and larger than the
+    file system's free space."""
+    info = block_info[None]
+    shape = tuple(info["chunk-shape"])
+    if info["chunk-location"][0] == 0:
+        out = np.asfortranarray(np.ones(shape)).view(_HeldAfterFirstPiece)
+        out.gate = gate
+        return out
+    _gated_block(None, gate)
+    return np.full(shape, 2.0)
 
 
 def _gated_block(block, gate, block_info=None):
@@ -697,3 +740,185 @@ def test_a_device_block_streams_through_the_pipeline_into_its_runs(tmp_path, cor
     assert not on_disk[:r].any()  # nothing written outside the block
     assert device.violations == []
     device.close()
+
+
+# ------------------------------------------------------------------ a save given up
+
+
+class _RemovesTheFileAtSecondPiece(np.ndarray):
+    """A block that, when its second piece is taken, removes the file being
+    written, as the caller does when it gives the save up."""
+
+    path: str | None = None
+    taken = 0
+
+    def __getitem__(self, idx):
+        if self.path is not None:
+            self.taken += 1
+            if self.taken == 2:
+                os.unlink(self.path)
+        return super().__getitem__(idx)
+
+
+def _temporary_file(tmp_path, shape, dtype):
+    from interop.dask import _Layout
+    from interop.npy import _header_bytes
+
+    path = tmp_path / ".blocks.npy.tmp"
+    header = _header_bytes(shape, np.dtype(dtype))
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    return path, _Layout(str(path), shape, np.dtype(dtype), len(header))
+
+
+def test_a_block_stops_writing_at_its_next_piece_once_the_file_is_removed(tmp_path):
+    from interop.dask import _write_block
+
+    a = sample((256, 1024), np.float64)  # 2 MiB, Fortran-ordered: 32 pieces of 64 KiB
+    path, layout = _temporary_file(tmp_path, a.shape, a.dtype)
+    held = os.open(path, os.O_RDONLY)  # to see what was written after the removal
+    try:
+        block = np.asfortranarray(a).view(_RemovesTheFileAtSecondPiece)
+        block.path = str(path)
+        info = {0: {"array-location": [(0, 256), (0, 1024)], "chunk-location": (0, 0)}}
+        with pytest.raises(FileNotFoundError, match="this block stopped writing"):
+            _write_block(block, layout=layout, chunk_bytes=PIECE, block_info=info)
+        data = np.frombuffer(os.pread(held, a.nbytes, layout.offset), a.dtype).reshape(a.shape)
+    finally:
+        os.close(held)
+    flat = data.reshape(-1)
+    assert flat[: PIECE // 8].tobytes() == a.reshape(-1)[: PIECE // 8].tobytes()  # one piece
+    assert not flat[PIECE // 8 :].any()  # and nothing after the removal
+
+
+@pytest.mark.parametrize("where", ["host", "device"])
+def test_a_block_that_starts_after_the_save_was_given_up_writes_nothing(tmp_path, where):
+    from interop.dask import _write_block
+    from interop.pipeline.host import HostBackend
+
+    a = sample((64, 512), np.float32)
+    path, layout = _temporary_file(tmp_path, a.shape, a.dtype)
+    held = os.open(path, os.O_RDONLY)
+    os.unlink(path)  # given up; the task still reaches the file (through /proc)
+    device = HostBackend()
+    try:
+        gone = layout.__class__(f"/proc/self/fd/{held}", layout.shape, layout.dtype, layout.offset)
+        block = device.asarray(a) if where == "device" else a
+        info = {0: {"array-location": [(0, 64), (0, 512)], "chunk-location": (0, 0)}}
+        with pytest.raises(FileNotFoundError, match="this block stopped writing"):
+            _write_block(block, layout=gone, chunk_bytes=PIECE, block_info=info)
+        assert not any(os.pread(held, a.nbytes, layout.offset))
+    finally:
+        os.close(held)
+        device.close()
+
+
+def test_a_device_blocks_slots_stop_once_the_file_is_removed(tmp_path):
+    """The device path's host step checks before each piece it writes."""
+    from types import SimpleNamespace
+
+    from interop.dask import _into_runs, _Runs
+
+    path = tmp_path / ".d.npy.tmp"
+    path.write_bytes(bytes(2 * PIECE))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        runs = _Runs(np.array([0], np.int64), 2 * PIECE)
+        plan = SimpleNamespace(starts=[0, PIECE], sizes=[PIECE, PIECE])
+        step = _into_runs(fd, runs, 1, "block (0,)")(plan)
+        slot = np.full(PIECE, 7, np.uint8)
+        (first,) = step(0)
+        first(slot)
+        os.unlink(path)
+        (second,) = step(1)
+        with pytest.raises(FileNotFoundError, match=r"block \(0,\): the save failed or was"):
+            second(slot)
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            written = f.read()
+    finally:
+        os.close(fd)
+    assert written == bytes([7]) * PIECE + bytes(PIECE)
+
+
+# ------------------------------------------------------------------ a full disk
+
+# In a child with argv[1] the root of an 8 MiB tmpfs: block 1 (12 MiB) fills it
+# while block 0 is still being written; after save_npy raises, no task may be
+# writing any more: the space is back, the temporary gone, no process holds it.
+_FULL_DISK = """
+import errno, json, os, sys
+import dask, dask.array as da, numpy as np
+import interop.dask as idask
+from tests.test_dask import _held_or_filling
+
+d = sys.argv[1]
+scheduler = {scheduler!r}
+
+def holders():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{{pid}}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{{pid}}/fd/{{fd}}").startswith(d + "/"):
+                    found.append(int(pid))
+            except OSError:
+                continue
+    return found
+
+x = da.map_blocks(
+    _held_or_filling, os.path.join(d, "gate"), 0,
+    chunks=((256, 768), (2048,)), dtype=np.float64, meta=np.empty((0, 0)),
+)  # a 4 MiB and a 12 MiB block
+os.makedirs(os.path.join(d, "out"))
+target = os.path.join(d, "out", "a.npy")
+
+def save():
+    free = os.statvfs(d).f_bfree
+    try:
+        idask.save_npy(x, target, chunk_bytes=64 << 10)
+    except idask.SaveError as exc:
+        err = exc
+    # measured at once, as the caller sees it when the call returns
+    after = (os.statvfs(d).f_bfree, sorted(os.listdir(os.path.join(d, "out"))), holders())
+    cause = err.__cause__
+    print(json.dumps({{
+        "space_back": after[0] == free,
+        "listing": after[1],
+        "holders": after[2],
+        "gate": os.path.exists(os.path.join(d, "gate")),
+        "cause_errno": getattr(cause, "errno", None),
+        "message": str(err),
+    }}))
+
+if scheduler == "threads":
+    with dask.config.set(scheduler="threads", num_workers=4):
+        save()
+else:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None,
+        scheduler_kwargs={{"dashboard_address": "127.0.0.1:0"}},
+    ) as cluster, Client(cluster) as client:
+        save()
+"""
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "distributed"])
+def test_a_save_that_fills_the_disk_returns_once_no_block_is_written(scheduler):
+    from .small_fs import run_on_tmpfs
+
+    proc = run_on_tmpfs(_FULL_DISK.format(scheduler=scheduler), "8m", timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["gate"]  # block 0 was being written when block 1 filled the disk
+    assert got["cause_errno"] == errno.ENOSPC, got["message"]
+    assert "of 2 blocks were written" in got["message"]
+    assert got["listing"] == []  # neither the file nor its temporary
+    assert got["holders"] == []  # no process has the removed file open: no task writes it
+    assert got["space_back"]  # so its space is free again when the call returns

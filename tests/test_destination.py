@@ -40,7 +40,28 @@ def _save(dest: Destination, data: bytes) -> None:
 # ----------------------------------------------------------------- new and regular
 
 
-def test_new_file_goes_through_a_short_hidden_temporary_beside_it(tmp_path):
+def _unnamed_temporaries(directory) -> bool:
+    """Whether this system gives ``directory`` unnamed files (``O_TMPFILE``)."""
+    if not hasattr(os, "O_TMPFILE"):
+        return False
+    try:
+        os.close(os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def temporary_kind(request, tmp_path, monkeypatch):
+    """Each test twice: with the unnamed temporary file (O_TMPFILE) where the
+    system has one, and with the named one other systems get."""
+    if request.param == "unnamed" and not _unnamed_temporaries(tmp_path):
+        pytest.skip("no O_TMPFILE here: every save uses the named temporary file")
+    monkeypatch.setattr(destination, "_UNNAMED_TEMPORARY", request.param == "unnamed")
+    return request.param
+
+
+def test_new_file_goes_through_a_short_hidden_temporary_beside_it(tmp_path, temporary_kind):
     dest = prepare_destination(tmp_path / "a.npy")
     assert os.listdir(tmp_path) == []  # checking creates nothing
     assert dest.path == dest.target == tmp_path / "a.npy"
@@ -50,7 +71,10 @@ def test_new_file_goes_through_a_short_hidden_temporary_beside_it(tmp_path):
     assert dest.temporary.name.startswith(".a.npy.")
     with dest.open() as f:
         f.write(b"payload")
-        assert os.listdir(tmp_path) == [dest.temporary.name]  # nothing under the name yet
+        f.flush()
+        # nothing under the name yet; the temporary file has no name at all where it can
+        named = [] if temporary_kind == "unnamed" else [dest.temporary.name]
+        assert os.listdir(tmp_path) == named
     assert (tmp_path / "a.npy").read_bytes() == b"payload"
     assert os.listdir(tmp_path) == ["a.npy"]
     assert stat.S_IMODE((tmp_path / "a.npy").stat().st_mode) == 0o666 & ~_umask()
@@ -289,7 +313,9 @@ def test_name_longer_than_the_file_system_allows_is_refused_first(tmp_path):
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
-def test_an_error_while_writing_keeps_the_old_file_and_leaves_nothing(tmp_path, error):
+def test_an_error_while_writing_keeps_the_old_file_and_leaves_nothing(
+    tmp_path, error, temporary_kind
+):
     target = tmp_path / "keep.npy"
     target.write_bytes(b"old")
     dest = prepare_destination(target)
@@ -330,6 +356,26 @@ def test_an_existing_file_keeps_its_mode_owner_and_group(tmp_path):
     assert os.listdir(tmp_path) == ["m.npy"]
     dest.discard()  # after a commit: nothing to remove, the file stays
     assert target.read_bytes() == b"new"
+
+
+def test_a_file_replaced_through_open_keeps_its_mode_owner_and_group(tmp_path, temporary_kind):
+    target = tmp_path / "m.npy"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o640)
+    if os.geteuid() == 0:
+        os.chown(target, 65534, 65534)
+    before = target.stat()
+    dest = prepare_destination(target)
+    with dest.open() as f:
+        assert stat.S_IMODE(os.fstat(f.fileno()).st_mode) == 0o600  # private while written
+        f.write(b"new")
+    after = target.stat()
+    assert target.read_bytes() == b"new"
+    assert after.st_ino != before.st_ino
+    assert stat.S_IMODE(after.st_mode) == 0o640
+    assert (after.st_uid, after.st_gid) == (before.st_uid, before.st_gid)
+    assert os.listdir(tmp_path) == ["m.npy"]
+    assert dest.temporary is None  # committed
 
 
 @pytest.mark.parametrize(
@@ -397,7 +443,7 @@ def test_a_target_that_became_a_directory_is_not_replaced(tmp_path):
 # ----------------------------------------------------------------------- symlinks
 
 
-def test_a_symlink_is_followed_and_its_target_replaced(tmp_path):
+def test_a_symlink_is_followed_and_its_target_replaced(tmp_path, temporary_kind):
     (tmp_path / "data").mkdir()
     real = tmp_path / "data" / "real.npy"
     real.write_bytes(b"old")
@@ -563,3 +609,81 @@ def test_files_and_directories_this_process_may_not_write_are_refused_first(tmp_
     assert (tmp_path / "ro.npy").read_bytes() == b"old"
     assert (locked / "mine.npy").read_bytes() == b"mine"
     assert sorted(os.listdir(locked)) == ["mine.npy"]
+
+
+# ------------------------------------------------------------ a killed process
+
+_KILLED_MID_SAVE = """
+import sys, time
+import numpy as np, interop
+from interop import destination
+from interop.pipeline.host import HostBackend
+
+path, kind, unnamed = sys.argv[1], sys.argv[2], sys.argv[3] == "unnamed"
+destination._UNNAMED_TEMPORARY = unnamed
+a = np.arange(1 << 22, dtype=np.float64)  # 32 MiB in 1 MiB chunks
+src = HostBackend().asarray(a) if kind == "device" else a
+
+def hold(done, total):
+    if done:  # part of the data is in the temporary file: be killed here
+        print("writing", flush=True)
+        time.sleep(120)
+
+interop.save_npy(src, path, chunk_bytes=1 << 20, progress=hold)
+print("not killed", flush=True)
+"""
+
+
+def _kill_mid_save(path, kind: str, temporary_kind: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from .helpers import child_env
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_SAVE, str(path), kind, temporary_kind],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line == "writing\n", child.communicate(timeout=60)[1]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_save_killed_mid_write_leaves_nothing_behind(tmp_path, temporary_kind, kind):
+    path = tmp_path / "x.npy"
+    old = b"the file that was there before"
+    path.write_bytes(old)
+    _kill_mid_save(path, kind, temporary_kind)
+    assert path.read_bytes() == old
+    if temporary_kind == "unnamed":
+        assert os.listdir(tmp_path) == ["x.npy"]  # the unnamed file died with the process
+    else:  # the named temporary of other systems stays, as documented: a hidden .x.npy.*.tmp
+        (left,) = sorted(set(os.listdir(tmp_path)) - {"x.npy"})
+        assert left.startswith(".x.npy.")
+        assert left.endswith(".tmp")
+        assert os.path.getsize(tmp_path / left) > 128
+
+
+def test_a_save_killed_mid_write_on_a_tmpfs_leaves_nothing_behind():
+    from .small_fs import run_on_tmpfs
+
+    code = """
+        import os, sys
+        from tests.test_destination import _kill_mid_save
+        d = sys.argv[1]
+        _kill_mid_save(os.path.join(d, "x.npy"), "host", "unnamed")
+        print(sorted(os.listdir(d)))
+    """
+    proc = run_on_tmpfs(code, "64m")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

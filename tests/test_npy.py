@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
 import stat
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -586,3 +588,261 @@ def test_an_unknown_format_version_is_named(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"v9\.npy'.*unsupported \.npy format version 9\.0"):
         read_npy_header(path)
+
+
+# ------------------------------------------------------- a write that fails
+
+# Run in a child: on a 1 MiB tmpfs (a full disk) or under RLIMIT_FSIZE (a file
+# size limit). argv[1] is the directory; the source is a NumPy array or an
+# array of the emulated device (through the device-to-host slot pipeline).
+_FAILING_SAVE = """
+import errno, json, os, resource, signal, sys
+import numpy as np, interop
+from interop.pipeline.host import HostBackend
+
+d, kind, existing, limit = sys.argv[1], {kind!r}, {existing!r}, {limit!r}
+path = os.path.join(d, "x.npy")
+old = b"the file that was there before " * 300  # 9.3 KB
+if existing:
+    with open(path, "wb") as f:
+        f.write(old)
+if limit:  # a write past the limit fails with EFBIG instead of killing the process
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+free = os.statvfs(d).f_bfree
+a = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: more than either allows
+backend = HostBackend()
+if kind == "cupy":
+    import cupy
+
+    src = cupy.asarray(a)
+else:
+    src = backend.asarray(a) if kind == "device" else a
+try:
+    interop.save_npy(src, path, chunk_bytes=64 << 10)
+    got = None
+except Exception as exc:
+    got = exc
+print(json.dumps({{
+    "classes": [c.__name__ for c in type(got).__mro__],
+    "errno": getattr(got, "errno", None),
+    "filename": getattr(got, "filename", None),
+    "message": str(got),
+    "listing": sorted(os.listdir(d)),
+    "old_kept": open(path, "rb").read() == old if existing else None,
+    "space_back": os.statvfs(d).f_bfree == free,
+}}))
+backend.close()
+"""
+
+
+def _failing_save(run, kind, existing, limit=0):
+    proc = run(_FAILING_SAVE.format(kind=kind, existing=existing, limit=limit))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _check_untouched(got, path, code, existing):
+    assert "PathError" in got["classes"]  # an interop error ...
+    assert "OSError" in got["classes"]  # ... and the OSError a user catches around open
+    assert "TransferError" not in got["classes"]
+    assert got["errno"] == code
+    assert got["filename"] == path
+    assert f"save_npy could not write {path!r}: {os.strerror(code)}" in got["message"]
+    assert "the destination is untouched" in got["message"]
+    if existing:
+        assert f"{path!r} still holds the file it held before" in got["message"]
+        assert got["old_kept"] is True  # byte for byte
+        assert got["listing"] == ["x.npy"]  # and no temporary file beside it
+    else:
+        assert f"no file was left under {path!r}" in got["message"]
+        assert got["listing"] == []
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_full_disk_is_a_path_error_with_its_errno_and_nothing_changes(kind, existing):
+    from .small_fs import run_on_tmpfs
+
+    got = _failing_save(lambda code: run_on_tmpfs(code, "1m"), kind, existing)
+    path = got["filename"]
+    assert isinstance(path, str), got
+    assert path.endswith("/x.npy")
+    _check_untouched(got, path, errno.ENOSPC, existing)
+    assert got["space_back"]  # the temporary file's blocks were freed too
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_file_size_limit_is_a_path_error_with_its_errno_and_nothing_changes(
+    tmp_path, kind, existing
+):
+    code = _FAILING_SAVE.format(kind=kind, existing=existing, limit=256 << 10)
+    proc = run_python(f"import sys; sys.argv[1:] = [{str(tmp_path)!r}]\n" + code)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    _check_untouched(got, str(tmp_path / "x.npy"), errno.EFBIG, existing)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
+def test_gpu_a_full_disk_or_a_size_limit_is_a_path_error_for_cupy_sources(tmp_path, cp, existing):
+    from .small_fs import run_on_tmpfs
+
+    code = _FAILING_SAVE.format(kind="cupy", existing=existing, limit=256 << 10)
+    proc = run_python(f"import sys; sys.argv[1:] = [{str(tmp_path)!r}]\n" + code)
+    assert proc.returncode == 0, proc.stderr
+    _check_untouched(json.loads(proc.stdout), str(tmp_path / "x.npy"), errno.EFBIG, existing)
+    got = _failing_save(lambda code: run_on_tmpfs(code, "1m"), "cupy", existing)
+    _check_untouched(got, got["filename"], errno.ENOSPC, existing)
+    assert got["space_back"]
+
+
+@pytest.mark.parametrize("kind", ["host", "device"])
+def test_a_fifo_whose_reader_leaves_says_what_was_written_stays(tmp_path, kind):
+    from interop.pipeline.host import HostBackend
+
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    a = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: far more than the pipe holds
+    received = bytearray()
+
+    def read_a_little():
+        with open(fifo, "rb") as f:
+            received.extend(f.read(1000))
+
+    reader = threading.Thread(target=read_a_little)
+    reader.start()
+    backend = HostBackend()
+    try:
+        src = backend.asarray(a) if kind == "device" else a
+        with pytest.raises(interop.PathError) as info:
+            interop.save_npy(src, fifo, chunk_bytes=64 << 10)
+    finally:
+        reader.join(30)
+        backend.close()
+    err = info.value
+    assert isinstance(err, OSError)
+    assert not isinstance(err, interop.TransferError)
+    assert err.errno == errno.EPIPE
+    assert "is written into in place, not replaced: what was written before the error" in str(err)
+    assert "stays written, and a reader sees a truncated .npy file" in str(err)
+    assert "untouched" not in str(err)
+    assert bytes(received[:6]) == b"\x93NUMPY"  # the header went out before the error
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+# ------------------------------------------------------- an out that maps the file
+
+
+def _mapped_views(path):
+    """Writable arrays over the data of the .npy file at ``path`` (shared mappings)."""
+    import mmap
+
+    header = read_npy_header(path)
+    f = open(path, "r+b")  # noqa: SIM115 (the mapping keeps what it needs)
+    raw = mmap.mmap(f.fileno(), 0)
+    f.close()
+    plain = np.frombuffer(raw, header.dtype, offset=header.offset).reshape(header.shape)
+    return {
+        "memmap reversed": np.load(path, mmap_mode="r+")[::-1],
+        "memmap itself": np.load(path, mmap_mode="r+"),
+        "numpy.memmap at an offset": np.memmap(
+            path, header.dtype, "r+", offset=header.offset, shape=header.shape
+        )[::-1],
+        "view of mmap.mmap": plain[::-1],
+        "ndarray of a memmap": np.asarray(np.load(path, mmap_mode="r+"))[::-1],
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["memmap reversed", "memmap itself", "numpy.memmap at an offset", "view of mmap.mmap",
+     "ndarray of a memmap"],
+)  # fmt: skip
+def test_loading_into_a_map_of_the_same_file_is_refused_before_anything_moves(tmp_path, name):
+    path = tmp_path / "m.npy"
+    a = np.arange(1 << 17, dtype=np.float64)  # 16 chunks of 64 KiB
+    np.save(path, a)
+    before = path.read_bytes()
+    out = _mapped_views(path)[name]
+    with pytest.raises(interop.InvalidValueError) as info:
+        interop.load_npy(path, out, chunk_bytes=1 << 16)
+    message = str(info.value)
+    assert f"expected out for {str(path)!r} not to be a memory map of that file" in message
+    assert f"bytes [128, {128 + a.nbytes}) of it" in message
+    assert "out[...] = interop.load_npy(path)" in message
+    assert path.read_bytes() == before  # nothing moved
+    out[...] = interop.load_npy(path)  # the fix the message gives gives the right values
+    np.testing.assert_array_equal(out, a)
+
+
+def test_a_cpu_tensor_over_a_map_of_the_file_is_refused(tmp_path, torch):
+    path, other = tmp_path / "t.npy", tmp_path / "other.npy"
+    a = np.arange(1 << 15, dtype=np.float32)
+    np.save(path, a)
+    np.save(other, a[::-1])
+    before = path.read_bytes()
+    over_the_file = torch.from_numpy(np.load(path, mmap_mode="r+"))  # shares the mapping
+    with pytest.raises(interop.InvalidValueError, match="not to be a memory map of that file"):
+        interop.load_npy(path, over_the_file, chunk_bytes=1 << 16)
+    assert path.read_bytes() == before
+    interop.load_npy(other, over_the_file, chunk_bytes=1 << 16)  # another file into it: fine
+    np.testing.assert_array_equal(np.load(path), a[::-1])
+    copied = torch.from_numpy(np.load(other, mmap_mode="r+")).clone()  # not a map at all
+    interop.load_npy(other, copied, chunk_bytes=1 << 16)
+    np.testing.assert_array_equal(copied.numpy(), a[::-1])
+
+
+@pytest.mark.parametrize("how", ["copy-on-write map", "replaced file", "another file", "empty"])
+def test_maps_that_cannot_change_what_is_read_are_allowed(tmp_path, how):
+    path = tmp_path / "m.npy"
+    a = np.arange(1 << 17, dtype=np.float64)
+    np.save(path, np.zeros_like(a) if how == "replaced file" else a)
+    if how == "copy-on-write map":  # writes stay in private pages: the file never changes
+        out = np.load(path, mmap_mode="c")[::-1]
+        expected_file = a
+    elif how == "replaced file":  # a map of the old file: save_npy wrote a new one
+        out = np.load(path, mmap_mode="r+")[::-1]
+        interop.save_npy(a, path)
+        expected_file = a
+    elif how == "another file":
+        np.save(tmp_path / "other.npy", np.zeros_like(a))
+        out = np.load(tmp_path / "other.npy", mmap_mode="r+")[::-1]
+        expected_file = a
+    else:
+        np.save(path, a[:0])
+        out = np.load(path, mmap_mode="r+")
+        a, expected_file = a[:0], a[:0]
+    assert interop.load_npy(path, out, chunk_bytes=1 << 16) is out
+    np.testing.assert_array_equal(out, a)
+    np.testing.assert_array_equal(np.load(path), expected_file)
+
+
+def test_where_there_is_no_maps_table_the_memmap_names_its_file(tmp_path):
+    from interop import npy
+
+    path = tmp_path / "m.npy"
+    np.save(path, np.arange(1000, dtype=np.int32))
+    view = np.load(path, mmap_mode="r+")[10:20]
+    lo, hi = np.lib.array_utils.byte_bounds(view)
+    ((name, start, end),) = npy._memmap_file_ranges(view, lo, hi)
+    assert os.fspath(name) == str(path)
+    assert (start, end) == (128 + 40, 128 + 80)
+    assert npy._memmap_file_ranges(np.load(path, mmap_mode="c"), lo, hi) == []
+    assert npy._memmap_file_ranges(np.zeros(3), lo, hi) == []
+
+
+@pytest.mark.parametrize("mode", ["r", "r+"])
+def test_saving_a_map_of_the_destination_writes_the_right_values(tmp_path, mode, monkeypatch):
+    from interop import destination
+
+    for unnamed in (True, False):
+        monkeypatch.setattr(destination, "_UNNAMED_TEMPORARY", unnamed)
+        path = tmp_path / f"s{unnamed}.npy"
+        a = np.arange(1 << 17, dtype=np.float64)
+        np.save(path, a)
+        x = np.load(path, mmap_mode=mode)[::-1]  # read while the file is replaced: a new file
+        interop.save_npy(x, path, chunk_bytes=1 << 16)
+        np.testing.assert_array_equal(np.load(path), a[::-1])
+        np.testing.assert_array_equal(x, a[::-1])  # the map still shows the old file

@@ -122,3 +122,29 @@ def test_a_file_shrinking_under_a_device_load_is_an_error(device, tmp_path):
     ):
         interop.load_npy(path, out, chunk_bytes=CHUNK, progress=shrink)
     assert info.value.bytes_done == CHUNK
+
+
+def test_a_device_save_that_fails_says_the_destination_is_untouched(device, tmp_path):
+    path = tmp_path / "keep.npy"
+    old = b"the file that was there before"
+    path.write_bytes(old)
+    a = sample((512, 256), np.float64)
+
+    def boom(done, total):
+        if done:
+            raise ZeroDivisionError("stop")
+
+    for target, left in (
+        (path, f"{str(path)!r} still holds the file it held before"),
+        (tmp_path / "new.npy", f"no file was left under {str(tmp_path / 'new.npy')!r}"),
+    ):
+        with pytest.raises(interop.TransferError) as info:
+            interop.save_npy(device.asarray(a), target, chunk_bytes=CHUNK, progress=boom)
+        err = info.value
+        assert str(err).startswith("save_npy failed (ZeroDivisionError: stop); ")
+        assert f"the destination is untouched: {left}" in str(err)
+        assert "unspecified" not in str(err)
+        assert isinstance(err.__cause__, ZeroDivisionError)
+        assert (err.bytes_done, err.nbytes) == (0, a.nbytes)  # nothing of it was kept
+    assert path.read_bytes() == old
+    assert os.listdir(tmp_path) == ["keep.npy"]
