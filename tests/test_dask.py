@@ -795,13 +795,13 @@ def test_a_block_stops_writing_at_its_next_piece_once_the_file_is_removed(tmp_pa
 @pytest.mark.parametrize("where", ["host", "device"])
 def test_a_block_that_starts_after_the_save_was_given_up_writes_nothing(tmp_path, where):
     from interop.dask import _write_block
-    from interop.pipeline.host import HostBackend
+    from interop.testing import EmulatedDevice
 
     a = sample((64, 512), np.float32)
     path, layout = _temporary_file(tmp_path, a.shape, a.dtype)
     held = os.open(path, os.O_RDONLY)
     os.unlink(path)  # given up; the task still reaches the file (through /proc)
-    device = HostBackend()
+    device = EmulatedDevice()
     try:
         gone = layout.__class__(f"/proc/self/fd/{held}", layout.shape, layout.dtype, layout.offset)
         block = device.asarray(a) if where == "device" else a

@@ -617,12 +617,12 @@ _KILLED_MID_SAVE = """
 import sys, time
 import numpy as np, interop
 from interop import destination
-from interop.pipeline.host import HostBackend
+from interop.testing import EmulatedDevice
 
 path, kind, unnamed = sys.argv[1], sys.argv[2], sys.argv[3] == "unnamed"
 destination._UNNAMED_TEMPORARY = unnamed
 a = np.arange(1 << 22, dtype=np.float64)  # 32 MiB in 1 MiB chunks
-src = HostBackend().asarray(a) if kind == "device" else a
+src = EmulatedDevice().asarray(a) if kind == "device" else a
 
 def hold(done, total):
     if done:  # part of the data is in the temporary file: be killed here

@@ -598,7 +598,7 @@ def test_an_unknown_format_version_is_named(tmp_path):
 _FAILING_SAVE = """
 import errno, json, os, resource, signal, sys
 import numpy as np, interop
-from interop.pipeline.host import HostBackend
+from interop.testing import EmulatedDevice
 
 d, kind, existing, limit = sys.argv[1], {kind!r}, {existing!r}, {limit!r}
 path = os.path.join(d, "x.npy")
@@ -611,7 +611,7 @@ if limit:  # a write past the limit fails with EFBIG instead of killing the proc
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 free = os.statvfs(d).f_bfree
 a = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: more than either allows
-backend = HostBackend()
+backend = EmulatedDevice()
 if kind == "cupy":
     import cupy
 
@@ -700,7 +700,7 @@ def test_gpu_a_full_disk_or_a_size_limit_is_a_path_error_for_cupy_sources(tmp_pa
 
 @pytest.mark.parametrize("kind", ["host", "device"])
 def test_a_fifo_whose_reader_leaves_says_what_was_written_stays(tmp_path, kind):
-    from interop.pipeline.host import HostBackend
+    from interop.testing import EmulatedDevice
 
     fifo = tmp_path / "pipe.npy"
     os.mkfifo(fifo)
@@ -713,7 +713,7 @@ def test_a_fifo_whose_reader_leaves_says_what_was_written_stays(tmp_path, kind):
 
     reader = threading.Thread(target=read_a_little)
     reader.start()
-    backend = HostBackend()
+    backend = EmulatedDevice()
     try:
         src = backend.asarray(a) if kind == "device" else a
         with pytest.raises(interop.PathError) as info:

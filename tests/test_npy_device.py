@@ -12,7 +12,7 @@ import pytest
 
 import interop
 from interop.pipeline.ring import free_cached_rings
-from interop.testing import EmulatedDevice
+from interop.testing import EmulatedDevice, EmulatedDeviceError
 
 from .helpers import NUMPY_DTYPES, reading_fifo, sample
 
@@ -124,27 +124,25 @@ def test_a_file_shrinking_under_a_device_load_is_an_error(device, tmp_path):
     assert info.value.bytes_done == CHUNK
 
 
-def test_a_device_save_that_fails_says_the_destination_is_untouched(device, tmp_path):
+def test_a_device_save_that_fails_says_the_destination_is_untouched(tmp_path):
     path = tmp_path / "keep.npy"
     old = b"the file that was there before"
     path.write_bytes(old)
     a = sample((512, 256), np.float64)
 
-    def boom(done, total):
-        if done:
-            raise ZeroDivisionError("stop")
-
     for target, left in (
         (path, f"{str(path)!r} still holds the file it held before"),
         (tmp_path / "new.npy", f"no file was left under {str(tmp_path / 'new.npy')!r}"),
     ):
+        device = EmulatedDevice(faults={"drain": 2})  # the second slot a host thread drains
         with pytest.raises(interop.TransferError) as info:
-            interop.save_npy(device.asarray(a), target, chunk_bytes=CHUNK, progress=boom)
+            interop.save_npy(device.asarray(a), target, chunk_bytes=CHUNK)
+        device.close()
         err = info.value
-        assert str(err).startswith("save_npy failed (ZeroDivisionError: stop); ")
+        assert str(err).startswith("save_npy failed (EmulatedDeviceError: injected fault")
         assert f"the destination is untouched: {left}" in str(err)
         assert "unspecified" not in str(err)
-        assert isinstance(err.__cause__, ZeroDivisionError)
+        assert isinstance(err.__cause__, EmulatedDeviceError)
         assert (err.bytes_done, err.nbytes) == (0, a.nbytes)  # nothing of it was kept
     assert path.read_bytes() == old
     assert os.listdir(tmp_path) == ["keep.npy"]

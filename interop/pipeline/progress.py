@@ -39,6 +39,7 @@ class Progress:
         self._bar = None
         self.done = 0
         self.total = total
+        self.desc = desc
         self.raised: BaseException | None = None  # what the callback raised, if it did
         if callable(progress):
             self._callback = progress
@@ -54,7 +55,13 @@ class Progress:
             try:
                 self._callback(self.done, self.total)
             except BaseException as exc:
-                self.raised = exc  # the transfer raises it as itself, not as its own failure
+                self.raised = exc  # raised as itself, not as the transfer's own failure
+                add_note = getattr(exc, "add_note", None)  # Python >= 3.11
+                if add_note is not None:
+                    add_note(
+                        f"raised by the progress callback of {self.desc}; bytes [0, {self.done}) "
+                        f"of {self.total} were complete when it raised"
+                    )
                 raise
         if self._bar is not None:
             self._bar.update(n)
