@@ -759,7 +759,7 @@ def _meta(ndim: int, dtype: np.dtype, device: Any) -> Any:
     return cp.empty((0,) * ndim, dtype)
 
 
-def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None) -> Any:
+def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: Any = None) -> Any:
     """A dask array whose blocks are read from a ``.npy`` file on the workers.
 
     Parameters
@@ -767,9 +767,11 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
     path : str or os.PathLike
         A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
         system every worker shares with the caller.
-    chunks : int, tuple, dict or "auto"
-        Block shape, as ``dask.array.from_array`` takes it; any chunking,
-        including blocks that do not span whole trailing axes.
+    chunks : int, tuple, dict or "auto", default "auto"
+        Block shape, as ``dask.array.from_array`` takes it (``"auto"``: dask's
+        choice, blocks of about ``array.chunk-size``); any chunking, including
+        blocks that do not span whole trailing axes. Every block size must be
+        positive.
     device : optional
         ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks, each on that device
         of the worker that reads it (``"cuda"``: the worker's current device).
@@ -813,10 +815,14 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any, device: Any = None
     target = parse_device(device)
     try:
         normalized = da.core.normalize_chunks(chunks, header.shape, dtype=header.dtype)
-    except (ValueError, TypeError) as exc:
+        if any(n == 0 for axis, size in zip(normalized, header.shape, strict=True) if size
+               for n in axis):  # fmt: skip
+            raise ValueError("a block size of 0 along an axis that has data")
+    except (ValueError, TypeError, ZeroDivisionError) as exc:
+        why = "a block size of 0" if isinstance(exc, ZeroDivisionError) else str(exc)
         raise InvalidValueError(
-            f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}): "
-            f"{exc}"
+            f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
+            f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
         ) from exc
     # Device blocks are made in native byte order (CuPy holds no other), host
     # blocks keep the file's.

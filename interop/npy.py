@@ -559,6 +559,18 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         if not out.flags.writeable:
             raise InvalidValueError(f"expected a writable out {where} (got a read-only array)")
     elif _backends.is_torch_tensor(out) or is_device_array(out):
+        if getattr(out, "requires_grad", False):
+            raise InvalidValueError(
+                f"expected an out {where} that does not require grad (got a tensor with "
+                "requires_grad=True: writing into it in place would bypass autograd, and "
+                "PyTorch refuses it for a leaf); pass out.detach() (the same memory) or "
+                "load into a new tensor, then copy under torch.no_grad()"
+            )
+        if _backends.is_torch_tensor(out) and (out.is_conj() or out.is_neg()):
+            raise InvalidValueError(
+                f"expected an out {where} without the conjugate/negative bit (got one "
+                "with it: writes through such a view would be transformed); resolve it first"
+            )
         described = array_source(out, "load_npy")
         shape, dtype, host = described.shape, described.dtype, not described.on_device
     else:

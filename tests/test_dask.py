@@ -449,6 +449,17 @@ def test_load_bad_input(tmp_path):
         idask.load_npy(tmp_path / "a.npy", chunks=(1, 2, 3))
     with pytest.raises(ValueError, match="expected 'cpu', 'cuda' or 'cuda:N'"):
         idask.load_npy(tmp_path / "a.npy", chunks=2, device="gpu")
+    for zero in (0, (0, 2)):  # dask itself would divide by zero
+        with pytest.raises(ValueError, match=r"a block size of 0\); pass positive block sizes"):
+            idask.load_npy(tmp_path / "a.npy", chunks=zero)
+
+
+def test_load_chunks_default_to_auto(tmp_path):
+    a = np.arange(12.0).reshape(3, 4)
+    np.save(tmp_path / "a.npy", a)
+    lazy = idask.load_npy(tmp_path / "a.npy")
+    assert lazy.chunks == da.from_array(a, chunks="auto").chunks
+    np.testing.assert_array_equal(lazy.compute(scheduler="sync"), a)
 
 
 def test_load_without_a_gpu_refuses_device_blocks(tmp_path):

@@ -223,6 +223,23 @@ def test_wrong_out_is_refused_before_writing(tmp_path, out, exc, pattern):
     assert json.dumps(np.asarray(out).tolist()) == before
 
 
+@pytest.mark.parametrize("how", ["requires grad", "conjugate bit"])
+def test_a_tensor_out_that_cannot_be_written_in_place_is_refused(tmp_path, torch, how):
+    np.save(tmp_path / "g.npy", np.arange(4.0) + 1j)
+    if how == "requires grad":
+        out = torch.zeros(4, dtype=torch.complex128, requires_grad=True)
+        match = r"does not require grad \(got a tensor with requires_grad=True.*out.detach\(\)"
+    else:
+        out = torch.zeros(4, dtype=torch.complex128).conj()
+        match = r"without the conjugate/negative bit"
+    with pytest.raises(ValueError, match=match):
+        interop.load_npy(tmp_path / "g.npy", out)
+    assert out.detach().abs().sum().item() == 0  # nothing written
+    detached = torch.zeros(4, dtype=torch.complex128)
+    interop.load_npy(tmp_path / "g.npy", detached)
+    np.testing.assert_array_equal(detached.numpy(), np.arange(4.0) + 1j)
+
+
 def test_read_only_out_is_refused(tmp_path):
     np.save(tmp_path / "a.npy", np.ones(3))
     out = np.zeros(3)
