@@ -178,6 +178,15 @@ def _held_or_filling(gate, rows, block_info=None):
     return np.full(shape, 2.0)
 
 
+def _held_or_failing(gate, rows, block_info=None):
+    """As :func:`_held_or_filling`, but block 1 raises once block 0 is being written."""
+    info = block_info[None]
+    if info["chunk-location"][0] == 0:
+        return _held_or_filling(gate, rows, block_info)
+    _gated_block(None, gate)
+    raise RuntimeError("block 1 cannot be made")
+
+
 def _gated_block(block, gate, block_info=None):
     """Wait (at most 30 s) until the file ``gate`` exists before giving the block."""
     import time
@@ -854,14 +863,17 @@ def test_a_device_blocks_slots_stop_once_the_file_is_removed(tmp_path):
 
 # ------------------------------------------------------------------ a full disk
 
-# In a child with argv[1] the root of an 8 MiB tmpfs: block 1 (12 MiB) fills it
-# while block 0 is still being written; after save_npy raises, no task may be
-# writing any more: the space is back, the temporary gone, no process holds it.
+# In a child with argv[1] the root of a small tmpfs: the 16 MiB array does not
+# fit in 8 MiB ("full disk": found when its blocks are reserved, before any is
+# made), or (in 32 MiB) block 1 raises while block 0 is still being written
+# ("a block fails"); after
+# save_npy raises, no task may be writing any more: the space is back, the
+# temporary gone, no process holds it.
 _FULL_DISK = """
 import errno, json, os, sys
 import dask, dask.array as da, numpy as np
-import interop.dask as idask
-from tests.test_dask import _held_or_filling
+import interop, interop.dask as idask
+from tests.test_dask import _held_or_failing, _held_or_filling
 
 d = sys.argv[1]
 scheduler = {scheduler!r}
@@ -882,7 +894,8 @@ def holders():
     return found
 
 x = da.map_blocks(
-    _held_or_filling, os.path.join(d, "gate"), 0,
+    _held_or_filling if {failure!r} == "full disk" else _held_or_failing,
+    os.path.join(d, "gate"), 0,
     chunks=((256, 768), (2048,)), dtype=np.float64, meta=np.empty((0, 0)),
 )  # a 4 MiB and a 12 MiB block
 os.makedirs(os.path.join(d, "out"))
@@ -892,12 +905,13 @@ def save():
     free = os.statvfs(d).f_bfree
     try:
         idask.save_npy(x, target, chunk_bytes=64 << 10)
-    except idask.SaveError as exc:
+    except (idask.SaveError, interop.PathError) as exc:
         err = exc
     # measured at once, as the caller sees it when the call returns
     after = (os.statvfs(d).f_bfree, sorted(os.listdir(os.path.join(d, "out"))), holders())
-    cause = err.__cause__
+    cause = err if isinstance(err, interop.PathError) else err.__cause__
     print(json.dumps({{
+        "kind": type(err).__name__,
         "space_back": after[0] == free,
         "listing": after[1],
         "holders": after[2],
@@ -921,15 +935,24 @@ else:
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "distributed"])
-def test_a_save_that_fills_the_disk_returns_once_no_block_is_written(scheduler):
+@pytest.mark.parametrize("failure", ["full disk", "a block fails"])
+def test_a_failed_save_returns_once_no_block_is_written(scheduler, failure):
     from .small_fs import run_on_tmpfs
 
-    proc = run_on_tmpfs(_FULL_DISK.format(scheduler=scheduler), "8m", timeout=240)
+    code = _FULL_DISK.format(scheduler=scheduler, failure=failure)
+    proc = run_on_tmpfs(code, "8m" if failure == "full disk" else "32m", timeout=240)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["gate"]  # block 0 was being written when block 1 filled the disk
-    assert got["cause_errno"] == errno.ENOSPC, got["message"]
-    assert "of 2 blocks were written" in got["message"]
+    if failure == "full disk":  # the file's blocks are reserved first: found before any block
+        assert got["kind"] == "PathError"
+        assert got["cause_errno"] == errno.ENOSPC, got["message"]
+        assert "nothing was written and the destination is untouched" in got["message"]
+        assert not got["gate"]  # no block was made
+    else:
+        assert got["kind"] == "SaveError"
+        assert got["gate"]  # block 0 was being written when block 1 failed
+        assert "block 1 cannot be made" in got["message"]
+        assert "of 2 blocks were written" in got["message"]
     assert got["listing"] == []  # neither the file nor its temporary
     assert got["holders"] == []  # no process has the removed file open: no task writes it
     assert got["space_back"]  # so its space is free again when the call returns
