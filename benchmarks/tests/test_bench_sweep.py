@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.bench_runs import quick_sweep, run_cli
 
 import interop
 from interop import bench
 from interop.bench import sweep as sweep_mod
 from interop.bench.measure import Case, WrongResultError, measure
-from tests.bench_runs import quick_sweep, run_cli
 
 TINY = bench.BenchSizes.choose(True, 0.02)
 MiB = 1 << 20

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from interop.bench.plot import load_results, plot_results
 from tests.bench_runs import quick_bench, quick_sweep, run_cli
 

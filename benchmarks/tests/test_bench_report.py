@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from interop.bench.ratios import Ratio, row_met
+from tests.bench_runs import full_host_run, quick_bench
 
 import interop
 from interop import bench
 from interop.__main__ import main
-from interop.bench.ratios import Ratio, row_met
 from interop.bench.report import format_table, ratio_text
-from tests.bench_runs import full_host_run, quick_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.bench_runs import full_host_run, quick_bench
 
 from interop import bench
 from interop.bench.context import BenchContext
 from interop.bench.report import format_bytes
 from interop.bench.rows import dask_save
-from tests.bench_runs import full_host_run, quick_bench
 
 from .helpers import run_python
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from interop.bench.ratios import Ratio
+from tests.bench_runs import full_host_run
 
 import interop
 from interop import bench
-from interop.bench.ratios import Ratio
 from interop.bench.run import _judge
 from interop.pipeline import trace
 from interop.pipeline.ring import free_cached_rings
 from interop.testing import EmulatedDevice
-from tests.bench_runs import full_host_run
 from tests.helpers import REPO_ROOT, git_head
 
 SCRIPT = REPO_ROOT / "scripts" / "keep_results.py"

@@ -16,11 +16,11 @@ import sys
 
 import numpy as np
 import pytest
+from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
 
 import interop
 from interop import bench
 from interop.bench.measure import status_bytes
-from tests.bench_runs import SMOKE_SCALE, full_host_run, quick_bench, run_cli
 from tests.helpers import REPO_ROOT, git_head, run_python
 
 GPU_ROWS = {
