@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.diagnostics import DeviceGrowth
 from interop._backends import DISTRIBUTION
 from interop.bench.context import BenchContext
 from interop.bench.measure import (
-    DeviceGrowth,
     GiB,
     Measured,
     MiB,
@@ -546,5 +546,5 @@ def dask_save_npy_cupy(ctx: BenchContext) -> dict[str, Any]:
         g.cp.asnumpy,
         "cupy.asnumpy+numpy.save per block",
         release=g.release,
-        growth=g.growth,
+        growth=lambda: DeviceGrowth(g.cp, g.th),
     )

@@ -7,7 +7,9 @@
 - ``trace``: one more, untimed run of the row's transfer with the slot
   pipeline traced (:mod:`interop.pipeline.trace`);
 - ``profile``: where one call of ``to_cupy`` / ``to_torch`` spends its time
-  (:mod:`cProfile`).
+  (:mod:`cProfile`);
+- device memory: what ``d2h_strided``'s copies of transposed sources take on the
+  device (:class:`DeviceGrowth`), against the ring size.
 
 A diagnosis that fails is recorded as ``{"error": ...}``; it never costs the
 row its figures.
@@ -18,7 +20,6 @@ from __future__ import annotations
 import cProfile
 import dataclasses
 import gc
-import math
 import pstats
 import sys
 import tempfile
@@ -37,8 +38,32 @@ from interop.bench.measure import Case, measure
 from interop.bench.report import format_bytes
 from interop.bench.results import Ratio
 from interop.bench.rows import RowSpec
+from interop.bench.rows.gpu import RING, ring_bytes, strided
 from interop.config import chunk_bytes_or_default, config
 from interop.pipeline import trace
+
+
+class DeviceGrowth:
+    """Peak device memory taken from CuPy's pool and PyTorch's allocator in a block.
+
+    CuPy's pool only grows while nothing frees its blocks, so its growth is
+    the peak held; PyTorch reports its peak. A raw ``cudaMalloc`` is not seen.
+    """
+
+    def __init__(self, cp: Any, th: Any) -> None:
+        self._cp, self._th = cp, th
+        self.extra_bytes: int | None = None
+
+    def __enter__(self) -> DeviceGrowth:
+        self._pool_before = self._cp.get_default_memory_pool().total_bytes()
+        self._th.cuda.reset_peak_memory_stats()
+        self._torch_before = self._th.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pool = self._cp.get_default_memory_pool().total_bytes() - self._pool_before
+        torch_peak = self._th.cuda.max_memory_allocated() - self._torch_before
+        self.extra_bytes = max(0, pool) + max(0, torch_peak)
 
 
 def _records(got: dict[str, Any]) -> dict[str, Any]:
@@ -329,12 +354,32 @@ def _h2d_pageable(ctx: BenchContext) -> Callable[[dict[str, Any]], dict[str, Any
 
 
 def _d2h_strided(ctx: BenchContext) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The trace of ``copy_to_host(x.T, out)``, and the device memory each transposed
+    source's copy takes (first call after the caches were emptied), against the ring."""
     g = ctx.gpu()
-    side = math.isqrt(g.nbytes // 4)
-    square = g.x[: side * side].reshape(side, side).T
-    out = np.empty((side, side), np.float32)
-    where = traced(lambda: interop.copy_to_host(square, out))
-    return lambda fields: fields | {"trace": where}
+    x_t, t_t, _, out = strided(g)
+    where = traced(lambda: interop.copy_to_host(x_t, out))
+    taken = {}
+    for label, source in (("copy_to_host(x.T, out)", x_t), ("copy_to_host(t.T, out)", t_t)):
+        g.release()
+        with DeviceGrowth(g.cp, g.th) as growth:
+            interop.copy_to_host(source, out)
+            g.sync()
+        taken[label] = growth.extra_bytes
+    ring = ring_bytes()
+
+    def add(fields: dict[str, Any]) -> dict[str, Any]:
+        ratios = [
+            Ratio.between(f"extra device memory of {label}", "memory", RING, value, ring)
+            for label, value in taken.items()
+        ]
+        memory = fields["memory"] | {
+            "extra_device_bytes": taken["copy_to_host(x.T, out)"],
+            "copy_to_host(t.T) extra_device_bytes": taken["copy_to_host(t.T, out)"],
+        }
+        return fields | {"trace": where, "ratios": [*fields["ratios"], *ratios], "memory": memory}
+
+    return add
 
 
 def _save_npy(ctx: BenchContext) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -375,6 +420,10 @@ def diagnosed(spec: RowSpec) -> RowSpec:
 
     def run(ctx: BenchContext) -> dict[str, Any]:
         fields = spec.run(ctx)
-        return diagnose(ctx)(fields)
+        try:
+            return diagnose(ctx)(fields)
+        except Exception as exc:  # a diagnosis: its failure must not cost the row
+            traceback.print_exc(file=sys.stderr)
+            return fields | {"diagnosis_error": f"{type(exc).__name__}: {exc}"}
 
     return dataclasses.replace(spec, run=run)

@@ -194,7 +194,8 @@ def host_limit(ctx: BenchContext) -> dict[str, Any]:
             "ratios": [
                 Ratio.between("the best thread count", "throughput", "1 thread", best_side, one)
             ],
-            "not_measured": "pinned copies, a busy link and pinning rates: " + reason.split(":")[0],
+            "not_measured": "pinned copies, a busy link and pinning rates: "
+            + (reason or "").split(":")[0],
         }
     fields["registration"] = _registration(g, copies["bytes"], min(repeats, 3))
     return fields | {

@@ -102,6 +102,8 @@ def _more(row: dict[str, Any]) -> list[str]:
         lines.append(f"where the time went: {trace_text(row['trace'])}")
     for label, top in row.get("profile", {}).items():
         lines.append(f"profile of {label}: {profile_text(top)}")
+    if row.get("diagnosis_error"):
+        lines.append(f"diagnoses not made: {row['diagnosis_error']}")
     return lines + host_limit_text(row)
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from benchmarks import lab
+from benchmarks import diagnostics, lab
 from benchmarks.diagnostics import profile_per_call, profile_text
 from benchmarks.lab import LAB_ROWS, torch_op_unavailable
 from benchmarks.report import format_report
@@ -370,6 +370,23 @@ def test_a_profile_ranks_the_functions_a_call_spends_its_time_in():
     assert text.endswith("(own time per call under cProfile, which inflates it)")
 
 
+def test_a_failing_diagnosis_keeps_the_rows_figures(monkeypatch, capsys):
+    def diagnose(ctx):
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    monkeypatch.setitem(diagnostics.DIAGNOSES, "host_copy", diagnose)
+    spec = diagnostics.diagnosed(next(spec for spec in ROWS if spec.name == "host_copy"))
+    data = collect_results(TINY, (spec,), judge=judge)
+    (row,) = data["rows"]
+    assert row["status"] == "ok"
+    assert row["gbps"] > 0
+    assert row["diagnosis_error"] == "RuntimeError: cudaErrorIllegalAddress"
+    assert isinstance(row["met"], bool)
+    assert "cudaErrorIllegalAddress" in capsys.readouterr().err
+    flat = " ".join(format_report(data).split())
+    assert "diagnoses not made: RuntimeError: cudaErrorIllegalAddress" in flat
+
+
 @pytest.mark.gpu
 def test_gpu_rows_run_with_their_diagnoses(tmp_path):
     """On a GPU runner every GPU row runs, checks its result and carries its diagnoses."""
@@ -410,6 +427,15 @@ def test_gpu_rows_run_with_their_diagnoses(tmp_path):
     assert targets == {("copy_to_host(x, out=pinned)", "d2h_limit")}
     if "dask_save_npy_cupy" in rows:
         assert rows["dask_save_npy_cupy"]["memory"]["extra_device_bytes"] is not None
+    strided = rows["d2h_strided"]  # the device memory of transposed copies, against the ring
+    assert strided["memory"]["extra_device_bytes"] is not None
+    assert strided["memory"]["copy_to_host(t.T) extra_device_bytes"] is not None
+    memory = {r["of"]: r for r in strided["ratios"] if r["quantity"] == "memory"}
+    assert set(memory) == {
+        "extra device memory of copy_to_host(x.T, out)",
+        "extra device memory of copy_to_host(t.T, out)",
+    }
+    assert all(r["target"] == "<= 1x" for r in memory.values())
     for label in ("to_cupy(t)", "to_torch(c)"):  # where a call's time goes
         top = rows["exchange_us"]["profile"][label]
         assert top, label

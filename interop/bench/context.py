@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import _backends
-from .measure import BenchSizes, Case, DeviceGrowth, Measured, MiB, PeakRss, measure
+from .measure import BenchSizes, Case, Measured, MiB, PeakRss, measure
 
 
 def release_interop_rings() -> None:
@@ -103,10 +103,6 @@ class GpuArrays:
         """Wait for all work on the device (every stream)."""
         self.cp.cuda.Device().synchronize()
 
-    def growth(self) -> DeviceGrowth:
-        """A context manager measuring device memory taken in its block."""
-        return DeviceGrowth(self.cp, self.th)
-
     def memcpy(self, dst: int, src: int, kind: int) -> None:
         """One ``cudaMemcpyAsync`` of ``nbytes`` on CuPy's current stream."""
         stream = self.cp.cuda.get_current_stream()
@@ -123,15 +119,11 @@ class GpuArrays:
         return Case(lambda: self.memcpy(dst.data.ptr, self.ref.ctypes.data, kind), self.nbytes)
 
     def measure(
-        self, cases: dict[str, Case], repeats: int, *, first_call_memory: bool = True
+        self, cases: dict[str, Case], repeats: int, release: bool = True
     ) -> dict[str, Measured]:
-        """:func:`measure` with device sync and, unless ``first_call_memory`` is False (the
-        sweep, which wants timings only), cache release and device memory."""
-        if not first_call_memory:
-            return measure(cases, repeats, sync=self.sync)
-        return measure(
-            cases, repeats, sync=self.sync, release=self.release, device_growth=self.growth
-        )
+        """:func:`measure` with device sync and, unless ``release`` is False (the sweep,
+        which wants timings only), the caches emptied before the first calls."""
+        return measure(cases, repeats, sync=self.sync, release=self.release if release else None)
 
     def release(self) -> None:
         """Empty CuPy's and PyTorch's pools and interop's staging rings."""

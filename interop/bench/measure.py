@@ -9,7 +9,6 @@ measured (after the caches were emptied, so a staging ring it allocates counts).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
@@ -91,13 +90,11 @@ def status_bytes(key: str) -> int | None:
 
 
 class PeakRss:
-    """Peak growth of this process's resident memory over a ``with`` block.
+    """Peak growth of this process's resident memory over a ``with`` block (``extra_bytes``).
 
-    On Linux the kernel's peak (``VmHWM``) is reset at entry through
-    ``/proc/self/clear_refs``; where that is refused, a thread samples
-    ``VmRSS`` every millisecond instead (it can miss a short peak). Off Linux
-    ``extra_bytes`` stays None. ``method`` says which: ``"VmHWM"``,
-    ``"sampled VmRSS"`` or ``"unavailable"``.
+    ``method``: ``"VmHWM"``, the kernel's peak, reset at entry through
+    ``/proc/self/clear_refs``; where that is refused, ``"sampled VmRSS"`` every
+    millisecond (it can miss a short peak); off Linux ``"unavailable"`` (None).
     """
 
     def __init__(self) -> None:
@@ -139,38 +136,13 @@ class PeakRss:
         self.extra_bytes = max(0, peak - self._base)
 
 
-class DeviceGrowth:
-    """Peak device memory taken from CuPy's pool and PyTorch's allocator in a block.
-
-    CuPy's pool only grows while nothing frees its blocks, so its growth is
-    the peak held; PyTorch reports its peak. A raw ``cudaMalloc`` is not seen.
-    """
-
-    def __init__(self, cp: Any, th: Any) -> None:
-        self._cp, self._th = cp, th
-        self.extra_bytes: int | None = None
-
-    def __enter__(self) -> DeviceGrowth:
-        self._pool_before = self._cp.get_default_memory_pool().total_bytes()
-        self._th.cuda.reset_peak_memory_stats()
-        self._torch_before = self._th.cuda.memory_allocated()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pool = self._cp.get_default_memory_pool().total_bytes() - self._pool_before
-        torch_peak = self._th.cuda.max_memory_allocated() - self._torch_before
-        self.extra_bytes = max(0, pool) + max(0, torch_peak)
-
-
 @dataclasses.dataclass
 class Case:
-    """One measured call of a row.
+    """One measured call ``fn`` of a row, moving ``nbytes`` bytes (0 for per-call cases).
 
-    ``fn`` is the call (its result goes to ``check``), moving ``nbytes`` bytes
-    (0 for per-call cases). ``check`` raises :class:`WrongResultError` if the
-    first call's result is wrong; ``prepare`` runs once, untimed, before the
-    first call (e.g. to poison ``out``); ``settle`` runs untimed after every
-    call and waits for work the call left running in the background.
+    ``check`` raises :class:`WrongResultError` if the first call's result is wrong;
+    ``prepare`` runs once, untimed, before it (e.g. to poison ``out``); ``settle`` runs
+    untimed after every call: it waits for work the call left running in the background.
     """
 
     fn: Callable[[], Any]
@@ -208,16 +180,15 @@ class Measured:
 
     def record(self) -> dict[str, Any]:
         """The JSON form: every repeat, and the memory where it was measured."""
-        out: dict[str, Any] = {"seconds": self.seconds, "calls": self.calls}
-        if self.nbytes:
-            out["bytes"] = self.nbytes
-        if self.extra_host_bytes is not None:
-            out["extra_host_rss_bytes"] = self.extra_host_bytes
-        if self.extra_device_bytes is not None:
-            out["extra_device_bytes"] = self.extra_device_bytes
-        if self.checked:
-            out["result_checked"] = True
-        return out
+        out = {
+            "seconds": self.seconds,
+            "calls": self.calls,
+            "bytes": self.nbytes or None,
+            "extra_host_rss_bytes": self.extra_host_bytes,
+            "extra_device_bytes": self.extra_device_bytes,
+            "result_checked": self.checked or None,
+        }
+        return {key: value for key, value in out.items() if value is not None}
 
 
 def measure(
@@ -226,21 +197,14 @@ def measure(
     *,
     sync: Callable[[], None] | None = None,
     release: Callable[[], None] | None = None,
-    device_growth: Callable[[], DeviceGrowth] | None = None,
 ) -> dict[str, Measured]:
     """Time byte-moving calls, interleaved, after a measured first call and a warm-up.
 
-    Each case's first call runs after ``release`` (which empties allocator
-    and staging caches, so what the call allocates counts): its peak extra
-    host RSS and device memory (``device_growth``) are measured and its
-    result is checked. With ``release``, every case then runs once more
-    untimed, to fill the caches again. Then ``repeats`` timed rounds run,
+    Each case's first call runs after ``release`` (which empties allocator and staging
+    caches, so what the call allocates counts): its peak extra host RSS is measured and
+    its result checked (:class:`WrongResultError`). With ``release``, every case then
+    runs once more untimed, to fill the caches again. Then ``repeats`` timed rounds run,
     case after case; ``sync`` waits for the device inside the timed region.
-
-    Raises
-    ------
-    WrongResultError
-        A first call's result failed its check.
     """
     results: dict[str, Measured] = {}
 
@@ -255,8 +219,7 @@ def measure(
             case.prepare()
         if release is not None:
             release()
-        growth = device_growth() if device_growth is not None else None
-        with PeakRss() as rss, growth if growth is not None else contextlib.nullcontext():
+        with PeakRss() as rss:
             value = call(case)
         if case.settle is not None:
             case.settle()
@@ -267,7 +230,6 @@ def measure(
             [],
             case.nbytes,
             extra_host_bytes=rss.extra_bytes,
-            extra_device_bytes=growth.extra_bytes if growth is not None else None,
             checked=case.check is not None,
         )
     rounds = [False] * (release is not None) + [True] * repeats  # warm again, then timed
