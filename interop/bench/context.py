@@ -71,14 +71,8 @@ class BenchContext:
 
 
 class GpuArrays:
-    """The GPU rows' sources: CuPy ``x``, torch ``t`` (same values), a pinned copy ``ref``,
-    each ``nbytes`` (float32, rounded down to a multiple of 4).
-
-    Raises
-    ------
-    NoDeviceError, BackendUnavailableError
-        CuPy or PyTorch sees no CUDA device, or is not installed.
-    """
+    """The GPU rows' sources, ``nbytes`` each: CuPy ``x``, torch ``t`` (same values) and a
+    pinned copy ``ref``; NoDeviceError or BackendUnavailableError without a usable device."""
 
     def __init__(self, nbytes: int) -> None:
         self.cp = _backends.require_cupy_device()

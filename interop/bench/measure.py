@@ -1,11 +1,7 @@
-"""Sizes, timers, peak memory, and checked first calls.
-
-Within a row the measured calls are interleaved (ours, anchor, ours, anchor,
-...) so that drift on a noisy machine hits all of them alike, and each figure
-is the median of several repeats. The first call of each is not timed: it
-warms up, its result is checked, and it is the call whose extra memory is
-measured (after the caches were emptied, so a staging ring it allocates counts).
-"""
+"""Sizes, timers, peak memory, and checked first calls. Within a row the calls are
+interleaved (ours, anchor, ours, ...) so that drift hits all alike; each figure is a median
+of repeats. The first call of each is untimed: it warms up, its result is checked, and its
+extra memory is measured after the caches were emptied (a staging ring it makes counts)."""
 
 from __future__ import annotations
 

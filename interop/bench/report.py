@@ -66,6 +66,23 @@ def memory_text(memory: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def machine_text(machine: dict[str, Any]) -> str:
+    """The JSON's ``machine`` in words, facts that could not be read left out."""
+    words = {
+        "cpu_model": "{}",
+        "cpus": "{} CPUs",
+        "cpus_usable": "{} usable",
+        "numa_nodes": "NUMA nodes {}",
+        "gpu_numa_node": "the GPU on node {}",
+        "l3_bytes": "L3 {}",
+        "transparent_hugepages": "transparent huge pages {}",
+        "glibc": "glibc {}",
+        "memory_bytes": "memory {}",
+    }
+    facts = {k: format_bytes(v) if k.endswith("_bytes") else v for k, v in machine.items()}
+    return ", ".join(words[k].format(v) for k, v in facts.items() if v is not None and k in words)
+
+
 def not_run_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per reason the rows that did not run share: ``"skipped (2 rows: a, b): why"``."""
     groups: dict[tuple[str, str], list[str]] = {}
@@ -86,10 +103,10 @@ def format_table(results: dict[str, Any]) -> str:
     memory_rows = {spec.name for spec in ROWS if spec.figure == "memory"}
     cfg, sizes = results["config"], results["sizes"]
     quick = " --quick: a smoke run (small sizes, few repeats)" if results.get("quick") else ""
-    machine = {k: v for k, v in (results.get("machine") or {}).items() if v is not None}
     lines = [
         f"interop bench{quick}",
-        f"device   {results['device']}, {', '.join(f'{k} {v}' for k, v in machine.items())}",
+        f"device   {results['device']}",
+        f"machine  {machine_text(results.get('machine') or {})}",
         f"run      {results['date']}, commit {results['commit'][:12]}",
         f"config   chunk_bytes {format_bytes(cfg['chunk_bytes'])}, num_buffers "
         f"{cfg['num_buffers']}, host_threads {cfg['host_threads']}",

@@ -115,12 +115,8 @@ def _gpu_numa_node() -> int | None:
 
 
 def machine() -> dict[str, Any]:
-    """The machine a run measured, read from ``/proc``, ``/sys`` and
-    :func:`platform.libc_ver`; a fact that cannot be read here is None: ``cpu_model``,
-    ``cpus`` (logical), ``cpus_usable`` (this process's affinity), ``numa_nodes``,
-    ``gpu_numa_node`` (the CUDA device's; -1 where the kernel does not know it),
-    ``l3_bytes`` (CPU 0's), ``transparent_hugepages`` (the mode in use), ``glibc`` and
-    ``memory_bytes``."""
+    """The machine a run measured, from ``/proc``, ``/sys`` and :func:`platform.libc_ver`; a
+    fact that cannot be read is None (``gpu_numa_node``: -1 where the kernel does not know)."""
     cpuinfo = _read("/proc/cpuinfo")
     memory = _field(_read("/proc/meminfo"), "MemTotal")
     thp = re.search(r"\[(\w+)\]", _read("/sys/kernel/mm/transparent_hugepage/enabled") or "")
@@ -163,13 +159,9 @@ def _git(*args: str) -> str | None:
 
 
 def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) -> dict[str, Any]:
-    """The top level of a results file, before its rows: ``schema``, ``kind`` (``"bench"``
-    or ``"sweep"``), ``quick`` (a smoke run), ``judged`` (ratios judged against targets),
-    ``device``, ``date`` (UTC, ISO 8601), ``commit`` (``INTEROP_COMMIT`` where set, else
-    ``git rev-parse HEAD``, else ``"unknown"``), ``commit_source`` (``"git"``,
-    ``"INTEROP_COMMIT"`` or None), ``commit_dirty`` (None without git or with
-    ``INTEROP_COMMIT``), ``config``, ``sizes``, ``cpu_count``, ``machine`` and ``versions``.
-    """
+    """The top level of a results file, before its rows (the JSON's header, see
+    docs/benchmark-method.md): ``kind`` is ``"bench"`` or ``"sweep"``, ``quick`` a smoke run,
+    ``judged`` whether targets were judged."""
     from ..info import collect_info
 
     started = datetime.datetime.now(datetime.timezone.utc)

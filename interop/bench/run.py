@@ -98,20 +98,12 @@ def run_bench(
     report: Callable[[dict[str, Any]], str] = format_table,
     command: str = "interop bench",
 ) -> int:
-    """``python -m interop bench``: run ``rows``, print the ``report``, optionally write JSON.
+    """``python -m interop bench``: run ``rows``, print the ``report``, optionally write JSON
+    (rewritten after every row with ``"partial": true``, the final file without).
 
-    With ``json_path`` the file is rewritten after every row with the rows so far and
-    ``"partial": true`` (the final file has none). Each row's status and duration go to
-    stderr as it finishes.
-
-    Returns
-    -------
-    int
-        The exit status: 0 when every row ran or was skipped for a stated reason, 1 when
-        a row raised or returned wrong data (its traceback is on stderr), 2 for a bad
-        ``INTEROP_BENCH_SCALE`` or a ``json_path`` that cannot be written, both found
-        before any row runs.
-    """
+    Returns the exit status: 0 when every row ran or was skipped for a stated reason, 1 when a
+    row raised or returned wrong data (traceback on stderr), 2 for a bad
+    ``INTEROP_BENCH_SCALE`` or a ``json_path`` that cannot be written, before any row runs."""
     problem = json_path_problem(json_path) if json_path else None
     try:
         sizes = BenchSizes.choose(quick, scale_from_env())
