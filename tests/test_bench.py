@@ -360,20 +360,36 @@ def test_bad_scale_is_refused(tmp_path):
     assert "INTEROP_BENCH_SCALE" in proc.stderr
 
 
-@pytest.mark.parametrize("where", ["afile/x.json", "afile/deeper/x.json", "adir"])
-def test_a_json_path_that_cannot_be_written_is_refused_before_any_row(tmp_path, where):
+def test_a_json_path_in_a_regular_file_is_refused_before_any_row(tmp_path):
     (tmp_path / "afile").write_text("a regular file")
-    (tmp_path / "adir").mkdir()
-    proc = run_cli(tmp_path, "bench", "--json", str(tmp_path / where))
+    proc = run_cli(tmp_path, "bench", "--json", str(tmp_path / "afile" / "x.json"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""  # no row ran, no table
-    assert "bench: to_numpy_us" not in proc.stderr
-    (line,) = proc.stderr.splitlines()
-    assert line.startswith("interop bench: expected ")
-    assert str(tmp_path / where) in line
-    if where != "adir":
-        assert f"{str(tmp_path / 'afile')!r} is a file" in line
     assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.splitlines()  # no row's progress line either
+    assert line == (
+        "interop bench: expected the results' path to be in a directory (got "
+        f"{str(tmp_path / 'afile' / 'x.json')!r}, but {str(tmp_path / 'afile')!r} is a file); "
+        "choose another path"
+    )
+    assert (tmp_path / "afile").read_text() == "a regular file"
+
+
+@pytest.mark.parametrize("where", ["afile/deeper/x.json", "adir"])
+def test_other_json_paths_that_cannot_be_written_are_refused_before_any_row(
+    tmp_path, where, capsys, monkeypatch
+):
+    (tmp_path / "afile").write_text("a regular file")
+    (tmp_path / "adir").mkdir()
+    ran = []
+    monkeypatch.setattr(bench.run, "collect_results", lambda *a, **k: ran.append(a))
+    assert main(["bench", "--json", str(tmp_path / where)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert ran == []
+    assert err.startswith("interop bench: expected ")
+    assert str(tmp_path / where) in err
+    assert ("is a file" in err) == (where != "adir")
 
 
 def test_a_json_path_under_missing_directories_is_fine(tmp_path):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from benchmarks import diagnostics, lab
+from benchmarks.__main__ import main
 from benchmarks.diagnostics import profile_per_call, profile_text
 from benchmarks.lab import LAB_ROWS, torch_op_unavailable
 from benchmarks.report import format_report
@@ -300,27 +301,28 @@ def test_torch_op_row_takes_what_its_module_measures(tmp_path, monkeypatch):
     sys.modules.pop("fake_torch_op", None)
 
 
-def test_an_unknown_row_is_refused(tmp_path):
-    proc = run_lab(tmp_path, "run", "--rows", "host_copy,d2h_sweep")
-    assert proc.returncode == 2
-    assert "expected rows among" in proc.stderr
-    assert "d2h_sweep" in proc.stderr
+def test_an_unknown_row_is_refused(capsys):
+    assert main(["run", "--rows", "host_copy,d2h_sweep"]) == 2
+    err = capsys.readouterr().err
+    assert "expected rows among" in err
+    assert "d2h_sweep" in err
 
 
-def test_rows_can_be_chosen_and_the_json_path_is_checked_first(tmp_path):
+def test_rows_can_be_chosen_and_the_json_path_is_checked_first(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("INTEROP_BENCH_SCALE", "0.02")
     path = tmp_path / "lab.json"
-    proc = run_lab(tmp_path, "run", "--quick", "--rows", "to_numpy_us", "--json", str(path))
-    assert proc.returncode == 0, proc.stderr
+    assert main(["run", "--quick", "--rows", "to_numpy_us", "--json", str(path)]) == 0
     assert [row["name"] for row in json.loads(path.read_text())["rows"]] == ["to_numpy_us"]
+    capsys.readouterr()
     (tmp_path / "afile").write_text("")
-    proc = run_lab(tmp_path, "run", "--quick", "--json", str(tmp_path / "afile" / "x.json"))
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert proc.stderr.startswith("benchmarks run: expected the results' path to be in a dir")
+    assert main(["run", "--quick", "--json", str(tmp_path / "afile" / "x.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("benchmarks run: expected the results' path to be in a directory")
 
 
 def test_bad_scale_is_refused(tmp_path):
-    proc = run_lab(tmp_path, "run", "--quick", scale="-1")
+    proc = run_lab(tmp_path, "run", "--quick", scale="-1")  # the command line, end to end
     assert proc.returncode == 2
     assert "INTEROP_BENCH_SCALE" in proc.stderr
 
