@@ -32,7 +32,7 @@ from . import _backends, dtypes
 from .allocator import StreamMismatchError, _thread_setting
 from .arrays import describe
 from .errors import InvalidTypeError, InvalidValueError, MissingFakeError
-from .exchange import to_cupy, to_numpy, to_torch
+from .exchange import _torch_fast, to_cupy, to_numpy, to_torch
 from .streams import (
     LEGACY_DEFAULT,
     PER_THREAD_DEFAULT,
@@ -443,9 +443,22 @@ class _Call:
         self.name = name
         self.params = params
         self.outputs = outputs
-        self.like = like
+        self.like = like  # indices into params
         self.arrays = [p for p in params if p.kind != _VALUE]
-        self.mutated = mutated
+        # like= as indices into self.arrays
+        self.like_arrays = (
+            None if like is None else tuple(self.arrays.index(params[i]) for i in like)
+        )
+        # a mutated argument is handed over without a copy or refused: a copy's writes are lost
+        self.copies = tuple(False if p.name in mutated else None for p in self.arrays)
+        # the common case, answered first: every array parameter required and positional
+        plain = all(p.kind == _ARRAY and p.position is not None for p in self.arrays)
+        self.positions: tuple[int, ...] | None = (
+            tuple(p.position for p in self.arrays if p.position is not None)
+            if plain and self.arrays
+            else None
+        )
+        self.needed = max(self.positions) + 1 if self.positions else 0
         self.cuda_checked = False
 
     # ------------------------------------------------------------------ arguments
@@ -456,76 +469,110 @@ class _Call:
         values = dict(kwargs)
         for p, value in zip(self.params, args, strict=False):
             values[p.name] = value
-        for p in self.params:
+        for p in self.arrays:
             if p.name not in values:
                 continue
             value = values[p.name]
-            if p.kind == _VALUE:
-                continue
             if value is None and p.kind == _OPTIONAL_ARRAY:
                 continue
             if not isinstance(value, th.Tensor):
-                hint = (
-                    "; convert it first with interop.to_torch(x)"
-                    if value is not None and not isinstance(value, int | float | complex | str)
-                    else ""
-                )
-                return InvalidTypeError(
-                    f"{self.name} expected a torch.Tensor for parameter {p.name!r} (got "
-                    f"{describe(value)}){hint}"
-                )
+                return self._not_a_tensor(p, value)
         return None
 
-    def _device(self, slots: list[tuple[_Param, Any]]) -> Any:
-        device = slots[0][1].device
-        for p, t in slots[1:]:
-            if t.device != device:
-                where = ", ".join(f"{q.name!r} on {u.device}" for q, u in slots)
-                raise InvalidValueError(
-                    f"{self.name} expected its tensors on one device (got {where}); move them "
-                    f"first, e.g. {p.name}.to({str(device)!r})"
-                )
-        return device
+    def _not_a_tensor(self, p: _Param, value: Any) -> InvalidTypeError:
+        if value is None:
+            hint = "; annotate it Optional[interop.Array] if None is allowed"
+        elif isinstance(value, int | float | complex | str):
+            hint = ""
+        else:
+            hint = "; convert it first with interop.to_torch(x)"
+        return InvalidTypeError(
+            f"{self.name} expected a torch.Tensor for parameter {p.name!r} (got "
+            f"{describe(value)}){hint}"
+        )
+
+    def tensors(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The tensor of each array parameter (None for an absent optional one)."""
+        positions = self.positions
+        if positions is not None and len(args) >= self.needed:
+            values = [args[i] for i in positions]
+        else:
+            values = []
+            for p in self.arrays:
+                if p.position is not None and p.position < len(args):
+                    values.append(args[p.position])
+                else:
+                    values.append(kwargs.get(p.name))
+        for p, v in zip(self.arrays, values, strict=True):
+            if v is None and p.kind == _ARRAY:  # PyTorch passes None on for a Tensor
+                raise self._not_a_tensor(p, v)
+        return values
+
+    def device(self, values: list[Any]) -> tuple[str, int]:
+        """``("cpu", -1)`` or ``("cuda", index)`` of the tensors.
+
+        Raises
+        ------
+        InvalidValueError
+            Tensors on different devices, or on a device other than CPU or CUDA.
+        """
+        present = [v for v in values if v is not None]
+        if not present:
+            return "cpu", -1  # nothing to tell: NumPy
+        first = present[0]
+        if first.is_cpu:
+            if all(v.is_cpu for v in present):
+                return "cpu", -1
+        elif first.is_cuda:
+            index = first.get_device()
+            if all(v.is_cuda and v.get_device() == index for v in present):
+                return "cuda", index
+        if any(v.device != first.device for v in present):
+            where = ", ".join(
+                f"{p.name!r} on {v.device}"
+                for p, v in zip(self.arrays, values, strict=True)
+                if v is not None
+            )
+            moved = next(
+                p.name
+                for p, v in zip(self.arrays, values, strict=True)
+                if v is not None and v.device != first.device
+            )
+            raise InvalidValueError(
+                f"{self.name} expected its tensors on one device (got {where}); move them "
+                f"first, e.g. {moved}.to({str(first.device)!r})"
+            )
+        raise InvalidValueError(
+            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
+            "with t.cpu() or t.cuda()"
+        )
 
     # ------------------------------------------------------------------ running
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The operator's kernel: tensors in, tensors out."""
-        args_list = list(args)
-        slots: list[tuple[_Param, Any]] = []
-        for p in self.arrays:
-            if p.position is not None and p.position < len(args_list):
-                value = args_list[p.position]
+        positions = self.positions
+        if positions is not None and len(args) >= self.needed:
+            values = [args[i] for i in positions]
+            for v in values:  # the common case first: every tensor on the CPU
+                if v is None or not v.is_cpu:
+                    break
             else:
-                value = kwargs.get(p.name)
-            if value is not None:
-                slots.append((p, value))
-            elif p.kind == _ARRAY:  # PyTorch passes None on for a Tensor parameter
-                raise InvalidTypeError(
-                    f"{self.name} expected a torch.Tensor for parameter {p.name!r} (got None); "
-                    f"annotate it Optional[interop.Array] if None is allowed"
-                )
-        if not slots:
-            return self._run(args_list, kwargs, slots, None, to_numpy)
-        device = slots[0][1].device if len(slots) == 1 else self._device(slots)
-        if device.type == "cpu":
-            return self._run(args_list, kwargs, slots, device, to_numpy)
-        if device.type == "cuda":
-            return self._run_cuda(args_list, kwargs, slots, device)
-        raise InvalidValueError(
-            f"{self.name} expected CPU or CUDA tensors (got {device}); move them first with "
-            "t.cpu() or t.cuda()"
-        )
+                return self._run(args, kwargs, values, to_numpy, None)
+        values = self.tensors(args, kwargs)
+        kind, index = self.device(values)
+        if kind == "cpu":
+            return self._run(args, kwargs, values, to_numpy, None)
+        return self._run_cuda(args, kwargs, values, index)
 
     def _run_cuda(
-        self, args: list[Any], kwargs: dict[str, Any], slots: list[tuple[_Param, Any]], device: Any
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], values: list[Any], index: int
     ) -> Any:
         if not self.cuda_checked:
             _backends.require_cupy_device()
             self.cuda_checked = True
         cp = sys.modules["cupy"]
         th = sys.modules["torch"]
-        index = device.index
         # Both libraries on the inputs' device; CuPy on PyTorch's current stream
         # there, allocating from PyTorch's caching allocator: this thread only,
         # for the call.
@@ -542,7 +589,7 @@ class _Call:
             set_allocator(_TorchMemory(th, cp, index, stream.ptr))
             try:
                 with stream:
-                    return self._run(args, kwargs, slots, device, to_cupy)
+                    return self._run(args, kwargs, values, to_cupy, index)
             finally:
                 set_allocator(previous)
         finally:
@@ -553,22 +600,29 @@ class _Call:
 
     def _run(
         self,
-        args: list[Any],
+        args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        slots: list[tuple[_Param, Any]],
-        device: Any,
+        values: list[Any],
         convert: Callable[..., Any],
+        index: int | None,
     ) -> Any:
-        inputs = []
-        for p, t in slots:
-            copy = False if p.name in self.mutated else None  # a mutated copy would be lost
-            a = convert(t, copy=copy)
+        """Convert the tensors, call the function, hand its arrays back as
+        tensors (``index``: the CUDA device, None on the CPU)."""
+        call_args = list(args)
+        inputs: list[Any] = []
+        for p, v, copy in zip(self.arrays, values, self.copies, strict=True):
+            if v is None:
+                inputs.append(None)
+                continue
+            a = convert(v) if copy is None else convert(v, copy=copy)
             inputs.append(a)
-            if p.position is not None and p.position < len(args):
-                args[p.position] = a
+            if p.position is not None and p.position < len(call_args):
+                call_args[p.position] = a
             else:
                 kwargs[p.name] = a
-        result = self.fn(*args, **kwargs)
+        result = self.fn(*call_args, **kwargs)
+        if self.outputs is None:
+            return self._output(result, 0, inputs, None, index)
         if self.outputs == 0:
             if result is not None:
                 raise InvalidTypeError(
@@ -576,76 +630,63 @@ class _Call:
                     f"{describe(result)})"
                 )
             return None
-        if self.outputs is None:
-            return self._output(result, 0, inputs, [], device, slots)
         if not isinstance(result, tuple | list) or len(result) != self.outputs:
             raise InvalidTypeError(
-                f"{self.name} expected its function to return a tuple of {self.outputs} arrays "
-                f"(got {describe(result)})"
+                f"{self.name} expected its function to return a tuple of {self.outputs} "
+                f"arrays (got {describe(result)})"
             )
         done: list[Any] = []
-        outs = []
-        for i, r in enumerate(result):
-            outs.append(self._output(r, i, inputs, done, device, slots))
-        return tuple(outs)
+        return tuple(self._output(r, i, inputs, done, index) for i, r in enumerate(result))
 
     def _output(
-        self,
-        r: Any,
-        i: int,
-        inputs: list[Any],
-        done: list[Any],
-        device: Any,
-        slots: list[tuple[_Param, Any]],
+        self, r: Any, i: int, inputs: list[Any], done: list[Any] | None, index: int | None
     ) -> Any:
-        """Output ``i`` as a tensor: not aliasing ``inputs`` or the outputs
-        ``done`` before it (whose arrays it appends), C-contiguous."""
-        cuda = device is not None and device.type == "cuda"
-        if _backends.is_torch_tensor(r):
-            r = to_cupy(r) if r.is_cuda else to_numpy(r)
-        if isinstance(r, np.generic):
-            r = np.asarray(r)
-        if isinstance(r, np.ndarray):
-            if cuda:
-                raise self._wrong_device(i, "a NumPy array", device)
-            xp: Any = np
-        elif _backends.is_cupy_array(r):
-            if not cuda or r.device.id != device.index:
-                raise self._wrong_device(i, f"a CuPy array on cuda:{r.device.id}", device)
-            xp = sys.modules["cupy"]
-        else:
-            which = "" if self.outputs is None else f" as output {i}"
-            raise InvalidTypeError(
-                f"{self.name} expected its function to return "
-                f"{'a CuPy' if cuda else 'a NumPy'} array{which} (got {describe(r)}); return "
-                "arrays of xp = interop.array_namespace(x)"
-            )
+        """Output ``i`` as a tensor: C-contiguous, not sharing memory with
+        ``inputs`` or the outputs ``done`` before it (it joins them)."""
+        if type(r) is not np.ndarray or index is not None:
+            r = self._array(r, i, index)
+        xp: Any = np if index is None else sys.modules["cupy"]
         copy = not r.flags.c_contiguous
         if not copy and r.size:
-            for other in (*inputs, *done):
+            for other in inputs if done is None else (*inputs, *done):
                 if other is not None and xp.may_share_memory(r, other):
                     copy = True  # PyTorch forbids outputs that alias
                     break
         if copy:
             r = r.copy(order="C")
-        done.append(r)
-        t = self._tensor(r, cuda)
-        if self.like is not None:
-            like = _slot_value(slots, self.params[self.like[i]])
-            if like is not None and (t.shape != like.shape or t.dtype != like.dtype):
-                p = self.params[self.like[i]]
-                raise InvalidValueError(
-                    f"{self.name} expected output {i} to have the shape and dtype of input "
-                    f"{p.name!r} ({tuple(like.shape)}, {like.dtype}), as like= says (got "
-                    f"{tuple(t.shape)}, {t.dtype}); return arrays of that shape and dtype, or "
-                    "drop like= and register the fake implementation with .register_fake"
-                )
-        return t
+        if done is not None:
+            done.append(r)
+        if self.like_arrays is not None:
+            like = inputs[self.like_arrays[i]]
+            if r.shape != like.shape or r.dtype != like.dtype:
+                raise self._unlike(i, r, like)
+        return self._tensor(r, index)
 
-    def _tensor(self, r: Any, cuda: bool) -> Any:
+    def _array(self, r: Any, i: int, index: int | None) -> Any:
+        """``r`` as an array of the op's library, or the error."""
+        if _backends.is_torch_tensor(r):
+            r = to_cupy(r) if r.is_cuda else to_numpy(r)
+        if isinstance(r, np.generic):
+            r = np.asarray(r)
+        if isinstance(r, np.ndarray):
+            if index is not None:
+                raise self._wrong_device(i, "a NumPy array", index)
+            return r
+        if _backends.is_cupy_array(r):
+            if index is None or r.device.id != index:
+                raise self._wrong_device(i, f"a CuPy array on cuda:{r.device.id}", index)
+            return r
+        which = "" if self.outputs is None else f" as output {i}"
+        raise InvalidTypeError(
+            f"{self.name} expected its function to return "
+            f"{'a NumPy' if index is None else 'a CuPy'} array{which} (got {describe(r)}); "
+            "return arrays of xp = interop.array_namespace(x)"
+        )
+
+    def _tensor(self, r: Any, index: int | None) -> Any:
         """A C-contiguous array as a tensor with PyTorch's contiguous strides
         (size-1 axes included, as the fake implementation says)."""
-        if cuda:
+        if index is not None:
             owner = getattr(r.data.mem, "_owner", None)
             if isinstance(owner, _TorchBlock):
                 # Memory PyTorch allocated during the call: a view of its storage,
@@ -662,31 +703,40 @@ class _Call:
                     r.shape,
                     _contiguous_strides(r.shape),
                 )
-        t = to_torch(r)
-        if 1 in r.shape or 0 in r.shape:
-            want = _contiguous_strides(r.shape)
+        t = _torch_fast(r) if index is None else None  # the common case, answered first
+        if t is None:
+            t = to_torch(r)
+        shape = r.shape
+        if 1 in shape or 0 in shape:
+            want = _contiguous_strides(shape)
             if t.stride() != want:
-                t = t.as_strided(r.shape, want)
+                t = t.as_strided(shape, want)
         return t
 
-    def _wrong_device(self, i: int, got: str, device: Any) -> InvalidValueError:
-        which = "its output" if self.outputs is None else f"output {i}"
-        want = (
-            "a NumPy array"
-            if device is None or device.type == "cpu"
-            else f"a CuPy array on {device}"
+    def _unlike(self, i: int, r: Any, like: Any) -> InvalidValueError:
+        assert self.like is not None
+        p = self.params[self.like[i]]
+
+        def shown(a: Any) -> str:
+            try:
+                dtype = str(dtypes.torch_dtype_of_numpy(a.dtype))
+            except Exception:
+                dtype = str(a.dtype)
+            return f"{tuple(a.shape)}, {dtype}"
+
+        return InvalidValueError(
+            f"{self.name} expected output {i} to have the shape and dtype of input {p.name!r} "
+            f"({shown(like)}), as like= says (got {shown(r)}); return arrays of that shape and "
+            "dtype, or drop like= and register the fake implementation with .register_fake"
         )
+
+    def _wrong_device(self, i: int, got: str, index: int | None) -> InvalidValueError:
+        which = "its output" if self.outputs is None else f"output {i}"
+        want = "a NumPy array" if index is None else f"a CuPy array on cuda:{index}"
         return InvalidValueError(
             f"{self.name} expected {which} on its inputs' device, {want} (got {got}); compute "
             "with xp = interop.array_namespace(x) so the arrays stay where the inputs are"
         )
-
-
-def _slot_value(slots: list[tuple[_Param, Any]], p: _Param) -> Any:
-    for q, t in slots:
-        if q is p:
-            return t
-    return None
 
 
 # --------------------------------------------------------------------------- fakes
@@ -695,25 +745,15 @@ def _slot_value(slots: list[tuple[_Param, Any]], p: _Param) -> Any:
 def _like_fake(call: _Call, single: bool) -> Callable[..., Any]:
     """The fake implementation ``like=`` describes: each output a new
     contiguous tensor with the shape, dtype and device of its input."""
-    assert call.like is not None
-    chosen = [call.params[i] for i in call.like]
+    assert call.like_arrays is not None
+    chosen = call.like_arrays
 
     def fake(*args: Any, **kwargs: Any) -> Any:
-        slots = []
-        for p in call.arrays:
-            if p.position is not None and p.position < len(args):
-                value = args[p.position]
-            else:
-                value = kwargs.get(p.name)
-            if value is not None:
-                slots.append((p, value))
-        if len(slots) > 1:
-            call._device(slots)
-        outs = []
-        for p in chosen:
-            t = _slot_value(slots, p)
-            outs.append(t.new_empty(t.shape))
-        return outs[0] if single else tuple(outs)
+        values = call.tensors(args, kwargs)
+        if len(values) > 1:
+            call.device(values)  # one device, or the error eager calls give
+        outs = tuple(values[k].new_empty(values[k].shape) for k in chosen)
+        return outs[0] if single else outs
 
     return fake
 
