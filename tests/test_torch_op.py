@@ -7,7 +7,9 @@ Operators register for the whole process, so each test makes its own names.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import re
 import shutil
 from typing import Optional
 
@@ -17,7 +19,7 @@ import pytest
 
 import interop
 
-from .helpers import run_python
+from .helpers import REPO_ROOT, run_python
 
 torch = pytest.importorskip("torch")
 
@@ -660,3 +662,54 @@ def test_array_namespace_and_decorating_import_no_more_than_needed():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["[]", "[2.0, 2.0] False"]
+
+
+# --------------------------------------------------------------------------- docs, benchmark
+
+
+def test_the_docs_focal_loss_runs_and_matches_pytorch():
+    """The ElementwiseKernel example of docs/torch-op.md, on the CPU (its NumPy
+    branch): the loss of torchvision's sigmoid focal loss, and its gradient."""
+    page = (REPO_ROOT / "docs" / "torch-op.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "FORWARD" in b]
+    check = """
+import torch.nn.functional as F
+
+def reference(x, t, gamma=2.0):
+    p = torch.sigmoid(x)
+    ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    p_t = p * t + (1 - p) * (1 - t)
+    return ce * (1 - p_t) ** gamma
+
+x = torch.randn(4, 5, dtype=torch.float64) * 3
+t = (torch.rand(4, 5, dtype=torch.float64) > 0.5).double()
+print(torch.allclose(focal_loss(x, t, 1.5), reference(x, t, 1.5)))
+x.requires_grad_(True)
+print(torch.autograd.gradcheck(lambda x: focal_loss(x, t, 2.0), (x,)))
+print(logits.grad.shape == logits.shape, bool(torch.isfinite(logits.grad).all()))
+torch.library.opcheck(focal_loss, (x, t, 2.0))
+print("opcheck")
+"""
+    proc = run_python(block + check)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True", "True", "True", "opcheck"]
+
+
+def test_the_overhead_benchmark_runs():
+    """benchmarks/torch_op_overhead.py at a small size (figures, not speed)."""
+    spec = importlib.util.spec_from_file_location(
+        "torch_op_overhead", REPO_ROOT / "benchmarks" / "torch_op_overhead.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.measure(20, repeats=2)
+    assert result["row"] == "torch_op_us"
+    assert result["device"] == "cpu"
+    assert len(result["samples"]["interop.torch_op"]) == len(result["samples"]["custom_op"]) == 2
+    assert result["interop_us"] > 0
+    assert result["custom_op_us"] > 0
+    assert result["ratio"] == result["interop_us"] / result["custom_op_us"]
+    with pytest.raises(ValueError, match="n_calls >= 1"):
+        module.measure(0)
