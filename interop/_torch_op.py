@@ -527,6 +527,18 @@ class _Call:
             index = first.get_device()
             if all(v.is_cuda and v.get_device() == index for v in present):
                 return "cuda", index
+        self.check_one_device(values)
+        raise InvalidValueError(
+            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
+            "with t.cpu() or t.cuda()"
+        )
+
+    def check_one_device(self, values: list[Any]) -> None:
+        """Raise unless the tensors (None: absent) are on one device."""
+        present = [v for v in values if v is not None]
+        if len(present) < 2:
+            return
+        first = present[0]
         if any(v.device != first.device for v in present):
             where = ", ".join(
                 f"{p.name!r} on {v.device}"
@@ -542,10 +554,6 @@ class _Call:
                 f"{self.name} expected its tensors on one device (got {where}); move them "
                 f"first, e.g. {moved}.to({str(first.device)!r})"
             )
-        raise InvalidValueError(
-            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
-            "with t.cpu() or t.cuda()"
-        )
 
     # ------------------------------------------------------------------ running
 
@@ -688,13 +696,13 @@ class _Call:
         (size-1 axes included, as the fake implementation says)."""
         if index is not None:
             owner = getattr(r.data.mem, "_owner", None)
-            if isinstance(owner, _TorchBlock):
+            base = owner.tensor if isinstance(owner, _TorchBlock) else None
+            offset = -1 if base is None else r.data.ptr - base.data_ptr()
+            if base is not None and offset >= 0 and offset % r.itemsize == 0:
                 # Memory PyTorch allocated during the call: a view of its storage,
                 # so the output is an ordinary PyTorch tensor (CUDA-graph trees
                 # checkpoint such storages).
                 th = sys.modules["torch"]
-                base = owner.tensor
-                offset = r.data.ptr - base.data_ptr()
                 tdtype = dtypes.torch_dtype_of_numpy(r.dtype)
                 out = th.empty((0,), dtype=tdtype, device=base.device)
                 return out.set_(
@@ -750,8 +758,7 @@ def _like_fake(call: _Call, single: bool) -> Callable[..., Any]:
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         values = call.tensors(args, kwargs)
-        if len(values) > 1:
-            call.device(values)  # one device, or the error eager calls give
+        call.check_one_device(values)  # the error eager calls give (meta tensors are fine)
         outs = tuple(values[k].new_empty(values[k].shape) for k in chosen)
         return outs[0] if single else outs
 

@@ -510,6 +510,12 @@ def test_an_output_that_contradicts_like_is_a_value_error():
         shrinks(torch.ones(2))
 
 
+def test_meta_tensors_get_the_fake_implementation_s_result():
+    scale = scale_op()
+    y = scale(torch.empty(2, 5, device="meta"), 3.0)
+    assert (y.device.type, tuple(y.shape), y.dtype) == ("meta", (2, 5), torch.float32)
+
+
 def test_inputs_on_different_devices_are_a_value_error():
     @interop.torch_op(name("two_devices"), like=0)
     def add(x, y):
