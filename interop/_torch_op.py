@@ -349,7 +349,7 @@ def _op_class() -> type:
                     raise
                 raise better from exc
 
-    TorchOp.__module__ = "interop"
+    TorchOp.__module__ = __name__
     TorchOp.__qualname__ = TorchOp.__name__
     _OP_CLASS.append(TorchOp)
     return TorchOp
