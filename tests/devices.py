@@ -175,6 +175,15 @@ class Emulated:
         yield peak
         peak.bytes = self.emulated.peak_bytes_in_use - base
 
+    # -- graph capture
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[_EmulatedCapture]:
+        """A capture into a graph on a new stream, current for both libraries
+        in the block (on CUDA: ``torch.cuda.graph``, its stream CuPy's too)."""
+        s = self.stream()
+        with self.use_stream(s), self.emulated.capture(s) as graph:
+            yield _EmulatedCapture(s, graph)
+
     # -- devices
     def need_devices(self, n: int) -> None:
         assert len(self.emulated.devices) >= n, "open the emulated device with devices=n"
@@ -346,9 +355,12 @@ class Cuda:
         return int(x.data_ptr())
 
     def lazy(self, x: Any, a: np.ndarray) -> tuple[Any, np.ndarray]:
-        """The tensor ``x`` (holding ``a``) with the negative bit: a transfer
-        resolves it chunk by chunk into temporaries of PyTorch's allocator."""
+        """The tensor ``x`` (holding ``a``) with the conjugate bit (complex) or
+        the negative bit: a transfer resolves it chunk by chunk into
+        temporaries of PyTorch's allocator."""
         assert isinstance(x, self.torch.Tensor), "lazy needs device.asarray(a, lib='torch')"
+        if a.dtype.kind == "c":
+            return x.conj(), a.conj()
         return self.torch._neg_view(x), -a
 
     def take_back(self, ptr: int, shape: Any, dtype: Any, lib: str = "cupy") -> list[Any]:
@@ -471,6 +483,18 @@ class Cuda:
         cupy_peak = seen[0] - cupy_base
         peak.bytes = int({"torch": torch_peak, "cupy": cupy_peak}.get(lib, torch_peak + cupy_peak))
 
+    # -- graph capture
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[_CudaCapture]:
+        """A capture into a graph (``torch.cuda.graph``, on its own stream),
+        that stream CuPy's current one too in the block."""
+        th = self.torch
+        graph = th.cuda.CUDAGraph()
+        with self.activate(), th.cuda.graph(graph):
+            ptr = th.cuda.current_stream(self.index).cuda_stream
+            with self.cp.cuda.ExternalStream(ptr):
+                yield _CudaCapture(th, graph)
+
     # -- devices
     def need_devices(self, n: int) -> None:
         from .conftest import _require
@@ -490,6 +514,52 @@ class Cuda:
 
     def close(self) -> None:
         self.synchronize()
+
+
+class _EmulatedCapture:
+    """A capture under way on the emulated device (see Emulated.capturing)."""
+
+    def __init__(self, stream: Any, graph: Any) -> None:
+        self.stream = stream
+        self.graph = graph
+
+    def active(self) -> bool:
+        """The capture goes on (it was not ended by an illegal call)."""
+        return bool(self.stream.backend.is_capturing(self.stream))
+
+    def operations(self) -> list[str]:
+        """The kinds of work recorded so far."""
+        return self.graph.operations
+
+    def add_one(self, y: Any) -> None:
+        """Record ``y += 1`` into the capture (``y`` of this device)."""
+        data = y.data
+        self.stream.enqueue("op", lambda: np.add(data, 1, out=data), writes=[y.region])
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class _CudaCapture:
+    """A capture under way in ``torch.cuda.graph`` (see Cuda.capturing)."""
+
+    def __init__(self, torch: Any, graph: Any) -> None:
+        self._torch = torch
+        self.graph = graph
+
+    def active(self) -> bool:
+        return bool(self._torch.cuda.is_current_stream_capturing())
+
+    def operations(self) -> None:
+        """Not known on CUDA: None."""
+        return None
+
+    def add_one(self, y: Any) -> None:
+        """Record ``y += 1`` into the capture (``y`` a tensor: PyTorch's kernel)."""
+        y.add_(1)
+
+    def replay(self) -> None:
+        self.graph.replay()
 
 
 def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:
