@@ -199,7 +199,10 @@ def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(device
     device.synchronize()
     with device.capturing() as capture:
         # the source's stream (PyTorch's current one) is outside the capture
-        with device.use_stream(s, lib="torch"), pytest.raises(interop.CaptureError, match="capture"):
+        with (
+            device.use_stream(s, lib="torch"),
+            pytest.raises(interop.CaptureError, match="capture"),
+        ):
             interop.copy_to_device(x, out)
         assert capture.active()
         if device.emulated:

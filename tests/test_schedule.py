@@ -620,6 +620,17 @@ def test_device_to_host_waits_for_the_producer_stream(device):
     np.testing.assert_array_equal(out, a)
 
 
+def test_host_to_device_is_ordered_after_work_queued_on_the_outs_stream(device):
+    """Work queued on the current stream before the copy (here: writing out)
+    lands first, and is never written over later."""
+    side = device.stream()
+    with device.use_stream(side, lib="torch"):
+        device.hold(side, 0.1)
+        out = device.asarray(np.ones(1 << 20, np.float32), lib="torch")  # after the hold
+        interop.copy_to_device(np.full(1 << 20, 2.0, np.float32), out, chunk_bytes=1 << 18)
+    np.testing.assert_array_equal(device.to_numpy(out), np.full(1 << 20, 2.0, np.float32))
+
+
 def test_device_to_device_across_devices_is_ordered_after_the_producer(device_kind):
     """A strided source on another device is read on the copy's stream, after
     the producer's work (not packed on an unordered stream of its device)."""

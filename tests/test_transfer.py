@@ -355,6 +355,19 @@ def test_gpu_non_native_byte_order_reaches_the_device_in_native_order(cp, torch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("chunk", [8, 100_000, 1 << 22])  # 8 is raised to 64 KiB
+def test_gpu_copy_to_device_without_out_makes_a_cupy_array(cp, chunk):
+    """CUDA only: without an out, a new CuPy array on the current CUDA device,
+    C-ordered whatever the source's strides (the copy into an out is
+    test_schedule's test_memmap_and_strided_host_sources_into_strided_device_outs)."""
+    a = sample((3000, 70), np.float32)
+    out = interop.copy_to_device(a[::-1, ::3], chunk_bytes=chunk)
+    assert isinstance(out, cp.ndarray)
+    assert out.flags.c_contiguous
+    np.testing.assert_array_equal(cp.asnumpy(out), a[::-1, ::3])
+
+
+@pytest.mark.gpu
 def test_gpu_transfers_of_tensors_under_cupys_per_thread_default_stream():
     """CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1: CuPy would name the per-thread
     default stream to PyTorch's __dlpack__, which refuses it; the pipeline
