@@ -255,7 +255,9 @@ class Cuda:
         self._uploads = _Uploads() if uploads is None else uploads
         with self.activate():
             self._upload = cupy.cuda.Stream(non_blocking=True)
-            rate_khz = cupy.cuda.runtime.getDeviceProperties(index)["clockRate"]
+            # the SM clock torch.cuda._sleep counts (CUDA 13 dropped clockRate:
+            # 2 GHz then, an H100's boost clock; a hold need only be about right)
+            rate_khz = cupy.cuda.runtime.getDeviceProperties(index).get("clockRate") or 2e6
         self._hz = float(rate_khz) * 1e3
         if index not in _warmed:
             self._warm()
@@ -336,11 +338,13 @@ class Cuda:
         return out
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        """``x``'s values on the host, after every stream of the device is done."""
+        """``x``'s values on the host, after every stream of the device is done
+        (its bytes, read back as its dtype: bfloat16 and float8 included)."""
         self.synchronize()
         if isinstance(x, self.cp.ndarray):
             with self.cp.cuda.Device(x.device.id):
-                return self.cp.asnumpy(x)
+                flat = x.copy(order="C").reshape(-1)
+                return flat.view(self.cp.uint8).get().view(x.dtype).reshape(x.shape)
         t = x.detach().resolve_conj().resolve_neg()
         shape = tuple(t.shape)
         flat = t.contiguous().reshape(-1)
@@ -450,37 +454,25 @@ class Cuda:
 
     @contextlib.contextmanager
     def measure_peak(self, lib: str | None = None) -> Iterator[Peak]:
-        """The most device memory ``lib``'s allocator (None: both) had in use
-        during the block, above its start: PyTorch's peak statistic, CuPy's pool
-        sampled by a thread (both: the sum of the two peaks, never less than
-        the joint one)."""
+        """The most device memory ``lib``'s allocator (None: both, summed) had
+        in use during the block, above its start. PyTorch: its peak statistic.
+        CuPy's pool keeps none: what the pool had to add to its memory during
+        the block, its cached free blocks released at the start (never less
+        than the peak in use: a freed block is reused or kept, never returned)."""
         th = self.torch
         peak = Peak()
         self.synchronize()
         with self.activate():
             pool = self.cp.get_default_memory_pool()
+            pool.free_all_blocks()
             th.cuda.reset_peak_memory_stats(self.index)
             torch_base = th.cuda.memory_allocated(self.index)
-            cupy_base = pool.used_bytes()
-        seen = [cupy_base]
-        stop = threading.Event()
-
-        def sample() -> None:
-            with self.cp.cuda.Device(self.index):
-                while not stop.is_set():
-                    seen[0] = max(seen[0], pool.used_bytes())
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
-            yield peak
-        finally:
-            stop.set()
-            sampler.join()
+            cupy_base = pool.total_bytes()
+        yield peak
+        self.synchronize()
         with self.activate():
-            seen[0] = max(seen[0], pool.used_bytes())
             torch_peak = th.cuda.max_memory_allocated(self.index) - torch_base
-        cupy_peak = seen[0] - cupy_base
+            cupy_peak = pool.total_bytes() - cupy_base
         peak.bytes = int({"torch": torch_peak, "cupy": cupy_peak}.get(lib, torch_peak + cupy_peak))
 
     # -- graph capture
