@@ -232,14 +232,20 @@ def test_staging_is_ordered_after_its_allocation_on_a_busy_stream(device):
     a = sample((1024, 1024), np.float32)
     d = device.asarray(a)
     device.synchronize()
+    reused = device.emulated.counts["device_reuse"] if device.emulated else 0
     with interop.config.set(num_buffers=4):
         for _ in range(3):
             device.hold(device.default_stream, 0.1)  # busy for a while, on its own
             tmp = device.asarray(np.full(4 << 20, 255, np.uint8))  # the staging block's size
             del tmp  # back to the pool of the default stream, still being written
             with device.use_stream(device.stream()):  # the producer is another stream
-                out = interop.copy_to_host(d.T, chunk_bytes=1 << 20)
-            np.testing.assert_array_equal(out, a.T)
+                # async: the schedule runs on a thread of its own, whose current
+                # stream is the default one (a blocking copy's runs here, on the producer)
+                transfer = interop.copy_to_host_async(d.T, chunk_bytes=1 << 20)
+            np.testing.assert_array_equal(transfer.result(timeout=60), a.T)
+            if device.emulated:  # the staging took the block tmp had, on the default stream
+                assert device.emulated.counts["device_reuse"] > reused
+                reused = device.emulated.counts["device_reuse"]
 
 
 def test_non_native_byte_order_is_converted_while_filling_slots(device):
