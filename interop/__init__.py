@@ -7,6 +7,7 @@ time a call needs it.
 
 from __future__ import annotations
 
+from ._torch_op import Array, array_namespace, torch_op
 from .allocator import StreamMismatchError, use_torch_allocator
 from .config import config
 from .errors import (
@@ -17,6 +18,7 @@ from .errors import (
     InteropError,
     InvalidTypeError,
     InvalidValueError,
+    MissingFakeError,
     NoDeviceError,
     NpyFormatError,
     PathError,
@@ -46,6 +48,7 @@ from .transfer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Array",
     "BackendUnavailableError",
     "CaptureError",
     "CopyRequiredError",
@@ -53,6 +56,7 @@ __all__ = [
     "InteropError",
     "InvalidTypeError",
     "InvalidValueError",
+    "MissingFakeError",
     "NoDeviceError",
     "NpyFormatError",
     "PathError",
@@ -70,6 +74,7 @@ __all__ = [
     "UnknownSettingError",
     "UnsupportedDtypeError",
     "__version__",
+    "array_namespace",
     "config",
     "copy_to_device",
     "copy_to_device_async",
@@ -83,5 +88,6 @@ __all__ = [
     "to_cupy",
     "to_numpy",
     "to_torch",
+    "torch_op",
     "use_torch_allocator",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "InteropError",
     "InvalidTypeError",
     "InvalidValueError",
+    "MissingFakeError",
     "NoDeviceError",
     "NpyFormatError",
     "PathError",
@@ -138,6 +139,13 @@ class CaptureError(InteropError, RuntimeError):
     """A call that cannot run inside CUDA graph capture (it needs the host, pinned
     memory or an order between streams the capture cannot hold), refused before
     anything was queued: the capture stays valid."""
+
+
+class MissingFakeError(InteropError, RuntimeError):
+    """An :func:`interop.torch_op` without a fake implementation was traced
+    (``torch.compile``, ``torch.export``, ``opcheck``): PyTorch needs its
+    outputs' shapes and dtypes without running it. Pass ``like=`` to
+    :func:`interop.torch_op`, or register one with ``op.register_fake``."""
 
 
 class TransferError(InteropError, RuntimeError):

@@ -5,6 +5,9 @@ one they are skipped, unless ``INTEROP_REQUIRE_GPU=1`` is set, in which case the
 fail: a GPU runner can never pass by skipping; and the GPU tests run first, so
 that a run stopped by a time limit has their results. Tests marked ``multigpu``
 need two devices and are skipped with fewer unless ``INTEROP_REQUIRE_MULTIGPU=1``.
+
+The ``device`` fixture runs a test's one body on each device (tests/devices.py):
+``[emulated]`` always, ``[cuda]`` under the ``gpu`` marker.
 """
 
 from __future__ import annotations
@@ -70,3 +73,22 @@ def torch():
     import torch as _torch
 
     return _torch
+
+
+@pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device_kind(request: pytest.FixtureRequest) -> str:
+    """Which device a ``device`` test runs on: "emulated", or "cuda" (marked ``gpu``)."""
+    return request.param
+
+
+@pytest.fixture
+def device(device_kind: str):
+    """A test device (tests/devices.py) of each kind; after the test, checked
+    released (emulated: no rule broken, copy streams closed, pinned memory
+    freed; CUDA: every queued copy done) and closed. A test that needs other
+    emulated settings (a delay, injected faults) takes ``device_kind`` and
+    opens its own with ``devices.opened(device_kind, ...)``."""
+    from .devices import opened
+
+    with opened(device_kind) as d:
+        yield d

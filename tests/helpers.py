@@ -66,14 +66,28 @@ class Producer:
         return self.inner.__dlpack_device__()
 
 
+class _Holder(dict):
+    """A dict that says when something was put in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given = threading.Event()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.given.set()
+
+
 def cancel_on_progress():
     """``(holder, progress)``: a progress callback that cancels the transfer
-    put in ``holder["t"]``, from the first callback after it was put there."""
-    holder = {}
+    put in ``holder["t"]`` at its first call, which waits (up to 30 s) until
+    the transfer was put there: however fast the device, the cancel comes
+    after the first chunk and before the last."""
+    holder = _Holder()
 
     def progress(done, total):
-        if "t" in holder:
-            holder["t"].cancel()
+        holder.given.wait(30)
+        holder["t"].cancel()
 
     return holder, progress
 

@@ -660,6 +660,9 @@ def test_memory_per_worker_and_on_the_client(tmp_path, client):
 
 
 # ------------------------------------------------------------------ GPU (threaded scheduler)
+# CUDA only: dask arrays of CuPy blocks (meta, from_array, map_blocks) need a
+# real array library; the emulated device's arrays are no dask blocks. The
+# device path of the write task runs on the emulated device in the tests after.
 
 
 @pytest.mark.gpu

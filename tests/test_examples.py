@@ -12,6 +12,7 @@ import ast
 import importlib.util
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,10 @@ def test_oversized_to_host(tmp_path, capsys):
     assert "WRONG" not in out
 
 
+# PyTorch itself warns while it compiles the loss (torch 2.13: inductor, and
+# dynamo looking at the .grad of the model's output)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
 def test_segmentation_focal_loss(capsys):
     result = _load("segmentation_focal_loss").main([])
     assert result.mask_dtype == "torch.uint8"
@@ -138,9 +143,33 @@ def test_segmentation_focal_loss(capsys):
     assert len(result.iou) == 3
     assert all(0.0 <= v <= 1.0 for v in result.iou)
     assert result.iou_last_host[0] > 0.8  # background, after 40 steps
+    # The loss is an interop.torch_op: the same value as PyTorch's own loss,
+    # compiled whole where a compiler is available.
+    assert result.loss_gap <= 1e-5
+    if shutil.which("g++") or result.device.startswith("cuda"):
+        assert result.loss_runs == "torch.compile(fullgraph=True, backend='inductor')"
     out = capsys.readouterr().out
     assert "masks reached PyTorch as torch.uint8, zero-copy: True" in out
+    assert "focal loss: interop.torch_op of CuPy/NumPy kernels" in out
     assert "background" in out
+
+
+def test_segmentation_focal_loss_operator_gradient():
+    import torch
+
+    module = sys.modules.get("examples_segmentation_focal_loss") or _load("segmentation_focal_loss")
+    logp = -torch.rand(6, 5, dtype=torch.float64) * 4 - 1e-3  # log-probabilities < 0
+    logp.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda lp: module.focal_term(lp, 2.0), (logp,))
+    torch.library.opcheck(module.focal_term, (logp, 1.5))
+    logits = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    target = torch.randint(0, 3, (2, 4, 4))
+    assert torch.allclose(
+        module.focal_loss(logits, target), module.focal_loss_reference(logits, target)
+    )
+    result = module.main(["--steps", "2", "--compile", "off"])
+    assert result.loss_runs == "eager (--compile off)"
+    assert result.loss_gap <= 1e-5
 
 
 def test_plot_device_array(tmp_path, capsys):

@@ -73,6 +73,28 @@ def test_data_moves_through_device_memory(backend):
     assert backend.violations == []
 
 
+@pytest.mark.parametrize(
+    "host",
+    [np.float64(2.5), np.array(-3, np.int16), np.zeros((0,)), np.zeros((2, 0, 3), np.uint8),
+     np.arange(6.0).reshape(2, 3).T, np.arange(4, dtype=">f4")],
+    ids=["numpy scalar", "0-d", "empty", "empty 3-d", "transposed", "big-endian"],
+)  # fmt: skip
+def test_asarray_keeps_the_shape_and_dtype_of_what_it_copies(backend, host):
+    """A 0-d array stays 0-d (np.ascontiguousarray would make it (1,)); the
+    device copy is C-contiguous and independent of the host array."""
+    expect = np.array(host)
+    dev = backend.asarray(host)
+    assert (dev.shape, dev.dtype) == (expect.shape, expect.dtype)
+    assert dev.data.flags.c_contiguous
+    got = backend.to_numpy(dev)
+    assert (got.shape, got.dtype) == (expect.shape, expect.dtype)
+    assert got.tobytes() == np.ascontiguousarray(expect).tobytes()
+    if isinstance(host, np.ndarray) and host.size:
+        host[...] = 0  # the device copy is its own
+        assert backend.to_numpy(dev).tobytes() == got.tobytes()
+    assert backend.violations == []
+
+
 def test_a_device_reshape_is_a_view_and_never_a_copy(backend):
     """Staging rows are reshaped views of one block. NumPy 2.5 deprecates setting ``.shape``
     (the old way to get a view or an error), and the suite turns warnings into errors."""

@@ -1,13 +1,18 @@
-"""Cross-stream lifetime and graph capture on the emulated device.
+"""Cross-stream lifetime and graph capture, on each test device.
 
-Its pool follows the real allocators' rule (a freed block goes straight to the
-next allocation on the stream it belongs to) and fails a test when a block is
-handed out again while work queued on another stream before the free may still
-use it. Each device copy interop makes between two streams is exercised here in
-the configuration of a call that uses it: the source is dropped as soon as the
-call returns and its block is taken back at once on its owner's stream, while
-the copy is still held back on the destination's stream. The same cases run on
-a GPU in tests/test_lifetime_gpu.py.
+PyTorch's and CuPy's pools hand a freed block straight back out to the next
+allocation on the stream it belongs to; so does the emulated device's pool,
+which also fails a test when a block is handed out again while work queued on
+another stream before the free may still use it. Each device copy interop makes
+between two streams is exercised in the configuration of a call that uses it:
+the source is dropped as soon as the call returns and its block is taken back
+at once on its owner's stream and written, while the copy is still held back
+on the destination's stream (a gate on the emulated device, a sleep kernel on
+CUDA): a copy that did not make the owner's stream wait would read the new
+values (CUDA) or break a rule (emulated).
+
+The exchange calls themselves (to_cupy, to_torch, interop.stream) take CuPy
+arrays and CUDA tensors only: their tests are the CUDA-only ones at the end.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import numpy as np
 import pytest
 
 import interop
-from interop.testing import EmulatedDevice
 
-from .helpers import hold, inverted_bytes, sample
+from .devices import opened
 
-SHAPE = (96, 40)
+N = 1 << 20  # float32 elements: a 4 MiB block, served from the pools' large blocks
+SHAPE = (1024, 1024)
+FILL = bytes([0x55])  # what take_back writes
 
 # The device copies of the exchange and transfer calls, as (source library,
 # destination library, source view, destination device): each call's copy is
@@ -38,144 +44,420 @@ SITES = {
     "torch to cupy on another device": ("torch", "cupy", lambda a: a, 1),
     # copy_to_device(x, out) across devices, strided: one peer copy of its span
     "cupy to cupy on another device, strided": ("cupy", "cupy", lambda a: a.T, 1),
+    "cupy to cupy on another device, reversed": ("cupy", "cupy", lambda a: a[::-1], 1),
 }
 
 
-@pytest.fixture
-def machine():
-    d0 = EmulatedDevice(devices=2, delay=0.0002)
-    yield d0
-    d0.close()
+def _written_by_take_back(device, taken):
+    for t in taken:
+        assert device.to_numpy(t).tobytes() == FILL * t.nbytes
 
 
 @pytest.mark.parametrize("site", list(SITES))
-def test_a_copied_source_may_be_dropped_as_soon_as_the_call_returns(machine, site):
+def test_a_copied_source_may_be_dropped_as_soon_as_the_call_returns(device_kind, site):
     src_lib, dst_lib, view, dst_index = SITES[site]
-    dx, dout = machine, machine.peer(dst_index)
-    a = sample(SHAPE, np.float32)
-    expect = view(a)
-    owner, consumer = dx.stream(), dout.stream()
-    with dx.use_stream(owner, lib=src_lib):
-        x = dx.asarray(a, lib=src_lib)  # allocated and written on owner
-    with dout.activate(), dout.use_stream(consumer, lib=dst_lib):
-        out = dout.empty(expect.shape, expect.dtype, lib=dst_lib)  # on consumer
-    gate = hold(consumer)  # the copy below stays queued behind this
-    try:
-        with (
-            dout.activate(),
-            dout.use_stream(consumer, lib=dst_lib),
-            dx.use_stream(owner, lib=src_lib),
-        ):
-            interop.copy_to_device(view(x), out)
-        del x  # a copying call returned: the caller may drop its source
+    with opened(device_kind, devices=2, delay=0.0002) as machine:
+        machine.need_devices(dst_index + 1)  # on CUDA: two GPUs (multi-GPU policy)
+        dx, dout = machine, machine.peer(dst_index)
+        a = np.arange(N, dtype=np.float32).reshape(SHAPE)
+        expect = view(a)
+        owner, consumer = dx.stream(), dout.stream()
         with dx.use_stream(owner, lib=src_lib):
-            fresh = dx.asarray(np.zeros_like(a), lib=src_lib)  # x's block, written now
-    finally:
-        gate.set()
-    np.testing.assert_array_equal(dout.to_numpy(out), expect)
-    np.testing.assert_array_equal(dx.to_numpy(fresh), np.zeros_like(a))
-    assert machine.violations == []
+            x = dx.asarray(a, lib=src_lib)  # allocated and written on owner
+        with dout.activate(), dout.use_stream(consumer, lib=dst_lib):
+            out = dout.empty(expect.shape, expect.dtype, lib=dst_lib)  # on consumer
+        release = dout.hold(consumer, 0.5)  # the copy below stays queued behind this
+        try:
+            with (
+                dout.activate(),
+                dout.use_stream(consumer, lib=dst_lib),
+                dx.use_stream(owner, lib=src_lib),
+            ):
+                interop.copy_to_device(view(x), out)
+                assert not dout.is_done(consumer)  # the copy is still queued
+            p = dx.ptr(x)
+            del x  # a copying call returned: the caller may drop its source
+            with dx.activate(), dx.use_stream(owner, lib=src_lib):
+                taken = dx.take_back(p, a.shape, a.dtype, lib=src_lib)  # x's block, written now
+        finally:
+            release()
+        np.testing.assert_array_equal(dout.to_numpy(out), expect)
+        _written_by_take_back(dx, taken)
 
 
-def test_a_resolved_temporary_and_its_source_may_be_dropped_at_once(machine):
-    """A source with a bit to apply (the emulated inverted view, as a CUDA tensor
+def test_a_resolved_temporary_and_its_source_may_be_dropped_at_once(device):
+    """A source with a bit to apply (the emulated inverted view; a CUDA tensor
     with the conjugate bit) is resolved into a temporary on its stream: both it
-    and the source may be reused at once on that stream."""
-    a = sample(SHAPE, np.float32)
-    owner, consumer = machine.stream(), machine.stream()
-    with machine.use_stream(owner, lib="torch"):
-        x = machine.asarray(a, lib="torch")
-    with machine.use_stream(consumer, lib="cupy"):
-        out = machine.empty(a.shape, a.dtype)
-    gate = hold(consumer)
+    and the source may be reused at once on that stream, while the copy on
+    another stream still waits."""
+    a = (np.arange(N // 2, dtype=np.float32) + 1j).astype(np.complex64)  # 4 MiB
+    owner, consumer = device.stream(), device.stream()
+    with device.use_stream(owner, lib="torch"):
+        x = device.asarray(a, lib="torch")
+    with device.use_stream(consumer, lib="cupy"):
+        out = device.empty(a.shape, a.dtype)
+    release = device.hold(consumer, 0.5)
     try:
-        with machine.use_stream(consumer, lib="cupy"), machine.use_stream(owner, lib="torch"):
-            interop.copy_to_device(machine.inverted(x), out)
-        del x
-        with machine.use_stream(owner, lib="torch"):
-            # two blocks of that size on owner: the source's and the temporary's
-            fresh = [machine.asarray(np.zeros_like(a), lib="torch") for _ in range(2)]
+        with device.use_stream(consumer, lib="cupy"), device.use_stream(owner, lib="torch"):
+            src, expect = device.lazy(x, a)
+            assert interop.copy_to_device(src, out) is out
+            assert not device.is_done(consumer)
+        p = device.ptr(x)
+        del x, src
+        with device.use_stream(owner, lib="torch"):
+            taken = device.take_back(p, a.shape, a.dtype, lib="torch")  # the source's block
+            # and another of that size: the temporary's
+            taken.append(device.asarray(np.frombuffer(FILL * a.nbytes, a.dtype), lib="torch"))
     finally:
-        gate.set()
-    assert machine.to_numpy(out).tobytes() == inverted_bytes(a)
-    for f in fresh:
-        np.testing.assert_array_equal(machine.to_numpy(f), np.zeros_like(a))
-    assert machine.violations == []
+        release()
+    assert device.to_numpy(out).tobytes() == expect.tobytes()
+    _written_by_take_back(device, taken)
 
 
-def test_one_stream_needs_no_events(machine):
-    """Both libraries on one stream: stream order covers both directions, and no
-    event is made for the copy."""
-    a = sample(SHAPE, np.float32)
-    s = machine.stream()
-    with machine.use_stream(s):
-        x = machine.asarray(a, lib="torch")
-        out = machine.empty(a.shape, a.dtype)
-        before = machine.counts["event"]
+def test_one_stream_needs_no_events(device):
+    """Both libraries on one stream: stream order covers both directions, no
+    event is made for the copy, and the source may be dropped at once."""
+    a = np.arange(N, dtype=np.float32)
+    s = device.stream()
+    with device.use_stream(s):
+        x = device.asarray(a, lib="torch")
+        out = device.empty(a.shape, a.dtype)
+        if device.emulated:
+            before = device.emulated.counts["event"]
         interop.copy_to_device(x, out)
-        assert machine.counts["event"] == before
+        if device.emulated:  # the emulated device counts the events made
+            assert device.emulated.counts["event"] == before
+        p = device.ptr(x)
         del x
-        fresh = machine.asarray(np.zeros_like(a), lib="torch")
-    np.testing.assert_array_equal(machine.to_numpy(out), a)
-    np.testing.assert_array_equal(machine.to_numpy(fresh), np.zeros_like(a))
-    assert machine.violations == []
+        taken = device.take_back(p, a.shape, a.dtype, lib="torch")
+    np.testing.assert_array_equal(device.to_numpy(out), a)
+    _written_by_take_back(device, taken)
 
 
 # ----------------------------------------------------------------- graph capture
 
 
-def _refused_in_capture(machine, s, call):
-    """Run ``call`` inside a capture on ``s``: it must raise CaptureError and
-    leave the capture valid, with nothing recorded into it."""
-    with machine.capture(s) as graph:
-        with pytest.raises(interop.CaptureError, match="capture"):
-            call()
-        assert machine.is_capturing(s)
-    assert graph.operations == []
-    assert machine.violations == []
-
-
-def test_host_copies_refuse_a_capture_and_keep_it_valid(machine, tmp_path):
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_host_copies_refuse_a_capture_and_keep_it_valid(device, tmp_path, lib):
     a = np.arange(4096.0)
-    s = machine.stream()
-    with machine.use_stream(s):
-        x = machine.asarray(a)
-        s.synchronize()
-        path = tmp_path / "x.npy"
-        np.save(path, a[::-1])
-        before = path.read_bytes()
-        for call in (
-            lambda: interop.copy_to_host(x),
-            lambda: interop.copy_to_host_async(x),
-            lambda: interop.copy_to_device(a, x),
-            lambda: interop.save_npy(x, path),
-            lambda: interop.load_npy(path, x),
-        ):
-            _refused_in_capture(machine, s, call)
-        assert path.read_bytes() == before  # the save refused before touching it
-        np.testing.assert_array_equal(machine.to_numpy(x), a)
+    x = device.asarray(a, lib)
+    y = device.asarray(np.zeros(8), lib="torch")  # for work recorded into the capture
+    path = tmp_path / "x.npy"
+    np.save(path, a[::-1])
+    before = path.read_bytes()
+    device.synchronize()
+    calls = {
+        "copy_to_host": lambda: interop.copy_to_host(x),
+        "copy_to_host_async": lambda: interop.copy_to_host_async(x),
+        "copy_to_device": lambda: interop.copy_to_device(a, x),
+        "save_npy": lambda: interop.save_npy(x, path),
+        "save_npy, a new file": lambda: interop.save_npy(x, tmp_path / "new.npy"),
+        "load_npy": lambda: interop.load_npy(path, x),
+    }
+    with device.capturing() as capture:
+        for name, call in calls.items():
+            with pytest.raises(interop.CaptureError, match="capture"):
+                call()
+            assert capture.active(), name
+        if device.emulated:
+            assert capture.operations() == []  # nothing of the refused calls recorded
+        capture.add_one(y)  # the capture still records work
+    assert path.read_bytes() == before  # the save refused before touching it
+    assert not (tmp_path / "new.npy").exists()
+    for k in range(1, 4):
+        capture.replay()
+        np.testing.assert_array_equal(device.to_numpy(y), np.full(8, float(k)))
+    np.testing.assert_array_equal(device.to_numpy(x), a)
 
 
-def test_a_capture_elsewhere_on_the_device_refuses_host_copies(machine):
+def test_a_capture_elsewhere_on_the_device_refuses_host_copies(device):
     """CUDA's global capture mode: a pinned allocation or a synchronisation
-    breaks a capture on any stream, so host copies refuse then too."""
+    breaks a capture on any stream, so host copies refuse then too. The copy's
+    own stream is not in the capture; PyTorch's current stream is. (The CUDA
+    runtime cannot list a process's captures: interop sees one through the
+    calling thread's current streams. The emulated device knows them all, so
+    there the copy is refused with both libraries on the other stream too.)"""
     a = np.arange(1024.0)
-    s, other = machine.stream(), machine.stream()
-    with machine.use_stream(other):
-        x = machine.asarray(a)
-        other.synchronize()
-        _refused_in_capture(machine, s, lambda: interop.copy_to_host(x))
+    other = device.stream()
+    with device.use_stream(other):
+        x = device.asarray(a)
+    device.synchronize()
+    with device.capturing() as capture:
+        for lib in ["cupy", None] if device.emulated else ["cupy"]:
+            with (
+                device.use_stream(other, lib=lib),
+                pytest.raises(interop.CaptureError, match="capture"),
+            ):
+                interop.copy_to_host(x)
+            assert capture.active()
+        if device.emulated:
+            assert capture.operations() == []
+    np.testing.assert_array_equal(device.to_numpy(x), a)
 
 
-def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(machine):
+def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(device):
     """The destination's stream captures, the source's does not: waiting on the
     source would break the capture (cudaErrorStreamCaptureIsolation), so the
     copy is refused before anything is queued."""
-    a = sample(SHAPE, np.float32)
-    s, c = machine.stream(), machine.stream()
-    with machine.use_stream(s, lib="torch"), machine.use_stream(c, lib="cupy"):
-        x = machine.asarray(a, lib="torch")
-        out = machine.asarray(np.zeros_like(a))
-        machine.synchronize()
-        _refused_in_capture(machine, c, lambda: interop.copy_to_device(x, out))
-        np.testing.assert_array_equal(machine.to_numpy(out), np.zeros_like(a))
+    a = np.arange(N, dtype=np.float32)
+    s = device.stream()
+    with device.use_stream(s, lib="torch"):
+        x = device.asarray(a, lib="torch")
+    out = device.asarray(np.zeros_like(a))
+    device.synchronize()
+    with device.capturing() as capture:
+        # the source's stream (PyTorch's current one) is outside the capture
+        with (
+            device.use_stream(s, lib="torch"),
+            pytest.raises(interop.CaptureError, match="capture"),
+        ):
+            interop.copy_to_device(x, out)
+        assert capture.active()
+        if device.emulated:
+            assert capture.operations() == []
+    np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
+
+
+# ----------------------------------------------------------------- CUDA only: the exchange calls
+# to_cupy / to_torch / interop.stream take CuPy arrays and CUDA tensors only (the
+# emulated device's arrays are no DLPack producers); the copies they make are the
+# SITES above.
+
+HOLD = 400_000_000  # cycles of torch.cuda._sleep: a few hundred milliseconds
+
+
+def cptr(a):
+    return int(a.data.ptr)
+
+
+def hold(torch, handle, device=None):
+    """Queue a long sleep kernel on the stream with raw handle ``handle``."""
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    with torch.cuda.device(dev), torch.cuda.stream(torch.cuda.ExternalStream(handle, device=dev)):
+        torch.cuda._sleep(HOLD)
+
+
+def warm(cp, torch):
+    """Compile the copy kernels the calls below use, before any sleep is queued
+    (a compile after the sleep would let the sleep run out)."""
+    a = cp.arange(8, dtype=cp.float32)
+    b = cp.empty(8, dtype=cp.float32)
+    b[...] = a
+    b[...] = a[::-1]
+    a.fill(7.0)
+    t = torch.arange(8, dtype=torch.float32, device="cuda")
+    t.fill_(7.0)
+    cp.cuda.Device().synchronize()
+    cp.get_default_memory_pool().free_all_blocks()  # only the test's blocks come back
+    torch.cuda.empty_cache()
+
+
+def reuse_torch(torch, ptr, device=None):
+    """Take the block at ``ptr`` back from PyTorch's pool on its current stream
+    (and write it at once); fail if the pool did not hand it out (the premise)."""
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    taken = []
+    for _ in range(3):
+        taken.append(torch.empty(N, dtype=torch.float32, device=dev))
+        taken[-1].fill_(7.0)
+        if taken[-1].data_ptr() == ptr:
+            return taken
+    raise AssertionError("PyTorch's pool did not hand the freed block out again")
+
+
+def reuse_cupy(cp, ptr):
+    """The same for CuPy's pool, on CuPy's current stream."""
+    taken = []
+    for _ in range(3):
+        taken.append(cp.empty(N, dtype=cp.float32))
+        taken[-1].fill(7.0)
+        if cptr(taken[-1]) == ptr:
+            return taken
+    raise AssertionError("CuPy's pool did not hand the freed block out again")
+
+
+def expect(n=N):
+    return np.arange(n, dtype=np.float32)
+
+
+@pytest.mark.gpu
+def test_gpu_to_cupy_copy_source_dropped_at_once(cp, torch):
+    warm(cp, torch)
+    t = torch.arange(N, dtype=torch.float32, device="cuda")
+    consumer = cp.cuda.Stream(non_blocking=True)
+    with consumer:
+        hold(torch, consumer.ptr)
+        c = interop.to_cupy(t, copy=True)
+        assert not consumer.done
+    p = t.data_ptr()
+    del t
+    reuse_torch(torch, p)
+    consumer.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(c), expect())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["copy", "packed"])
+def test_gpu_to_torch_copy_source_dropped_at_once(cp, torch, case):
+    """to_torch(c, copy=True) and the packing copy of a reversed view run on
+    PyTorch's stream; CuPy's stream waits for them before reusing c."""
+    warm(cp, torch)
+    owner = cp.cuda.Stream(non_blocking=True)
+    consumer = torch.cuda.Stream()
+    with owner:
+        c = cp.arange(N, dtype=cp.float32)
+        if case == "packed":
+            c = c[::-1].copy()[::-1]  # arange again, as a reversed view of its own block
+        with torch.cuda.stream(consumer):
+            torch.cuda._sleep(HOLD)
+            t = interop.to_torch(c, copy=True) if case == "copy" else interop.to_torch(c)
+            assert not consumer.query()
+        p = cptr(c) if case == "copy" else cptr(c[::-1])
+        del c
+        reuse_cupy(cp, p)  # CuPy's pool, on the owner's stream
+    consumer.synchronize()
+    np.testing.assert_array_equal(t.cpu().numpy(), expect())
+
+
+@pytest.mark.gpu
+def test_gpu_a_copy_to_torch_is_pytorch_memory(cp, torch):
+    """The copy of a CuPy array is allocated by PyTorch (counted by
+    torch.cuda.memory_allocated, and reused on PyTorch's stream)."""
+    c = cp.arange(N, dtype=cp.float32)
+    before = torch.cuda.memory_allocated()
+    t = interop.to_torch(c, copy=True)
+    assert torch.cuda.memory_allocated() - before >= 4 * N
+    assert t.is_contiguous()
+    assert t.data_ptr() != cptr(c)
+    np.testing.assert_array_equal(t.cpu().numpy(), expect())
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_gpu_to_torch_on_another_device_source_dropped_at_once(cp, torch):
+    warm(cp, torch)
+    with cp.cuda.Device(0):
+        owner = cp.cuda.Stream(non_blocking=True)
+    with torch.cuda.device(1):
+        consumer = torch.cuda.Stream()
+    with cp.cuda.Device(0), owner:
+        c = cp.arange(N, dtype=cp.float32)
+        with torch.cuda.device(1), torch.cuda.stream(consumer):
+            torch.cuda._sleep(HOLD)
+            t = interop.to_torch(c, device=1)
+        p = cptr(c)
+        del c
+        reuse_cupy(cp, p)
+    consumer.synchronize()
+    assert t.device == torch.device("cuda", 1)
+    np.testing.assert_array_equal(t.cpu().numpy(), expect())
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.parametrize("source", ["tensor", "cupy"])
+def test_gpu_to_cupy_on_another_device_source_dropped_at_once(cp, torch, source):
+    """The peer copy runs on device 1's stream; the source's stream on device 0
+    (PyTorch's for a tensor, CuPy's for an array) waits for it."""
+    warm(cp, torch)
+    with cp.cuda.Device(1):
+        consumer = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.Device(0):
+        x = (
+            torch.arange(N, dtype=torch.float32, device="cuda:0")
+            if source == "tensor"
+            else cp.arange(N, dtype=cp.float32)
+        )
+    with cp.cuda.Device(1), consumer:
+        hold(torch, consumer.ptr, device=1)
+        moved = interop.to_cupy(x, device=1)
+    p = x.data_ptr() if source == "tensor" else cptr(x)
+    del x
+    with cp.cuda.Device(0):
+        if source == "tensor":
+            reuse_torch(torch, p, device=0)
+        else:
+            reuse_cupy(cp, p)
+    consumer.synchronize()
+    with cp.cuda.Device(1):
+        np.testing.assert_array_equal(cp.asnumpy(moved), expect())
+
+
+@pytest.mark.gpu
+def test_gpu_one_stream_needs_no_events(cp, torch):
+    """Under interop.stream both libraries use one stream: nothing to order, and
+    the copy is still right when the source is dropped at once."""
+    s = torch.cuda.Stream()
+    with interop.stream(s):
+        x = torch.arange(N, dtype=torch.float32, device="cuda")
+        c = interop.to_cupy(x, copy=True)
+        del x
+        torch.full((N,), 7.0, device="cuda")
+    s.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(c), expect())
+
+
+# ----------------------------------------------------------------- graph capture
+
+
+@pytest.mark.gpu
+def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, torch):
+    """to_numpy of a CUDA tensor, a host array to a new CUDA array or tensor:
+    each copies through the host, refused inside a capture that stays valid."""
+    x = torch.arange(N, dtype=torch.float32, device="cuda")
+    y = torch.zeros(8, device="cuda")
+    host = np.arange(8, dtype=np.float32)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        calls = {
+            "to_numpy": lambda: interop.to_numpy(x),
+            "copy_to_device": lambda: interop.copy_to_device(host),
+            "to_torch_cuda": lambda: interop.to_torch(host, device="cuda"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(interop.CaptureError, match="capture"):
+                call()
+            assert torch.cuda.is_current_stream_capturing(), name
+        y.add_(1.0)  # the capture still records work
+    for k in range(1, 4):
+        g.replay()
+        torch.cuda.synchronize()
+        assert y.tolist() == [float(k)] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_zero_copy_exchange_inside_capture(cp, torch):
+    x = torch.ones(N, device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), interop.stream(torch.cuda.current_stream()):
+        c = interop.to_cupy(x)
+        c *= 2.0  # CuPy's kernel, captured on the same stream
+        back = interop.to_torch(c)
+        back.add_(1.0)
+    assert cptr(c) == x.data_ptr() == back.data_ptr()
+    g.replay()
+    torch.cuda.synchronize()
+    assert x[:4].tolist() == [3.0] * 4
+    g.replay()
+    torch.cuda.synchronize()
+    assert x[:4].tolist() == [7.0] * 4
+
+
+@pytest.mark.gpu
+def test_gpu_exchange_across_streams_refuses_capture(cp, torch):
+    """Inside torch.cuda.graph without interop.stream, CuPy's current stream is
+    not the capturing one: ordering it would break the capture, so the
+    exchange refuses before queuing anything, and the capture stays valid."""
+    x = torch.ones(8, device="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    side = cp.cuda.Stream(non_blocking=True)
+    with torch.cuda.graph(g):
+        with side, pytest.raises(interop.CaptureError, match=r"interop\.stream"):
+            interop.to_cupy(x)
+        x.add_(1.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [2.0] * 8

@@ -302,85 +302,6 @@ def test_save_peak_rss_stays_within_twice_the_ring(tmp_path):
     assert (tmp_path / "big.npy").stat().st_size == 64 * 2**20 * 4 + 128
 
 
-# ----------------------------------------------------------------------- GPU
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_gpu_save_and_load_cupy(tmp_path, cp, layout):
-    a = cp.arange(3 * 100_000, dtype=cp.float32).reshape(3, 100_000)  # 19 chunks of 64 KiB
-    src = a if layout == "contiguous" else a.T
-    interop.save_npy(src, tmp_path / "g.npy", chunk_bytes=1 << 16)
-    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), cp.asnumpy(src))
-    back = interop.load_npy(tmp_path / "g.npy", device="cuda", chunk_bytes=100_000)
-    assert isinstance(back, cp.ndarray)
-    assert bool((back == src).all())
-    host = interop.load_npy(tmp_path / "g.npy")  # without device: host memory, like numpy.load
-    assert isinstance(host, np.ndarray)
-    np.testing.assert_array_equal(host, cp.asnumpy(src))
-
-
-@pytest.mark.gpu
-def test_gpu_save_and_load_torch_bf16(tmp_path, torch):
-    t = torch.linspace(-4, 4, 409_999, device="cuda").to(torch.bfloat16)  # 13 chunks
-    interop.save_npy(t, tmp_path / "b.npy", chunk_bytes=1 << 16)
-    loaded = np.load(tmp_path / "b.npy")
-    assert loaded.dtype == np.dtype(ml_dtypes.bfloat16)
-    np.testing.assert_array_equal(loaded.astype(np.float32), t.float().cpu().numpy())
-    out = torch.empty_like(t)
-    assert interop.load_npy(tmp_path / "b.npy", out, chunk_bytes=1 << 16) is out
-    assert torch.equal(out, t)
-
-
-@pytest.mark.gpu
-def test_gpu_load_into_strided_out(tmp_path, cp):
-    a = sample((640, 480), np.float64)  # 2.4 MB: 38 chunks of 64 KiB
-    np.save(tmp_path / "a.npy", a)
-    base = cp.zeros((480, 1280))
-    out = base.T[::2]
-    interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=1 << 16)
-    np.testing.assert_array_equal(cp.asnumpy(out), a)
-    assert float(base.T[1::2].sum()) == 0.0  # the gaps are untouched
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("chunk", [8, 100_000, 1 << 22])  # 8 is raised to 64 KiB
-def test_gpu_copy_to_device_strided_and_memmap(tmp_path, cp, chunk):
-    a = sample((3000, 70), np.float32)  # 840 KB; the strided view 288 KB
-    out = interop.copy_to_device(a[::-1, ::3], chunk_bytes=chunk)
-    np.testing.assert_array_equal(cp.asnumpy(out), a[::-1, ::3])
-    mm = np.lib.format.open_memmap(tmp_path / "m.npy", "w+", np.float32, a.shape)
-    mm[...] = a
-    out2 = cp.zeros((70, 3000), np.float32).T
-    assert interop.copy_to_device(mm, out2, chunk_bytes=chunk) is out2
-    np.testing.assert_array_equal(cp.asnumpy(out2), a)
-
-
-@pytest.mark.gpu
-def test_gpu_copy_to_device_into_torch_and_validation(torch):
-    a = np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)
-    out = torch.zeros(3, 4, dtype=torch.bfloat16, device="cuda")
-    assert interop.copy_to_device(a, out, chunk_bytes=6) is out
-    np.testing.assert_array_equal(out.float().cpu().numpy(), a.astype(np.float32))
-    wrong = torch.full((4, 3), 5.0, device="cuda")
-    with pytest.raises(ValueError, match=r"shape \(3, 4\)"):
-        interop.copy_to_device(np.ones((3, 4), np.float32), wrong)
-    assert bool((wrong == 5.0).all())
-
-
-@pytest.mark.gpu
-def test_gpu_copy_to_device_orders_after_current_stream(torch):
-    """Work queued on torch's current stream before the copy is not overwritten later."""
-    out = torch.empty(1 << 20, device="cuda")
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)
-        out.fill_(1.0)
-        interop.copy_to_device(np.full(1 << 20, 2.0, np.float32), out, chunk_bytes=1 << 18)
-    side.synchronize()
-    assert bool((out == 2.0).all())
-
-
 def test_foreign_dlpack_producer(tmp_path):
     a = sample((5, 6), np.int32)[::-1]
     interop.save_npy(Producer(a), tmp_path / "p.npy", chunk_bytes=24)
@@ -676,8 +597,12 @@ def _check_untouched(got, path, code, existing):
         assert got["listing"] == []
 
 
+# The source of a failing save: host memory, the emulated device, a CuPy array (gpu)
+KINDS = ["host", "device", pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
 @pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
-@pytest.mark.parametrize("kind", ["host", "device"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_full_disk_is_a_path_error_with_its_errno_and_nothing_changes(kind, existing):
     from .small_fs import run_on_tmpfs
 
@@ -690,7 +615,7 @@ def test_a_full_disk_is_a_path_error_with_its_errno_and_nothing_changes(kind, ex
 
 
 @pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
-@pytest.mark.parametrize("kind", ["host", "device"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_file_size_limit_is_a_path_error_with_its_errno_and_nothing_changes(
     tmp_path, kind, existing
 ):
@@ -699,20 +624,6 @@ def test_a_file_size_limit_is_a_path_error_with_its_errno_and_nothing_changes(
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     _check_untouched(got, str(tmp_path / "x.npy"), errno.EFBIG, existing)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
-def test_gpu_a_full_disk_or_a_size_limit_is_a_path_error_for_cupy_sources(tmp_path, cp, existing):
-    from .small_fs import run_on_tmpfs
-
-    code = _FAILING_SAVE.format(kind="cupy", existing=existing, limit=256 << 10)
-    proc = run_python(f"import sys; sys.argv[1:] = [{str(tmp_path)!r}]\n" + code)
-    assert proc.returncode == 0, proc.stderr
-    _check_untouched(json.loads(proc.stdout), str(tmp_path / "x.npy"), errno.EFBIG, existing)
-    got = _failing_save(lambda code: run_on_tmpfs(code, "1m"), "cupy", existing)
-    _check_untouched(got, got["filename"], errno.ENOSPC, existing)
-    assert got["space_back"]
 
 
 @pytest.mark.parametrize("kind", ["host", "device"])

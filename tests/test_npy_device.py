@@ -1,6 +1,7 @@
-"""save_npy / load_npy of device data through the slot pipeline, on the host
-backend: pinned slots written straight into the file (positioned writes, or in
-order into a FIFO) and read straight from it."""
+"""save_npy / load_npy of device data through the slot pipeline, on each test
+device (the emulated one; CUDA under the ``gpu`` marker): pinned slots written
+straight into the file (positioned writes, or in order into a FIFO) and read
+straight from it."""
 
 from __future__ import annotations
 
@@ -11,23 +12,11 @@ import numpy as np
 import pytest
 
 import interop
-from interop.pipeline.ring import free_cached_rings
 from interop.testing import EmulatedDevice, EmulatedDeviceError
 
 from .helpers import NUMPY_DTYPES, reading_fifo, sample
 
 CHUNK = 64 << 10
-
-
-@pytest.fixture
-def device():
-    b = EmulatedDevice(delay=0.0002)
-    yield b
-    assert b.violations == []
-    assert b._streams == [b.default_stream]
-    free_cached_rings()
-    assert b.host_buffers == {}
-    b.close()
 
 
 def _same(a, b):
@@ -36,15 +25,30 @@ def _same(a, b):
     assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
-def test_device_arrays_round_trip_every_dtype(device, tmp_path, dtype):
+def test_device_arrays_round_trip_every_dtype(device, tmp_path, dtype, lib):
     a = sample((300, 90), dtype)
-    d = device.asarray(a)
-    path = interop.save_npy(d.T, tmp_path / "x.npy", chunk_bytes=CHUNK)
-    _same(np.load(path), a.T)
-    out = device.empty(a.T.shape, dtype)
-    assert interop.load_npy(path, out, chunk_bytes=CHUNK) is out
-    _same(device.to_numpy(out), a.T)
+    d = device.asarray(a, lib)
+    for name, src, expect in (("c.npy", d, a), ("t.npy", d.T, a.T)):
+        path = interop.save_npy(src, tmp_path / name, chunk_bytes=CHUNK)
+        _same(np.load(path), expect)
+        out = device.empty(expect.shape, dtype, lib)
+        assert interop.load_npy(path, out, chunk_bytes=CHUNK) is out
+        _same(device.to_numpy(out), expect)
+        host = interop.load_npy(path)  # without out or device: host memory, like numpy.load
+        assert isinstance(host, np.ndarray)
+        _same(host, expect)
+
+
+def test_load_into_a_strided_device_out(device, tmp_path):
+    a = sample((640, 480), np.float64)  # 2.4 MB: 38 chunks of 64 KiB
+    np.save(tmp_path / "a.npy", a)
+    base = device.asarray(np.zeros((480, 1280)))
+    out = base.T[::2]
+    assert interop.load_npy(tmp_path / "a.npy", out, chunk_bytes=1 << 16) is out
+    np.testing.assert_array_equal(device.to_numpy(out), a)
+    assert not device.to_numpy(base).T[1::2].any()  # the gaps are untouched
 
 
 def test_save_with_many_host_threads_writes_each_chunk_at_its_offset(device, tmp_path):
@@ -77,14 +81,21 @@ def test_load_fortran_and_big_endian_files_onto_the_device(device, tmp_path):
         out = device.empty(a.shape, np.float64)
         interop.load_npy(tmp_path / name, out, chunk_bytes=CHUNK)
         np.testing.assert_array_equal(device.to_numpy(out), a)
-    with pytest.raises(ValueError, match="dtype float64"):
-        interop.load_npy(tmp_path / "be.npy", device.empty(a.shape, ">f8"))
+    if device.emulated:  # CuPy and PyTorch hold no big-endian arrays
+        with pytest.raises(ValueError, match="dtype float64"):
+            interop.load_npy(tmp_path / "be.npy", device.empty(a.shape, ">f8"))
 
 
 def test_bfloat16_device_arrays_keep_their_dtype_in_the_file(device, tmp_path):
-    a = sample((100, 50), ml_dtypes.bfloat16)
-    path = interop.save_npy(device.asarray(a), tmp_path / "bf.npy", chunk_bytes=CHUNK)
-    _same(np.load(path), a)
+    a = np.linspace(-4, 4, 409_999, dtype=np.float32).astype(ml_dtypes.bfloat16)  # 13 chunks
+    t = device.asarray(a, lib="torch")
+    path = interop.save_npy(t, tmp_path / "bf.npy", chunk_bytes=1 << 16)
+    loaded = np.load(path)
+    assert loaded.dtype == np.dtype(ml_dtypes.bfloat16)
+    _same(loaded, a)
+    out = device.empty(a.shape, a.dtype, lib="torch")
+    assert interop.load_npy(path, out, chunk_bytes=1 << 16) is out
+    _same(device.to_numpy(out), a)
 
 
 def test_progress_and_a_failed_save_leave_no_file(device, tmp_path):
@@ -125,6 +136,7 @@ def test_a_file_shrinking_under_a_device_load_is_an_error(device, tmp_path):
 
 
 def test_a_device_save_that_fails_says_the_destination_is_untouched(tmp_path):
+    """Emulated only: the drain fault is injected into the emulated device."""
     path = tmp_path / "keep.npy"
     old = b"the file that was there before"
     path.write_bytes(old)
@@ -146,3 +158,23 @@ def test_a_device_save_that_fails_says_the_destination_is_untouched(tmp_path):
         assert (err.bytes_done, err.nbytes) == (0, a.nbytes)  # nothing of it was kept
     assert path.read_bytes() == old
     assert os.listdir(tmp_path) == ["keep.npy"]
+
+
+# ----------------------------------------------------------------- CUDA only
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_gpu_load_npy_with_device_cuda_makes_a_cupy_array(tmp_path, cp, layout):
+    """CUDA only: ``device="cuda"`` without an out makes a new CuPy array on the
+    current CUDA device (the emulated device is never the default target)."""
+    a = cp.arange(3 * 100_000, dtype=cp.float32).reshape(3, 100_000)  # 19 chunks of 64 KiB
+    src = a if layout == "contiguous" else a.T
+    interop.save_npy(src, tmp_path / "g.npy", chunk_bytes=1 << 16)
+    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), cp.asnumpy(src))
+    back = interop.load_npy(tmp_path / "g.npy", device="cuda", chunk_bytes=100_000)
+    assert isinstance(back, cp.ndarray)
+    assert bool((back == src).all())
+    host = interop.load_npy(tmp_path / "g.npy")  # without device: host memory, like numpy.load
+    assert isinstance(host, np.ndarray)
+    np.testing.assert_array_equal(host, cp.asnumpy(src))

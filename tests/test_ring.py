@@ -1,5 +1,7 @@
-"""Staging rings and the cache of idle pinned buffers, with the host backend's
-pinned buffers (and CUDA's under the ``gpu`` marker)."""
+"""Staging rings and the cache of idle pinned buffers: on each test device where
+the test needs only the pipeline's device interface (the emulated device's
+pinned buffers, and CUDA's under the ``gpu`` marker); on the emulated device
+alone where it counts or injects what only it can."""
 
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ def pinned_bytes(backend):
     return sum(a.nbytes for a in backend.host_buffers.values())
 
 
-def test_a_ring_holds_exact_buffers_and_frees_them(backend):
-    with StagingRing(backend, 3, 1000) as ring:
+def test_a_ring_holds_exact_buffers_and_frees_them(device):
+    with StagingRing(device.backend, 3, 1000) as ring:
         assert len(ring.ptrs) == 3
         assert [a.nbytes for a in ring.arrays] == [1000] * 3
         ring.arrays[2][:] = 7
@@ -91,7 +93,8 @@ def test_a_slots_buffer_never_exceeds_its_transfers_chunk(chunk):
 # ----------------------------------------------------------------- lending
 
 
-def test_the_cache_lends_each_buffer_once_and_reuses_it(backend):
+def test_the_cache_lends_each_buffer_once_and_reuses_it(device):
+    backend = device.backend
     with staging_ring(backend, 2, 64) as a, staging_ring(backend, 2, 64) as b:
         assert a is not b
         assert a.nbytes == b.nbytes == 64 * KiB  # the floor class
@@ -101,20 +104,42 @@ def test_the_cache_lends_each_buffer_once_and_reuses_it(backend):
     assert b.closed
     assert cached_buffers() == 4
     assert cached_rings() == 2
-    allocs = backend.counts["host_alloc"]
+    counts = device.emulated.counts if device.emulated else None  # the emulated device counts
+    allocs = counts["host_alloc"] if counts else None
     with staging_ring(backend, 3, 5000) as c:  # another slot size and count, same class
         assert set(c.ptrs) <= lent
     with staging_ring(backend, 4, 64 * KiB) as d:
         assert set(d.ptrs) == lent
-    assert backend.counts["host_alloc"] == allocs  # nothing new was pinned
-    frees = backend.counts["host_free"]
+    if counts:
+        assert counts["host_alloc"] == allocs  # nothing new was pinned
+        frees = counts["host_free"]
     with pytest.raises(RuntimeError), staging_ring(backend, 3, 64) as failed:
         raise RuntimeError
     assert failed.closed
-    assert backend.counts["host_free"] == frees + 3  # a failed transfer's ring is freed
+    if counts:
+        assert counts["host_free"] == frees + 3  # a failed transfer's ring is freed
     assert cached_buffers() == 1
+    assert not set(failed.ptrs) & {buf.ptr for v in rings._ring_cache.values() for buf in v}
     free_cached_rings()
     assert (cached_buffers(), cached_bytes(), cached_rings()) == (0, 0, 0)
+
+
+def test_a_returned_rings_buffers_are_cached_by_size_class_and_a_failed_one_is_freed(device):
+    backend = device.backend
+    key = (backend.ring_key, 64 * KiB)
+    with staging_ring(backend, 2, 4096) as lent:
+        ptrs = set(lent.ptrs)
+        assert lent.nbytes == 64 * KiB
+        lent.arrays[1][:] = 7  # host-writable
+    assert {buf.ptr for buf in rings._ring_cache[key]} == ptrs
+    with staging_ring(backend, 2, 4096) as again:
+        assert set(again.ptrs) == ptrs  # reused, and not lent twice meanwhile
+        assert key not in rings._ring_cache
+    with pytest.raises(RuntimeError, match="boom"), staging_ring(backend, 2, 4096) as failed:
+        raise RuntimeError("boom")
+    assert failed.closed
+    assert key not in rings._ring_cache  # freed, not cached
+    free_cached_rings()
 
 
 def test_concurrent_borrowers_get_disjoint_buffers(backend):
@@ -134,10 +159,10 @@ def test_concurrent_borrowers_get_disjoint_buffers(backend):
     assert len(lent) == len(set(lent)) == 12
 
 
-def test_many_shapes_pin_and_free_nothing_once_warm(backend):
-    """Twenty copies over ten shapes, then the same again: the second round
-    neither allocates nor frees pinned memory (cudaFreeHost would stall the
-    whole device on CUDA)."""
+def test_many_shapes_pin_and_free_nothing_once_warm(device):
+    """Copies over eleven shapes of CuPy arrays and three of tensors, twice, then
+    the same again: the second round neither allocates nor frees pinned memory
+    (cudaFreeHost would stall the whole device on CUDA): the same idle buffers."""
     shapes = [
         (3,),
         (1000,),
@@ -149,21 +174,24 @@ def test_many_shapes_pin_and_free_nothing_once_warm(backend):
         (129_000,),
         (2, 600_000),
         (33_333,),
+        (3, 1 << 20),
     ]
     arrays = [np.arange(np.prod(s), dtype=np.float32).reshape(s) for s in shapes]
+    sources = [(a, device.asarray(a)) for a in arrays]
+    sources += [(a, device.asarray(a, lib="torch")) for a in arrays[:3]]
 
     def one_round():
-        for a in arrays * 2:
-            np.testing.assert_array_equal(
-                interop.copy_to_host(backend.asarray(a), chunk_bytes=1 * MiB), a
-            )
+        for a, x in sources * 2:
+            np.testing.assert_array_equal(interop.copy_to_host(x, chunk_bytes=1 * MiB), a)
 
     one_round()
-    before = dict(backend.counts)
+    idle = sorted(buf.ptr for buf in rings._lru)
+    before = dict(device.emulated.counts) if device.emulated else None
     one_round()
-    assert backend.counts["host_alloc"] == before["host_alloc"]
-    assert backend.counts["host_free"] == before.get("host_free", 0)
-    assert backend.violations == []
+    assert sorted(buf.ptr for buf in rings._lru) == idle  # the same buffers, none new or freed
+    if device.emulated:  # the emulated device counts the allocations and frees
+        assert device.emulated.counts["host_alloc"] == before["host_alloc"]
+        assert device.emulated.counts["host_free"] == before.get("host_free", 0)
 
 
 def test_each_transfer_pins_at_most_num_buffers_chunks(backend):
@@ -358,52 +386,3 @@ def test_a_cuda_ring_without_a_device_says_so():
 
     with pytest.raises(interop.NoDeviceError):
         cuda_backend(0)
-
-
-@pytest.mark.gpu
-def test_gpu_staging_ring_is_exact_cached_and_freed_on_error(cp):
-    from interop.pipeline.cuda import cuda_backend
-
-    free_cached_rings()
-    backend = cuda_backend(0)
-    with StagingRing(backend, 3, 1000) as ring:
-        assert len(ring.ptrs) == 3
-        assert [a.nbytes for a in ring.arrays] == [1000] * 3
-        ring.arrays[2][:] = 7  # host-writable
-    assert ring.closed
-    key = ("cuda", 64 * KiB)
-    with staging_ring(backend, 2, 4096) as lent:
-        ptrs = set(lent.ptrs)
-        assert lent.nbytes == 64 * KiB
-    assert {buf.ptr for buf in rings._ring_cache[key]} == ptrs
-    with staging_ring(backend, 2, 4096) as again:
-        assert set(again.ptrs) == ptrs  # reused, and not lent twice meanwhile
-        assert key not in rings._ring_cache
-    with pytest.raises(RuntimeError, match="boom"), staging_ring(backend, 2, 4096) as failed:
-        raise RuntimeError("boom")
-    assert failed.closed
-    assert key not in rings._ring_cache  # freed, not cached
-    free_cached_rings()
-
-
-@pytest.mark.gpu
-def test_gpu_many_shapes_pin_and_free_nothing_once_warm(cp, torch):
-    """Device-to-host copies of CuPy arrays and CUDA tensors of ten shapes: the
-    second round reuses the same pinned buffers (no cudaHostAlloc, no
-    cudaFreeHost)."""
-    free_cached_rings()
-    shapes = [(3,), (1000,), (70_000,), (300, 1000), (1 << 20,), (5, 7, 999), (3, 1 << 20)]
-    sources = [cp.arange(int(np.prod(s)), dtype=cp.float32).reshape(s) for s in shapes]
-    sources += [torch.arange(int(np.prod(s)), device="cuda").reshape(s) for s in shapes[:3]]
-
-    def one_round():
-        for x in sources * 2:
-            out = interop.copy_to_host(x, chunk_bytes=1 * MiB)
-            assert out.shape == tuple(x.shape)
-            assert float(out.reshape(-1)[-1]) == out.size - 1
-
-    one_round()
-    idle = sorted(buf.ptr for buf in rings._lru)
-    one_round()
-    assert sorted(buf.ptr for buf in rings._lru) == idle  # the same buffers, none new or freed
-    free_cached_rings()

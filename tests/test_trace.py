@@ -1,5 +1,6 @@
 """Tracing a slot transfer: device-step times from timing events on the copy
-stream, host-piece times from the threads, through the host backend."""
+stream, host-piece times from the threads, on each test device (the emulated
+one, each of its queued operations delayed; CUDA under the ``gpu`` marker)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from interop.pipeline.plan import c_order_chunks
 from interop.pipeline.ring import free_cached_rings
 from interop.testing import EmulatedDevice, RuleViolation
 
+from .devices import opened
 from .helpers import in_threads, sample
 
 CHUNK = 64 << 10
@@ -22,19 +24,18 @@ DELAY = 0.002  # seconds the host stream sleeps before each queued operation
 
 
 @pytest.fixture
-def device():
-    b = EmulatedDevice(delay=DELAY)
-    yield b
-    assert b.violations == []
-    free_cached_rings()
-    b.close()
+def device(device_kind):
+    """The test device, the emulated one delaying each queued operation."""
+    with opened(device_kind, delay=DELAY) as d:
+        yield d
 
 
-def _check_consistent(t: trace.SlotTrace, nbytes: int, chunks: int) -> None:
+def _check_consistent(t: trace.SlotTrace, nbytes: int, chunks: int, device) -> None:
     assert sum(t.chunk_bytes) == nbytes
     assert len(t.chunk_bytes) == len(t.device_seconds) == chunks
-    # each device step waits at least one queued operation's delay on the stream
-    assert all(s >= DELAY * 0.9 for s in t.device_seconds)
+    assert all(0 < s < t.end - t.start for s in t.device_seconds)
+    if device.emulated:  # each device step waits at least one queued operation's delay
+        assert all(s >= DELAY * 0.9 for s in t.device_seconds)
     assert {i for i, *_ in t.pieces} == set(range(chunks))
     for _, submitted, waited, ended in t.pieces:
         assert t.start <= submitted <= waited <= ended <= t.end
@@ -50,7 +51,7 @@ def test_device_to_host_is_traced_chunk_by_chunk(device):
     assert len(traces) == 1
     t = traces[0]
     assert (t.direction, t.threads) == ("d2h", 2)
-    _check_consistent(t, a.nbytes, 8)
+    _check_consistent(t, a.nbytes, 8, device)
     s = t.summary()
     assert s["bytes"] == a.nbytes
     assert s["chunks"] == 8
@@ -69,9 +70,32 @@ def test_host_to_device_is_traced_and_strided_outs_time_their_unpack(device):
     np.testing.assert_array_equal(device.to_numpy(out).T, a)
     (t,) = traces
     assert t.direction == "h2d"
-    _check_consistent(t, a.nbytes, 8)
-    # DMA and unpack: two queued operations between the timers of each step
-    assert all(s >= 2 * DELAY * 0.9 for s in t.device_seconds)
+    _check_consistent(t, a.nbytes, 8, device)
+    if device.emulated:  # DMA and unpack: two queued operations between the timers of each step
+        assert all(s >= 2 * DELAY * 0.9 for s in t.device_seconds)
+
+
+def test_transfers_are_timed_by_events_on_the_copy_stream(device):
+    """Timing events around each device step; strided sources time their pack."""
+    a = np.arange(3 << 20, dtype=np.float32).reshape(3 << 10, 1 << 10)  # 12 MiB
+    x = device.asarray(a)
+    with trace.recording() as traces:
+        out = interop.copy_to_host(x, chunk_bytes=1 << 20)
+        interop.copy_to_host(x.T, chunk_bytes=1 << 20)
+        back = interop.copy_to_device(out, device.empty(a.shape, a.dtype), chunk_bytes=1 << 20)
+    np.testing.assert_array_equal(out, a)
+    np.testing.assert_array_equal(device.to_numpy(back), a)
+    assert [t.direction for t in traces] == ["d2h", "d2h", "h2d"]
+    for t, shape in zip(traces, [a.shape, a.T.shape, a.shape], strict=True):
+        # whole rows per chunk: 256 rows of 4 KiB, or 85 of a.T's 12 KiB rows (13 chunks)
+        chunks = len(list(c_order_chunks(shape, 4, 1 << 20)))
+        assert chunks == (12 if shape == a.shape else 13)
+        assert sum(t.chunk_bytes) == a.nbytes
+        assert len(t.device_seconds) == len(t.chunk_bytes) == chunks
+        assert all(0 < s < t.end - t.start for s in t.device_seconds)
+        for _, submitted, waited, ended in t.pieces:
+            assert t.start <= submitted <= waited <= ended <= t.end
+        assert sum(t.device_seconds) <= t.end - t.start
 
 
 def test_untraced_runs_are_not_collected_and_nested_recordings_each_see_a_run(device):
@@ -132,7 +156,10 @@ def test_timers_that_cannot_be_read_leave_the_transfer_whole_and_say_why():
         device.close()
 
 
-def test_a_timer_read_before_its_stream_reached_it_breaks_a_rule(device):
+def test_a_timer_read_before_its_stream_reached_it_breaks_a_rule():
+    """Emulated only: the emulated device's rule (on CUDA the read would fail
+    with cudaErrorNotReady)."""
+    device = EmulatedDevice(delay=DELAY)
     stream = device.stream()
     gate = threading.Event()
     stream.enqueue("wait", gate.wait)
@@ -146,6 +173,7 @@ def test_a_timer_read_before_its_stream_reached_it_breaks_a_rule(device):
     assert end.seconds_since(start) >= 0
     stream.close()
     device.violations.clear()
+    device.close()
 
 
 @pytest.mark.parametrize(
@@ -188,26 +216,3 @@ def test_summary_with_the_call_time_names_work_outside_the_transfer(call_s, limi
     assert s["call_seconds"] == call_s
     assert s["outside_seconds"] == pytest.approx(call_s - 1.0)
     assert s["rate_gbps"] == pytest.approx(1.0)  # the transfer's own rate, as without
-
-
-@pytest.mark.gpu
-def test_gpu_transfers_are_timed_by_events_on_the_copy_stream(cp):
-    """CUDA timing events around each device step; strided sources time their pack."""
-    x = cp.arange(3 << 20, dtype=cp.float32).reshape(3 << 10, 1 << 10)  # 12 MiB
-    with trace.recording() as traces:
-        out = interop.copy_to_host(x, chunk_bytes=1 << 20)
-        interop.copy_to_host(x.T, chunk_bytes=1 << 20)
-        back = interop.copy_to_device(out, cp.empty_like(x), chunk_bytes=1 << 20)
-    np.testing.assert_array_equal(out, cp.asnumpy(x))
-    cp.testing.assert_array_equal(back, x)
-    assert [t.direction for t in traces] == ["d2h", "d2h", "h2d"]
-    for t, shape in zip(traces, [x.shape, x.T.shape, x.shape], strict=True):
-        # whole rows per chunk: 256 rows of 4 KiB, or 85 of x.T's 12 KiB rows (13 chunks)
-        chunks = len(list(c_order_chunks(shape, 4, 1 << 20)))
-        assert chunks == (12 if shape == x.shape else 13)
-        assert sum(t.chunk_bytes) == x.nbytes
-        assert len(t.device_seconds) == len(t.chunk_bytes) == chunks
-        assert all(0 < s < t.end - t.start for s in t.device_seconds)
-        for _, submitted, waited, ended in t.pieces:
-            assert t.start <= submitted <= waited <= ended <= t.end
-        assert sum(t.device_seconds) <= t.end - t.start

@@ -1,10 +1,10 @@
-"""copy_to_host / copy_to_host_async / copy_to_device: the host engine on real data
-here, the CUDA backend of the slot pipeline under the ``gpu`` marker (the same
-pipeline runs through the host backend in test_schedule.py)."""
+"""copy_to_host / copy_to_host_async / copy_to_device: the host engine on real data.
+The slot pipeline on a device is tested in test_schedule.py (and test_pinned.py,
+test_lifetime.py, test_trace.py, test_npy_device.py), one body for the emulated
+device and CUDA; the few tests at the end of this file need CUDA itself."""
 
 from __future__ import annotations
 
-import gc
 import threading
 import weakref
 from typing import ClassVar
@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import interop
-from interop.pipeline.ring import _ring_cache, cached_rings
 
 from .helpers import ALL_NAMES, NUMPY_DTYPES, in_threads, run_python, sample
 
@@ -50,14 +49,21 @@ def test_cpu_tensor_every_dtype(torch, name):
         assert got.dtype == np.dtype(ml_dtypes.bfloat16)
 
 
-def test_conj_and_neg_tensors_give_their_values(torch):
-    z = torch.tensor([[1 + 2j, 3 - 4j], [5 + 6j, -7 - 8j]])
-    np.testing.assert_array_equal(interop.copy_to_host(z.conj(), chunk_bytes=16), z.numpy().conj())
-    np.testing.assert_array_equal(
-        interop.copy_to_host(z.conj().imag, chunk_bytes=8), -z.numpy().imag
-    )
-    g = torch.ones(3, requires_grad=True)
-    np.testing.assert_array_equal(interop.copy_to_host(g), [1.0, 1.0, 1.0])
+TORCH_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("where", TORCH_DEVICES)
+@pytest.mark.parametrize(("shape", "dtype"), [((2, 2), "complex128"), ((64, 3), "complex64")])
+def test_conj_and_neg_tensors_give_their_values(torch, where, shape, dtype):
+    """A CPU tensor through the host engine, a CUDA one through the slot pipeline."""
+    values = sample(shape, dtype)
+    z = torch.tensor(values, device=where)
+    np.testing.assert_array_equal(interop.copy_to_host(z.conj(), chunk_bytes=16), values.conj())
+    np.testing.assert_array_equal(interop.copy_to_host(z.conj().imag, chunk_bytes=8), -values.imag)
+    g = torch.ones(5, device=where, requires_grad=True)
+    got = interop.copy_to_host(g)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.ones(5, np.float32))
 
 
 VIEWS = {
@@ -308,186 +314,19 @@ def test_concurrent_transfers():
         np.testing.assert_array_equal(o, s)
 
 
-# ----------------------------------------------------------------- CUDA engine
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
-@pytest.mark.parametrize("chunk", [4, 4096, 1 << 22])
-def test_gpu_cupy_sources(cp, layout, chunk):
-    a = cp.arange(300 * 70, dtype=cp.float32).reshape(300, 70)
-    src = {"contiguous": a, "transposed": a.T, "sliced": a[::-3, 5:60:2]}[layout]
-    out = interop.copy_to_host(src, chunk_bytes=chunk)
-    np.testing.assert_array_equal(out, cp.asnumpy(src))
-    strided_out = np.zeros((src.shape[1], src.shape[0]), np.float32).T
-    assert interop.copy_to_host(src, strided_out, chunk_bytes=chunk) is strided_out
-    np.testing.assert_array_equal(strided_out, cp.asnumpy(src))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(), (0,), (5, 0), (1,)])
-def test_gpu_zero_d_and_zero_size(cp, shape):
-    a = cp.full(shape, 3, dtype=cp.int16)
-    out = np.full(shape, 9, np.int16)
-    assert interop.copy_to_host(a, out, chunk_bytes=1) is out
-    assert bits(out) == bits(cp.asnumpy(a))
-
-
-@pytest.mark.gpu
-def test_gpu_cupy_bfloat16_transposed(cp, torch):
-    if not interop._backends.cupy_supports_bfloat16():
-        pytest.skip("this CuPy has no bfloat16")
-    t = torch.linspace(-3, 3, 600, device="cuda").reshape(20, 30).to(torch.bfloat16)
-    c = interop.to_cupy(t).T
-    got = interop.copy_to_host(c, chunk_bytes=100)
-    assert got.dtype == np.dtype(ml_dtypes.bfloat16)
-    assert bits(got) == bits(interop.to_numpy(t.T.cpu()))
-
-
-@pytest.mark.gpu
-def test_gpu_concurrent_transfers(cp):
-    sources = [cp.arange(s, s + 50_000, dtype=cp.float64).reshape(500, 100) for s in range(6)]
-    outs = [np.zeros((100, 500)) for _ in sources]
-    in_threads(
-        lambda i: interop.copy_to_host(sources[i].T, outs[i], chunk_bytes=8192), len(sources)
-    )
-    for s, o in zip(sources, outs, strict=True):
-        np.testing.assert_array_equal(o, cp.asnumpy(s.T))
-
-
-@pytest.mark.gpu
-def test_gpu_large_chunks_split_across_host_threads(cp):
-    """Chunks of several MiB: each slot's host copy is split across threads."""
-    a = cp.arange(3 << 20, dtype=cp.float32).reshape(3 << 10, 1 << 10)  # 12 MiB
-    out = np.zeros((1 << 10, 3 << 10), np.float32).T  # strided out
-    with interop.config.set(host_threads=4, num_buffers=2):
-        interop.copy_to_host(a, out, chunk_bytes=4 << 20)
-    np.testing.assert_array_equal(out, cp.asnumpy(a))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ALL_NAMES)
-def test_gpu_torch_every_dtype(torch, name):
-    t = torch.linspace(-3, 3, 1000, device="cuda").reshape(40, 25).to(getattr(torch, name))
-    got = interop.copy_to_host(t.T, chunk_bytes=300)
-    expect = interop.to_numpy(t.T.cpu())
-    assert got.dtype == expect.dtype
-    assert bits(got) == bits(expect)
-
-
-@pytest.mark.gpu
-def test_gpu_conj_neg_and_grad(torch):
-    z = torch.randn(64, 3, dtype=torch.complex64, device="cuda")
-    np.testing.assert_array_equal(
-        interop.copy_to_host(z.conj(), chunk_bytes=64), z.cpu().numpy().conj()
-    )
-    np.testing.assert_array_equal(
-        interop.copy_to_host(z.conj().imag, chunk_bytes=64), -z.cpu().numpy().imag
-    )
-    g = torch.ones(5, device="cuda", requires_grad=True)
-    np.testing.assert_array_equal(interop.copy_to_host(g), np.ones(5, np.float32))
-
-
-@pytest.mark.gpu
-def test_gpu_transposed_source_extra_memory_within_the_ring(cp):
-    a = cp.ones((4096, 4096), cp.float32)  # 64 MiB
-    cp.cuda.Device().synchronize()
-    pool = cp.get_default_memory_pool()
-    chunk = 1 << 20
-    with interop.config.set(chunk_bytes=chunk, num_buffers=3):
-        before = pool.used_bytes()
-        transfer = interop.copy_to_host_async(a.T, chunk_bytes=chunk)
-        peak = before
-        while not transfer.done():
-            peak = max(peak, pool.used_bytes())
-        out = transfer.result()
-        peak = max(peak, pool.used_bytes())
-    assert out.sum() == 4096 * 4096
-    assert peak - before <= 3 * chunk
-
-
-@pytest.mark.gpu
-def test_gpu_staging_rows_of_odd_chunk_sizes_stay_aligned(cp):
-    """Unrounded slots would put staging row 1 at 70_008 bytes: a misaligned
-    complex128 pack (cudaErrorMisalignedAddress, a sticky error)."""
-    a = cp.arange(30_000, dtype=cp.complex128).reshape(10_000, 3)
-    np.testing.assert_array_equal(interop.copy_to_host(a.T, chunk_bytes=70_008), cp.asnumpy(a.T))
-    out = cp.zeros((3, 10_000), cp.complex128)
-    interop.copy_to_device(cp.asnumpy(a), out.T, chunk_bytes=70_008)
-    np.testing.assert_array_equal(cp.asnumpy(out.T), cp.asnumpy(a))
-
-
-@pytest.mark.gpu
-def test_gpu_staging_waits_for_work_pending_on_its_allocating_stream(cp, torch):
-    """The worker allocates device staging on its current stream (the legacy
-    default stream) from CuPy's pool: a block freed there while a kernel still
-    fills it must not be packed into before that kernel is done."""
-    x = cp.arange(1 << 20, dtype=cp.float32).reshape(1024, 1024)
-    expect = cp.asnumpy(x.T)
-    with interop.config.set(num_buffers=4):
-        for _ in range(3):
-            tmp = cp.empty(4 << 20, dtype=cp.uint8)  # the size of the staging block
-            torch.cuda._sleep(200_000_000)  # on the legacy default stream ...
-            tmp.fill(255)  # ... then this write, on the same stream
-            del tmp  # back to CuPy's pool for the default stream, still being written
-            with cp.cuda.Stream(non_blocking=True):  # the producer is another stream
-                out = interop.copy_to_host(x.T, chunk_bytes=1 << 20)
-            np.testing.assert_array_equal(out, expect)
-
-
-@pytest.mark.gpu
-def test_gpu_device_to_device_waits_for_the_source_stream(cp, torch):
-    side = torch.cuda.Stream()
-    src = torch.zeros(1 << 22, device="cuda")
-    out = cp.zeros(1 << 22, dtype=cp.float32)
-    side.wait_stream(torch.cuda.current_stream())  # the zeros first
-    with torch.cuda.stream(side):  # PyTorch's current stream: the producer
-        torch.cuda._sleep(200_000_000)
-        src.fill_(3.0)
-        assert interop.copy_to_device(src, out) is out  # queued on CuPy's current stream
-    assert float(out.sum()) == 3.0 * (1 << 22)
-
-
-@pytest.mark.gpu
-def test_gpu_device_to_device_keeps_a_resolved_temporary_until_the_copy_read_it(cp, torch):
-    """A conjugate tensor is resolved into a temporary on PyTorch's stream and
-    copied on CuPy's stream, which here runs later: PyTorch hands the freed
-    temporary out again on its stream, and that must not overwrite it first."""
-    n = 1 << 20
-    z = torch.randn(n, dtype=torch.complex64, device="cuda")
-    expect = z.cpu().numpy().conj()
-    out = cp.zeros(n, cp.complex64)
-    consumer = cp.cuda.Stream(non_blocking=True)
-    with torch.cuda.stream(torch.cuda.ExternalStream(consumer.ptr)):
-        torch.cuda._sleep(200_000_000)  # the copy queued on consumer waits for this
-    with consumer:
-        assert interop.copy_to_device(z.conj(), out) is out
-    reused = torch.empty(n, dtype=torch.complex64, device="cuda")  # the temporary's block
-    reused.fill_(7.0)
-    consumer.synchronize()
-    np.testing.assert_array_equal(cp.asnumpy(out), expect)
-
-
-@pytest.mark.multigpu
-def test_gpu_device_to_device_across_devices_is_ordered_after_the_producer(cp, torch):
-    """A strided source on another device is read on the copy's stream, after
-    the producer's work (not packed on an unordered stream of its device)."""
-    src = torch.zeros(2048, 2048, device="cuda:1")
-    with cp.cuda.Device(0):
-        out = cp.zeros((2048, 1024), cp.float32)
-    side = torch.cuda.Stream(device=1)
-    with torch.cuda.device(1), torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)
-        src.fill_(3.0)
-        assert interop.copy_to_device(src[:, ::2], out) is out
-    with cp.cuda.Device(0):
-        assert float(out.sum()) == 3.0 * out.size
+# ----------------------------------------------------------------- CUDA only
+# The slot pipeline's behaviour on a device is tested once for both devices (the
+# emulated one and CUDA) in test_schedule.py, test_pinned.py, test_lifetime.py,
+# test_trace.py and test_npy_device.py. What stays here needs CUDA itself: the
+# driver's blocking-sync events, a fresh CuPy array or tensor made where no out is
+# given, CuPy's per-thread default stream.
 
 
 @pytest.mark.gpu
 def test_gpu_waiting_threads_sleep_instead_of_spinning(torch):
     """Blocking-sync events: host threads waiting on a long kernel cost little
-    CPU time (spinning threads would cost their wall time each)."""
+    CPU time (spinning threads would cost their wall time each). CUDA only: the
+    emulated device's events are Python conditions, which never spin."""
     import time
 
     x = torch.ones(1 << 24, device="cuda")
@@ -502,6 +341,9 @@ def test_gpu_waiting_threads_sleep_instead_of_spinning(torch):
 
 @pytest.mark.gpu
 def test_gpu_non_native_byte_order_reaches_the_device_in_native_order(cp, torch):
+    """CUDA only: without an out, a new CuPy array or tensor is made on the
+    current CUDA device (the copy into an out is test_schedule's
+    test_non_native_byte_order_is_converted_while_filling_slots)."""
     a = np.arange(300_000, dtype=">f4").reshape(600, 500)
     for got in (
         interop.copy_to_device(a, chunk_bytes=1 << 16),
@@ -513,22 +355,24 @@ def test_gpu_non_native_byte_order_reaches_the_device_in_native_order(cp, torch)
 
 
 @pytest.mark.gpu
-def test_gpu_stream_order_without_explicit_sync(torch):
-    side = torch.cuda.Stream()
-    x = torch.zeros(1 << 22, device="cuda")
-    side.wait_stream(torch.cuda.current_stream())  # the zeros first
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        x.fill_(7.0)
-        out = interop.copy_to_host(x, chunk_bytes=1 << 20)
-    assert (out == 7.0).all()
+@pytest.mark.parametrize("chunk", [8, 100_000, 1 << 22])  # 8 is raised to 64 KiB
+def test_gpu_copy_to_device_without_out_makes_a_cupy_array(cp, chunk):
+    """CUDA only: without an out, a new CuPy array on the current CUDA device,
+    C-ordered whatever the source's strides (the copy into an out is
+    test_schedule's test_memmap_and_strided_host_sources_into_strided_device_outs)."""
+    a = sample((3000, 70), np.float32)
+    out = interop.copy_to_device(a[::-1, ::3], chunk_bytes=chunk)
+    assert isinstance(out, cp.ndarray)
+    assert out.flags.c_contiguous
+    np.testing.assert_array_equal(cp.asnumpy(out), a[::-1, ::3])
 
 
 @pytest.mark.gpu
 def test_gpu_transfers_of_tensors_under_cupys_per_thread_default_stream():
     """CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1: CuPy would name the per-thread
     default stream to PyTorch's __dlpack__, which refuses it; the pipeline
-    orders its copy stream itself and gets the values after the producer."""
+    orders its copy stream itself and gets the values after the producer.
+    CUDA only: a setting of CuPy's."""
     proc = run_python(
         """
         import numpy as np, torch, interop
@@ -549,228 +393,6 @@ def test_gpu_transfers_of_tensors_under_cupys_per_thread_default_stream():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["d2h", "True", "default", "True", "h2d", "True"]
-
-
-@pytest.mark.gpu
-def test_gpu_cancel_frees_the_ring_and_stays_usable(cp):
-    a = cp.arange(1 << 22, dtype=cp.float32)
-    holder = {}
-    started = threading.Event()
-
-    def progress(done, total):
-        started.wait(30)  # the first chunk's callback cancels, never after the last one
-        holder["t"].cancel()
-
-    out = np.zeros(a.shape, np.float32)
-    transfer = interop.copy_to_host_async(a, out, chunk_bytes=1 << 16, progress=progress)
-    holder["t"] = transfer
-    started.set()
-    with pytest.raises(interop.TransferError) as info:
-        transfer.result(timeout=60)
-    n = info.value.bytes_done // 4
-    np.testing.assert_array_equal(out[:n], cp.asnumpy(a[:n]))
-    # the failed transfer's ring was freed, not cached
-    assert all(not r.closed for v in _ring_cache.values() for r in v)
-    cached = cached_rings()
-    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
-    assert cached_rings() >= cached
-
-
-@pytest.mark.gpu
-def test_gpu_error_in_a_worker_releases_and_stays_usable(cp):
-    a = cp.arange(1 << 20, dtype=cp.float32).reshape(1024, 1024).T  # packed on the device
-    pool = cp.get_default_memory_pool()
-    cp.cuda.Device().synchronize()
-    before = pool.used_bytes()
-
-    def progress(done, total):
-        raise ZeroDivisionError
-
-    with pytest.raises(interop.TransferError) as info:
-        interop.copy_to_host(a, chunk_bytes=1 << 16, progress=progress)
-    assert isinstance(info.value.__cause__, ZeroDivisionError)
-    assert pool.used_bytes() == before  # device staging released, though the error lives
-    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), cp.asnumpy(a))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fails", [False, True], ids=["completes", "fails"])
-def test_gpu_device_staging_is_freed_while_frames_of_the_schedule_live_on(cp, fails):
-    """The staging block goes back to CuPy's pool when the transfer ends, even
-    while something else keeps the schedule's frames (and their views of the
-    rows) alive: here a profiler that holds every frame. Under
-    compute-sanitizer such frames were seen to outlive the call, held by
-    something unidentified, and the block stayed in use (256 KiB)."""
-    a = cp.arange(1 << 20, dtype=cp.float32).reshape(1024, 1024).T  # packed on the device
-    expect = cp.asnumpy(a)
-    pool = cp.get_default_memory_pool()
-    gc.collect()  # earlier tests' garbage, which the profiler's allocations could collect
-    cp.cuda.Device().synchronize()
-    before = pool.used_bytes()
-    frames = []
-
-    def keep(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "device_step":
-            frames.append(frame)
-
-    def progress(done, total):
-        if fails:
-            raise ZeroDivisionError
-
-    previous = threading.getprofile()
-    threading.setprofile(keep)  # for the threads started from now: the transfer's
-    try:
-        if fails:
-            with pytest.raises(interop.TransferError):
-                interop.copy_to_host(a, chunk_bytes=1 << 16, progress=progress)
-        else:
-            out = interop.copy_to_host(a, chunk_bytes=1 << 16, progress=progress)
-            np.testing.assert_array_equal(out, expect)
-    finally:
-        threading.setprofile(previous)
-    assert any("row" in f.f_locals for f in frames)  # views of the rows outlived the call
-    assert pool.used_bytes() == before
-    frames.clear()
-    gc.collect()
-    assert pool.used_bytes() == before  # and the views going later frees nothing twice
-    np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1 << 16), expect)
-
-
-@pytest.mark.gpu
-def test_gpu_pinned_outs_and_sources_skip_the_ring(cp, torch):
-    """Page-locked host memory (CuPy's pinned pool, PyTorch's pin_memory,
-    cudaHostRegister) is copied to and from by the DMAs alone: no staging
-    ring is borrowed, so none is cached afterwards; pageable memory is."""
-    import cupyx
-
-    from interop.pipeline.ring import free_cached_rings
-
-    a = cp.arange(3 << 20, dtype=cp.float32).reshape(3 << 10, 1 << 10)  # 12 MiB
-    expect = cp.asnumpy(a)
-    free_cached_rings()
-    pinned = cupyx.empty_pinned(a.shape, np.float32)
-    pinned.fill(-1)
-    assert interop.copy_to_host(a, pinned, chunk_bytes=1 << 20) is pinned
-    np.testing.assert_array_equal(pinned, expect)
-    transposed = cupyx.empty_pinned((1 << 10, 3 << 10), np.float32)
-    interop.copy_to_host(a.T, transposed, chunk_bytes=1 << 20)  # packed on the device
-    np.testing.assert_array_equal(transposed, expect.T)
-    page_locked = torch.empty(a.shape, dtype=torch.float32, pin_memory=True)
-    interop.copy_to_host(a, page_locked.numpy(), chunk_bytes=1 << 20)
-    np.testing.assert_array_equal(page_locked.numpy(), expect)
-    back = interop.copy_to_device(pinned, chunk_bytes=1 << 20)
-    assert bool(cp.array_equal(back, a))
-    into_t = torch.empty((1 << 10, 3 << 10), device="cuda").T  # unpacked on the device
-    interop.copy_to_device(page_locked, into_t, chunk_bytes=1 << 20)
-    assert bool((into_t.cpu() == page_locked).all())
-    registered = np.zeros(a.shape, np.float32)
-    runtime = cp.cuda.runtime
-    runtime.hostRegister(registered.ctypes.data, registered.nbytes, 0)
-    try:
-        interop.copy_to_host(a, registered, chunk_bytes=1 << 20)
-        np.testing.assert_array_equal(registered, expect)
-    finally:
-        runtime.hostUnregister(registered.ctypes.data)
-    assert cached_rings() == 0  # no copy above borrowed a ring
-    pageable = np.zeros(a.shape, np.float32)
-    interop.copy_to_host(a, pageable, chunk_bytes=1 << 20)
-    np.testing.assert_array_equal(pageable, expect)
-    assert cached_rings() == 1  # the staged copy borrowed one and gave it back
-
-
-@pytest.mark.gpu
-def test_gpu_pinned_memory_is_recognised_by_address(cp):
-    import cupyx
-
-    from interop.pipeline.cuda import _buffer_id, cuda_backend
-
-    backend = cuda_backend(cp.cuda.runtime.getDevice())
-    pinned = cupyx.empty_pinned(1 << 16, np.uint8)
-    base = pinned.ctypes.data
-    assert backend.is_pinned(base, pinned.nbytes)
-    assert backend.is_pinned(base + 100, 1000)
-    assert not backend.is_pinned(base, 0)
-    other = cupyx.empty_pinned(1 << 16, np.uint8)
-    assert _buffer_id(base) == _buffer_id(base + pinned.nbytes - 1)
-    assert _buffer_id(base) != _buffer_id(other.ctypes.data)
-    pageable = np.ones(1 << 16, np.uint8)
-    assert not backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
-    runtime = cp.cuda.runtime
-    runtime.hostRegister(pageable.ctypes.data, pageable.nbytes, 0)
-    try:  # a registration is one buffer to the driver too
-        assert _buffer_id(pageable.ctypes.data) is not None
-        assert backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
-    finally:
-        runtime.hostUnregister(pageable.ctypes.data)
-    assert not backend.is_pinned(pageable.ctypes.data, pageable.nbytes)
-
-
-@pytest.mark.gpu
-def test_gpu_an_out_pinned_only_at_its_ends_goes_through_the_ring(cp):
-    """Both ends registered, the middle pageable: a DMA over the whole range
-    would fail, so the copy is staged (and right)."""
-    import mmap
-
-    from interop.pipeline.ring import free_cached_rings
-
-    page = mmap.PAGESIZE
-    memory = mmap.mmap(-1, 64 * page)  # page-aligned
-    out = np.frombuffer(memory, np.float32)
-    a = cp.arange(out.size, dtype=cp.float32)
-    runtime = cp.cuda.runtime
-    base = out.ctypes.data
-    runtime.hostRegister(base, page, 0)
-    runtime.hostRegister(base + out.nbytes - page, page, 0)
-    try:
-        free_cached_rings()
-        interop.copy_to_host(a, out, chunk_bytes=4 * page)
-        np.testing.assert_array_equal(out, cp.asnumpy(a))
-        assert cached_rings() == 1  # staged
-    finally:
-        runtime.hostUnregister(base)
-        runtime.hostUnregister(base + out.nbytes - page)
-    del out
-    memory.close()
-
-
-@pytest.mark.gpu
-def test_gpu_a_resolved_tensor_outlives_its_direct_dma(torch):
-    """A tensor with the negative bit is resolved chunk by chunk into
-    temporaries from PyTorch's caching allocator; each must stay alive until
-    its DMA into the pinned out has read it."""
-    from interop.pipeline.ring import free_cached_rings
-
-    t = torch.arange(1 << 22, dtype=torch.float32, device="cuda")
-    out = torch.empty(1 << 22, pin_memory=True).numpy()
-    free_cached_rings()
-    for _ in range(3):
-        out.fill(0)
-        interop.copy_to_host(torch._neg_view(t), out, chunk_bytes=1 << 16)
-        np.testing.assert_array_equal(out, -np.arange(1 << 22, dtype=np.float32))
-    assert cached_rings() == 0
-
-
-@pytest.mark.gpu
-def test_gpu_a_direct_copy_waits_for_the_producer_stream(torch):
-    from interop.pipeline.ring import free_cached_rings
-
-    free_cached_rings()
-    side = torch.cuda.Stream()
-    x = torch.zeros(1 << 22, device="cuda")
-    out = torch.empty(1 << 22, pin_memory=True).numpy()
-    side.wait_stream(torch.cuda.current_stream())  # the zeros first
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        x.fill_(7.0)
-        interop.copy_to_host(x, out, chunk_bytes=1 << 20)
-        assert (out == 7.0).all()
-        src = torch.full((1 << 22,), 5.0, pin_memory=True)
-        torch.cuda._sleep(100_000_000)
-        x.fill_(1.0)  # queued before the copy: the copy must land after it
-        interop.copy_to_device(src, x, chunk_bytes=1 << 20)
-    torch.cuda.synchronize()
-    assert bool((x == 5.0).all())
-    assert cached_rings() == 0  # both copies were direct
 
 
 def test_ctrl_c_while_waiting_cancels_releases_and_reraises():
@@ -930,29 +552,6 @@ def test_cast_arguments_are_refused_before_anything_moves():
     with pytest.raises(TypeError, match=r"expected dtype to be a NumPy dtype"):
         interop.copy_to_host(a, dtype="no such dtype")
     assert interop.copy_to_host(a, dtype=np.float32).dtype == np.float32  # the same: no cast
-
-
-@pytest.mark.gpu
-def test_gpu_casts_on_the_device_in_chunks(cp, torch):
-    """bfloat16 tensors and float16 CuPy arrays reach the host as float32, cast
-    chunk by chunk on the device: no full-size float32 temporary."""
-    n = 64 << 20  # 64 Mi elements: 128 MiB of bfloat16
-    t = torch.linspace(-3, 3, n, device="cuda").to(torch.bfloat16).reshape(8192, -1)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with interop.config.set(chunk_bytes=8 << 20, num_buffers=4):
-        out = interop.copy_to_host(t.T, dtype=np.float32)
-    peak = torch.cuda.max_memory_allocated() - base
-    # chunk-sized float32 temporaries only (one per slot, and one being made),
-    # never a full-size one (4 * n bytes = 256 MiB)
-    assert peak <= 2 * 4 * (8 << 20)
-    np.testing.assert_array_equal(out, t.T.float().cpu().numpy())
-    c = cp.linspace(-3, 3, 1 << 20, dtype=cp.float16).reshape(1024, 1024)
-    np.testing.assert_array_equal(
-        interop.copy_to_host(c[::2, ::3], dtype=np.float32),
-        cp.asnumpy(c[::2, ::3]).astype(np.float32),
-    )
 
 
 @pytest.mark.parametrize(

@@ -597,8 +597,9 @@ class EmulatedDevice:
 
     def asarray(self, host: np.ndarray, lib: str = "cupy") -> DeviceArray:
         """A device copy of ``host`` (of library ``lib``), written on that
-        library's current stream."""
-        host = np.ascontiguousarray(host).copy()
+        library's current stream. Its shape is ``host``'s, a 0-d array's
+        included, and its dtype too (a non-native byte order is kept)."""
+        host = np.array(host, order="C", copy=True)  # ascontiguousarray would make 0-d 1-d
         stream = self.current_stream(lib)
         out = self._array(host.shape, host.dtype, lib, stream)
         data = out.data
