@@ -11,10 +11,12 @@ layout, so the same readers (the plot, ``keep``) read both.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import inspect
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from benchmarks.dask_save import (
@@ -28,34 +30,66 @@ from benchmarks.host_limit import host_limit
 from benchmarks.report import format_report
 from benchmarks.targets import judge
 from interop.bench.context import BenchContext
-from interop.bench.results import Ratio
+from interop.bench.results import Ratio, gpu_unavailable
 from interop.bench.rows import ROWS, RowSpec
 from interop.bench.run import run_bench
 
-#: The module that measures ``torch_op_us`` (written beside this one, where it exists).
+#: The module that measures ``torch_op_us``, and the call it compares with.
 TORCH_OP_MODULE = "benchmarks.torch_op_overhead"
+HAND = "a hand-written torch.library.custom_op"
 
 
 def torch_op_unavailable() -> str | None:
-    """Why ``torch_op_us`` cannot run: its measuring module is not in this checkout."""
+    """Why ``torch_op_us`` cannot run: PyTorch, or its measuring module, is missing."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed: pip install 'torch-cupy-interop[torch]'"
     if importlib.util.find_spec(TORCH_OP_MODULE) is None:
         return "benchmarks/torch_op_overhead.py is not in this checkout"
     return None
 
 
-def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
-    """``interop.torch_op`` per call against a hand-written ``torch.library.custom_op``.
+_TORCH_OP_CHILD = (
+    "import json, sys, importlib; m = importlib.import_module(sys.argv[1]); "
+    "print(json.dumps(m.measure(int(sys.argv[2]), repeats=int(sys.argv[3]), device=sys.argv[4])))"
+)
 
-    Measured by ``benchmarks.torch_op_overhead.measure()``, given ``calls`` and
-    ``repeats`` where it takes them; it returns the row's fields (``us``,
-    ``anchors``, ``ratios`` as :class:`~interop.bench.results.Ratio` or their JSON).
+
+def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
+    """An ``interop.torch_op`` call against a hand-written ``torch.library.custom_op`` doing
+    its own DLPack exchange, per call, on CUDA where usable (else the CPU).
+
+    Measured by ``benchmarks.torch_op_overhead.measure`` in interleaved blocks of a
+    quarter of the per-call rows' calls, in a fresh process: the operators it registers
+    with PyTorch are global, and another copy of the module may have registered them here.
     """
-    measure = importlib.import_module(TORCH_OP_MODULE).measure
-    sizes = {"calls": ctx.sizes.calls, "repeats": ctx.sizes.repeats}
-    taken = inspect.signature(measure).parameters
-    fields = dict(measure(**{k: v for k, v in sizes.items() if k in taken}))
-    ratios = [r if isinstance(r, Ratio) else Ratio(**r) for r in fields.get("ratios", [])]
-    return fields | {"ratios": ratios}
+    device = "cpu" if gpu_unavailable() is not None else "cuda"
+    calls = max(100, ctx.sizes.calls // 4)
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+    args = [TORCH_OP_MODULE, str(calls), str(ctx.sizes.repeats), device]
+    proc = subprocess.run(
+        [sys.executable, "-c", _TORCH_OP_CHILD, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the measuring process failed: {proc.stderr.strip()[-500:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    ours, hand = got["interop_us"], got["custom_op_us"]
+    return {
+        "size": f"{got['size']}, {device}",
+        "us": ours,
+        "anchors": {f"{HAND} us": hand},
+        "ratios": [Ratio.between("interop.torch_op", "time", HAND, ours, hand)],
+        "samples": {
+            label: {"seconds": [us * calls / 1e6 for us in per_call], "calls": calls}
+            for label, per_call in got["samples"].items()
+        },
+    }
 
 
 def _rows() -> tuple[RowSpec, ...]:
