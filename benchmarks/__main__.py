@@ -114,13 +114,18 @@ def parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw bench and sweep JSON files into a PNG")
     plot.add_argument("png", metavar="PNG")
     plot.add_argument("inputs", nargs="+", metavar="JSON", help="bench or sweep results")
-    keep = sub.add_parser("keep", help="keep a GPU runner's results in the repository")
-    keep.add_argument("args", nargs=argparse.REMAINDER, help="OUTDIR [--branch B] [--into DIR]")
+    # listed for the help; main() hands keep's arguments to its own parser
+    sub.add_parser("keep", help="keep a GPU runner's results in the repository")
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks``; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keep"]:  # its own parser reads the rest, --help included
+        from benchmarks.keep_results import main as keep
+
+        return keep(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "run":
         from benchmarks.lab import run_lab
@@ -147,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.plot import run_plot
 
         return run_plot(args.png, args.inputs)
-    from benchmarks.keep_results import main as keep
-
-    return keep(args.args)
+    raise AssertionError(f"unknown command {args.command!r}")  # argparse refused it
 
 
 if __name__ == "__main__":

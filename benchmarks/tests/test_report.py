@@ -235,7 +235,18 @@ def test_lab_help_lists_the_commands_and_the_environment(capsys):
     assert "judged against targets" in " ".join(text.split())
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["sweep", "--help"]])
+def test_keep_has_its_own_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["keep", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m benchmarks keep [-h] [--branch BRANCH]")
+    assert "benchmarks/results/" in out or "the OUTDIR that scripts/gpu-check wrote" in out
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["run", "--help"], ["sweep", "--help"], ["keep", "--help"]]
+)
 def test_help_has_no_markup_and_no_private_references(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
