@@ -13,46 +13,26 @@ from typing import Any
 import numpy as np
 
 from .. import _backends
-from .measure import Case, DeviceGrowth, Measured, PeakRss, measure
-from .sizes import BenchSizes, MiB
-
-__all__ = ["BenchContext", "GpuArrays", "log_done", "release_interop_rings"]
+from .measure import BenchSizes, Case, Measured, MiB, PeakRss, measure
 
 
 def release_interop_rings() -> None:
-    """Free interop's idle pinned staging rings, so the next call allocates (and counts) one.
-
-    The only place the benchmark reaches into interop's internals.
-    """
+    """Free interop's idle pinned staging rings, so the next call allocates (and counts) one."""
     from ..pipeline.ring import free_cached_rings
 
     free_cached_rings()
 
 
 def log_done(command: str, name: str, status: str, began: float) -> None:
-    """One line on stderr for a finished row: its status and seconds since ``began``
-    (a ``time.perf_counter()`` value)."""
-    print(
-        f"{command}: {name} {status} ({time.perf_counter() - began:.1f} s)",
-        file=sys.stderr,
-        flush=True,
-    )
+    """One line on stderr for a finished row: its status and seconds since ``began``."""
+    took = time.perf_counter() - began
+    print(f"{command}: {name} {status} ({took:.1f} s)", file=sys.stderr, flush=True)
 
 
 class BenchContext:
-    """What the rows share: the sizes, a scratch directory and the GPU arrays.
-
-    The GPU arrays are made by the first GPU row and freed by :meth:`close`;
-    everything else a row allocates is local to it and freed when it returns.
-
-    Attributes
-    ----------
-    sizes : BenchSizes
-    workdir : pathlib.Path
-        Where the file rows write.
-    notes : dict
-        Run-wide observations that go into the JSON's ``notes``.
-    """
+    """What the rows share: ``sizes``, ``workdir`` (where file rows write), ``notes``
+    (run-wide observations for the JSON) and the GPU arrays, made by the first GPU
+    row and freed by :meth:`close`."""
 
     def __init__(self, sizes: BenchSizes, workdir: Path) -> None:
         self.sizes = sizes
@@ -81,7 +61,7 @@ class BenchContext:
         gc.collect()
 
     def close_keeping_results(self) -> None:
-        """:meth:`close`; a failure (a sticky CUDA error, say) is printed and kept in
+        """:meth:`close`; a failure (a sticky CUDA error) is printed and kept in
         ``notes["close_error"]`` instead of raised, so the results measured stay."""
         try:
             self.close()
@@ -90,33 +70,9 @@ class BenchContext:
             self.notes["close_error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _pinned_pages_in_rss(cp: Any) -> bool | None:
-    """Whether this driver counts page-locked memory in the process's RSS.
-
-    The host-memory figures of the GPU rows are RSS growth; where pinned
-    pages are not counted, they show pageable memory only.
-    """
-    nbytes = 64 * MiB
-    with PeakRss() as rss:
-        ptr = int(cp.cuda.runtime.hostAlloc(nbytes, 0))
-        ctypes.memset(ptr, 1, nbytes)
-    cp.cuda.runtime.freeHost(ptr)
-    return None if rss.extra_bytes is None else rss.extra_bytes >= nbytes // 2
-
-
 class GpuArrays:
-    """The GPU rows' sources: CuPy ``x``, torch ``t`` (same values), a pinned copy ``ref``.
-
-    Parameters
-    ----------
-    nbytes : int
-        Size of each array (float32, rounded down to a multiple of 4).
-
-    Raises
-    ------
-    NoDeviceError, BackendUnavailableError
-        CuPy or PyTorch sees no CUDA device, or is not installed.
-    """
+    """The GPU rows' sources, ``nbytes`` each: CuPy ``x``, torch ``t`` (same values) and a
+    pinned copy ``ref``; NoDeviceError or BackendUnavailableError without a usable device."""
 
     def __init__(self, nbytes: int) -> None:
         self.cp = _backends.require_cupy_device()
@@ -129,15 +85,17 @@ class GpuArrays:
         self.ref = np.frombuffer(self._pinned_mem, np.float32, n)  # pinned, == x
         self.x.get(out=self.ref)
         self.sync()
-        self.pinned_in_rss = _pinned_pages_in_rss(self.cp)
+        # Whether the driver counts page-locked memory in RSS: where it does not, the
+        # host-memory figures of the GPU rows show pageable memory only.
+        with PeakRss() as rss:
+            ptr = int(self.cp.cuda.runtime.hostAlloc(64 * MiB, 0))
+            ctypes.memset(ptr, 1, 64 * MiB)
+        self.cp.cuda.runtime.freeHost(ptr)
+        self.pinned_in_rss = None if rss.extra_bytes is None else rss.extra_bytes >= 32 * MiB
 
     def sync(self) -> None:
         """Wait for all work on the device (every stream)."""
         self.cp.cuda.Device().synchronize()
-
-    def growth(self) -> DeviceGrowth:
-        """A context manager measuring device memory taken in its block."""
-        return DeviceGrowth(self.cp, self.th)
 
     def memcpy(self, dst: int, src: int, kind: int) -> None:
         """One ``cudaMemcpyAsync`` of ``nbytes`` on CuPy's current stream."""
@@ -155,18 +113,11 @@ class GpuArrays:
         return Case(lambda: self.memcpy(dst.data.ptr, self.ref.ctypes.data, kind), self.nbytes)
 
     def measure(
-        self, cases: dict[str, Case], repeats: int, *, first_call_memory: bool = True
+        self, cases: dict[str, Case], repeats: int, release: bool = True
     ) -> dict[str, Measured]:
-        """:func:`measure` with device sync and, by default, cache release and device memory.
-
-        With ``first_call_memory=False`` (the sweep) caches are not emptied
-        and memory is not measured: only the timings are wanted.
-        """
-        if not first_call_memory:
-            return measure(cases, repeats, sync=self.sync)
-        return measure(
-            cases, repeats, sync=self.sync, release=self.release, device_growth=self.growth
-        )
+        """:func:`measure` with device sync and, unless ``release`` is False (the sweep,
+        which wants timings only), the caches emptied before the first calls."""
+        return measure(cases, repeats, sync=self.sync, release=self.release if release else None)
 
     def release(self) -> None:
         """Empty CuPy's and PyTorch's pools and interop's staging rings."""

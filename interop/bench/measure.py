@@ -1,20 +1,14 @@
-"""The measurement machinery: timers, peak memory, and checked first calls.
-
-Within a row the measured calls are interleaved (ours, anchor, ours, anchor,
-...) so that drift on a noisy machine hits all of them alike, and each figure
-is the median of several repeats. The first call of each is not timed: it
-warms up, its result is checked against a reference, and it is the call whose
-extra memory is measured (after the caches were emptied, so a staging ring
-the call allocates is counted).
-"""
+"""Sizes, timers, peak memory, and checked first calls. Within a row the calls are
+interleaved (ours, anchor, ours, ...) so that drift hits all alike; each figure is a median
+of repeats. The first call of each is untimed: it warms up, its result is checked, and its
+extra memory is measured after the caches were emptied (a staging ring it makes counts)."""
 
 from __future__ import annotations
 
-import contextlib
-import cProfile
 import dataclasses
 import gc
-import pstats
+import math
+import os
 import statistics
 import threading
 import time
@@ -24,25 +18,59 @@ from typing import Any
 
 import numpy as np
 
-from .sizes import GB
-
-__all__ = [
-    "Case",
-    "DeviceGrowth",
-    "Measured",
-    "PeakRss",
-    "WrongResultError",
-    "collect_garbage",
-    "expect_equal",
-    "measure",
-    "measure_per_call",
-    "profile_per_call",
-    "status_bytes",
-]
+GB, MiB, GiB = 1e9, 1 << 20, 1 << 30
 
 
 class WrongResultError(AssertionError):
     """A benchmarked call returned wrong data; its row is an error, not a figure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSizes:
+    """Timed ``repeats`` per figure, ``calls`` per repeat of per-call rows, the bytes of
+    ``host_copy``, ``save_npy_rss``, the GPU rows' arrays and the lab's dask rows, and the
+    ``scale`` (``INTEROP_BENCH_SCALE``) every size and loop count was multiplied by."""
+
+    repeats: int
+    calls: int
+    host_bytes: int
+    rss_bytes: int
+    gpu_bytes: int
+    dask_bytes: int
+    scale: float = 1.0
+
+    @classmethod
+    def choose(cls, quick: bool, scale: float = 1.0) -> BenchSizes:
+        """A full run's sizes (1 GiB GPU arrays, 256 MiB ``host_copy``, 768 MiB
+        ``save_npy_rss``, 384 MiB dask) or a ``quick`` run's (a quarter or less), times
+        ``scale`` (multiples of 4 KiB, at least 1 MiB); ValueError for a bad ``scale``."""
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"expected a positive scale (got {scale!r})")
+        if quick:
+            repeats, calls, host, rss, gpu, dask = 3, 2000, 64 * MiB, 64 * MiB, 256 * MiB, 32 * MiB
+        else:
+            repeats, calls, host, rss, gpu, dask = 5, 20000, 256 * MiB, 768 * MiB, GiB, 384 * MiB
+
+        def nbytes(n: int) -> int:
+            return max(MiB, int(n * scale) // 4096 * 4096)
+
+        host, rss, gpu, dask = (nbytes(n) for n in (host, rss, gpu, dask))
+        return cls(repeats, max(100, int(calls * scale)), host, rss, gpu, dask, float(scale))
+
+
+def scale_from_env() -> float:
+    """``INTEROP_BENCH_SCALE`` as a float (1.0 when unset); ValueError unless positive."""
+    raw = os.environ.get("INTEROP_BENCH_SCALE", "").strip()
+    try:
+        value = float(raw) if raw else 1.0
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"expected INTEROP_BENCH_SCALE to be a positive number (got {raw!r}); "
+            "unset it or use e.g. 0.25"
+        )
+    return value
 
 
 def status_bytes(key: str) -> int | None:
@@ -58,19 +86,11 @@ def status_bytes(key: str) -> int | None:
 
 
 class PeakRss:
-    """Peak growth of this process's resident memory over a ``with`` block.
+    """Peak growth of this process's resident memory over a ``with`` block (``extra_bytes``).
 
-    On Linux the kernel's peak (``VmHWM``) is reset at entry through
-    ``/proc/self/clear_refs``; where that is refused, a thread samples
-    ``VmRSS`` every millisecond instead (it can miss a short peak). Off Linux
-    :attr:`extra_bytes` stays None.
-
-    Attributes
-    ----------
-    extra_bytes : int or None
-        Peak resident bytes minus resident bytes at entry (at least 0).
-    method : str
-        ``"VmHWM"``, ``"sampled VmRSS"`` or ``"unavailable"``.
+    ``method``: ``"VmHWM"``, the kernel's peak, reset at entry through
+    ``/proc/self/clear_refs``; where that is refused, ``"sampled VmRSS"`` every
+    millisecond (it can miss a short peak); off Linux ``"unavailable"`` (None).
     """
 
     def __init__(self) -> None:
@@ -88,11 +108,10 @@ class PeakRss:
             self.method = "VmHWM"
         except OSError:
             self.method = "sampled VmRSS"
-        self._base = status_bytes("VmRSS")
-        if self._base is None:
-            self.method = "unavailable"
+        self._base = self._peak = status_bytes("VmRSS") or 0
+        if not self._base:
+            self._base, self.method = None, "unavailable"
         elif self.method == "sampled VmRSS":
-            self._peak = self._base
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
@@ -113,55 +132,13 @@ class PeakRss:
         self.extra_bytes = max(0, peak - self._base)
 
 
-class DeviceGrowth:
-    """Peak device memory taken from CuPy's pool and PyTorch's allocator in a block.
-
-    CuPy's pool only grows while nothing frees its blocks, so its growth is
-    the peak held; PyTorch reports its peak directly. Memory taken past both
-    (a raw ``cudaMalloc``) is not seen.
-
-    Parameters
-    ----------
-    cp, th : module
-        ``cupy`` and ``torch``, both seeing a CUDA device.
-    """
-
-    def __init__(self, cp: Any, th: Any) -> None:
-        self._cp, self._th = cp, th
-        self.extra_bytes: int | None = None
-
-    def __enter__(self) -> DeviceGrowth:
-        self._pool_before = self._cp.get_default_memory_pool().total_bytes()
-        self._th.cuda.reset_peak_memory_stats()
-        self._torch_before = self._th.cuda.memory_allocated()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pool = self._cp.get_default_memory_pool().total_bytes() - self._pool_before
-        torch_peak = self._th.cuda.max_memory_allocated() - self._torch_before
-        self.extra_bytes = max(0, pool) + max(0, torch_peak)
-
-
 @dataclasses.dataclass
 class Case:
-    """One measured call of a row.
+    """One measured call ``fn`` of a row, moving ``nbytes`` bytes (0 for per-call cases).
 
-    Attributes
-    ----------
-    fn : callable
-        The call; its return value goes to ``check``.
-    nbytes : int
-        Bytes moved per call (0 for per-call latency cases).
-    check : callable, optional
-        Called once with the first call's result; raises
-        :class:`WrongResultError` if it is wrong.
-    prepare : callable, optional
-        Called once, untimed, before the first call (e.g. to poison ``out``
-        so that the check sees what this call wrote).
-    settle : callable, optional
-        Called untimed after every call: waits for work the call left running
-        in the background, so that it does not overlap (and slow) the next
-        case's timed call.
+    ``check`` raises :class:`WrongResultError` if the first call's result is wrong;
+    ``prepare`` runs once, untimed, before it (e.g. to poison ``out``); ``settle`` runs
+    untimed after every call: it waits for work the call left running in the background.
     """
 
     fn: Callable[[], Any]
@@ -173,21 +150,7 @@ class Case:
 
 @dataclasses.dataclass
 class Measured:
-    """Timings and memory of one :class:`Case`.
-
-    Attributes
-    ----------
-    seconds : list of float
-        Every timed repeat, in seconds.
-    nbytes : int
-        Bytes moved per call.
-    calls : int
-        Calls per timed repeat.
-    extra_host_bytes, extra_device_bytes : int or None
-        Peak extra memory of the first call, where measured.
-    checked : bool
-        The first call's result was checked against a reference.
-    """
+    """Timings (every repeat's seconds) and the first call's memory of one :class:`Case`."""
 
     seconds: list[float]
     nbytes: int = 0
@@ -213,16 +176,15 @@ class Measured:
 
     def record(self) -> dict[str, Any]:
         """The JSON form: every repeat, and the memory where it was measured."""
-        out: dict[str, Any] = {"seconds": self.seconds, "calls": self.calls}
-        if self.nbytes:
-            out["bytes"] = self.nbytes
-        if self.extra_host_bytes is not None:
-            out["extra_host_rss_bytes"] = self.extra_host_bytes
-        if self.extra_device_bytes is not None:
-            out["extra_device_bytes"] = self.extra_device_bytes
-        if self.checked:
-            out["result_checked"] = True
-        return out
+        out = {
+            "seconds": self.seconds,
+            "calls": self.calls,
+            "bytes": self.nbytes or None,
+            "extra_host_rss_bytes": self.extra_host_bytes,
+            "extra_device_bytes": self.extra_device_bytes,
+            "result_checked": self.checked or None,
+        }
+        return {key: value for key, value in out.items() if value is not None}
 
 
 def measure(
@@ -231,53 +193,30 @@ def measure(
     *,
     sync: Callable[[], None] | None = None,
     release: Callable[[], None] | None = None,
-    device_growth: Callable[[], DeviceGrowth] | None = None,
 ) -> dict[str, Measured]:
     """Time byte-moving calls, interleaved, after a measured first call and a warm-up.
 
-    Each case's first call runs after ``release`` (so what it allocates,
-    staging rings and pools included, is counted): its peak extra host RSS
-    and device memory are measured and its result is checked. With
-    ``release``, every case then runs once more untimed, so that the caches
-    emptied for later cases' first calls are full again (without it the
-    first calls were the warm-up). Then ``repeats`` timed rounds run, case
-    after case in each round.
-
-    Parameters
-    ----------
-    cases : dict of str to Case
-        The calls of one row, by label.
-    repeats : int
-        Timed calls per case; case after case within each repeat.
-    sync : callable, optional
-        Waits for the device after each call (inside the timed region).
-    release : callable, optional
-        Empties allocator and staging caches before each first call (not
-        before the timed calls).
-    device_growth : callable, optional
-        Makes the context manager that measures device memory.
-
-    Returns
-    -------
-    dict of str to Measured
-        By label, in the order of ``cases``.
-
-    Raises
-    ------
-    WrongResultError
-        A first call's result failed its check.
+    Each case's first call runs after ``release`` (which empties allocator and staging
+    caches, so what the call allocates counts): its peak extra host RSS is measured and
+    its result checked (:class:`WrongResultError`). With ``release``, every case then
+    runs once more untimed, to fill the caches again. Then ``repeats`` timed rounds run,
+    case after case; ``sync`` waits for the device inside the timed region.
     """
     results: dict[str, Measured] = {}
+
+    def call(case: Case) -> Any:
+        value = case.fn()
+        if sync is not None:
+            sync()
+        return value
+
     for label, case in cases.items():
         if case.prepare is not None:
             case.prepare()
         if release is not None:
             release()
-        growth = device_growth() if device_growth is not None else None
-        with PeakRss() as rss, growth if growth is not None else contextlib.nullcontext():
-            value = case.fn()
-            if sync is not None:
-                sync()
+        with PeakRss() as rss:
+            value = call(case)
         if case.settle is not None:
             case.settle()
         if case.check is not None:
@@ -287,23 +226,15 @@ def measure(
             [],
             case.nbytes,
             extra_host_bytes=rss.extra_bytes,
-            extra_device_bytes=growth.extra_bytes if growth is not None else None,
             checked=case.check is not None,
         )
-    if release is not None:  # warm again: later first calls emptied the caches
-        for case in cases.values():
-            case.fn()
-            if sync is not None:
-                sync()
-            if case.settle is not None:
-                case.settle()
-    for _ in range(repeats):
+    rounds = [False] * (release is not None) + [True] * repeats  # warm again, then timed
+    for timed in rounds:
         for label, case in cases.items():
             start = time.perf_counter()
-            case.fn()
-            if sync is not None:
-                sync()
-            results[label].seconds.append(time.perf_counter() - start)
+            call(case)
+            if timed:
+                results[label].seconds.append(time.perf_counter() - start)
             if case.settle is not None:
                 case.settle()
     return results
@@ -312,16 +243,8 @@ def measure(
 def measure_per_call(
     cases: dict[str, Callable[[], Any]], calls: int, repeats: int
 ) -> dict[str, Measured]:
-    """Per-call latency, timeit-style: ``calls`` calls per repeat, interleaved.
-
-    Each case first runs a tenth of ``calls`` untimed (warm-up); garbage
-    collection is off while timing, as in :mod:`timeit`.
-
-    Returns
-    -------
-    dict of str to Measured
-        By label; :attr:`Measured.us` is the median time of one call.
-    """
+    """Per-call latency, timeit-style: ``calls`` calls per repeat, interleaved, after a
+    tenth of ``calls`` untimed; garbage collection off while timing, as in :mod:`timeit`."""
     timers = {label: timeit.Timer(fn) for label, fn in cases.items()}
     for timer in timers.values():
         timer.timeit(number=max(1, calls // 10))
@@ -330,55 +253,6 @@ def measure_per_call(
         for label, timer in timers.items():
             results[label].seconds.append(timer.timeit(number=calls))
     return results
-
-
-def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[dict[str, Any]]:
-    """Where one call's time goes: ``calls`` calls under :mod:`cProfile`.
-
-    A tenth of ``calls`` runs first, unprofiled (warm-up); garbage
-    collection is off while profiling, as in :mod:`timeit`. The profiler's
-    own overhead inflates every figure (a short Python function the most),
-    so the figures rank the costs of a call; they are not its time.
-
-    Returns
-    -------
-    list of dict
-        The ``top`` functions by their own time (``tottime``), largest first:
-        ``function`` (``file:line(name)``, the file's last two parts),
-        ``own_us`` and ``cumulative_us`` per call of ``fn``, and ``calls``,
-        how many times ``fn`` called it, per call.
-    """
-    for _ in range(max(1, calls // 10)):  # warm-up: imports and caches are not the call's
-        fn()
-
-    def run() -> None:  # each result is dropped inside the profile (its free is the call's)
-        for _ in range(calls):
-            fn()
-
-    profiler = cProfile.Profile()
-    collecting = gc.isenabled()
-    gc.disable()  # as timeit: a collection would be charged to whatever function it interrupts
-    try:
-        profiler.runcall(run)
-    finally:
-        if collecting:
-            gc.enable()
-    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
-    rows = []
-    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.items():
-        if path == __file__ or "_lsprof.Profiler" in name:
-            continue  # the loop that made the calls, and the profiler stopping
-        where = "/".join(path.replace("\\", "/").split("/")[-2:]) if path != "~" else ""
-        rows.append(
-            {
-                "function": f"{where}:{line}({name})" if where else name,
-                "own_us": tottime / calls * 1e6,
-                "cumulative_us": cumtime / calls * 1e6,
-                "calls": ncalls / calls,
-            }
-        )
-    rows.sort(key=lambda r: r["own_us"], reverse=True)
-    return rows[:top]
 
 
 def expect_equal(reference: Any, what: str) -> Callable[[Any], None]:

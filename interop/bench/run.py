@@ -1,83 +1,46 @@
-"""Running the rows: one row at a time, each measured, skipped or failed with its reason."""
+"""Running the rows: one at a time, each measured, skipped or failed with its reason."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .context import BenchContext, log_done
-from .ratios import Ratio, row_met
+from .measure import BenchSizes, scale_from_env
 from .report import format_table
-from .results import gpu_unavailable, host_unavailable, run_header, write_json
+from .results import gpu_unavailable, host_unavailable, json_path_problem, run_header, write_json
 from .rows import ROWS, RowSpec
-from .sizes import BenchSizes, scale_from_env
 
-__all__ = ["collect_results", "run_bench", "run_row"]
-
-
-def _judge(fields: dict[str, Any], judged: bool) -> dict[str, Any]:
-    """The row's fields with its ratios in JSON form and its verdict ``met``."""
-    ratios: list[Ratio] = fields.pop("ratios", [])
-    return {
-        **fields,
-        "ratios": [r.record(judged) for r in ratios],
-        "met": row_met(ratios, judged),
-    }
+Row = dict[str, Any]
 
 
 def run_row(
-    spec: RowSpec,
-    ctx: BenchContext,
-    gpu_reason: str | None,
-    host_reason: str | None,
-    judged: bool = True,
-) -> dict[str, Any]:
-    """One row's result: measured, or skipped / not available / error with the reason.
-
-    Parameters
-    ----------
-    spec : RowSpec
-    ctx : BenchContext
-    gpu_reason, host_reason : str or None
-        Why GPU / host rows cannot run here (None: they can).
-    judged : bool
-        Judge the row's targets (False for a smoke run: ``met`` is None).
-
-    Returns
-    -------
-    dict
-        ``name``, ``what``, ``target``, ``status`` (``ok``, ``skipped``,
-        ``not available``, ``error``), ``met``, and ``reason`` or the
-        measured fields.
-    """
-    row: dict[str, Any] = {"name": spec.name, "what": spec.what, "target": spec.target}
-    interop = importlib.import_module("interop")
-    missing = [name for name in spec.needs if not hasattr(interop, name)]
-    reason = gpu_reason if spec.gpu else host_reason
-    if missing:
-        names = ", ".join(f"interop.{name}" for name in missing)
-        return row | {
-            "status": "not available",
-            "reason": f"{names} not in this build",
-            "met": None,
-        }
+    spec: RowSpec, ctx: BenchContext, gpu_reason: str | None, host_reason: str | None
+) -> Row:
+    """One row's result: ``name``, ``what``, ``status`` (``ok``, ``skipped``, ``not
+    available``, ``error``) and ``reason`` or the measured fields. ``gpu_reason`` and
+    ``host_reason`` say why GPU or host rows cannot run here (None: they can)."""
+    row: Row = {"name": spec.name, "what": spec.what}
     lacking = spec.unavailable() if spec.unavailable is not None else None
+    reason = gpu_reason if spec.gpu else host_reason
     if lacking is not None:
-        return row | {"status": "not available", "reason": lacking, "met": None}
+        return row | {"status": "not available", "reason": lacking}
     if reason is not None:
-        return row | {"status": "skipped", "reason": reason, "met": None}
+        return row | {"status": "skipped", "reason": reason}
     try:
-        fields = {"status": "ok"} | _judge(spec.run(ctx), judged)
+        fields = spec.run(ctx)
+        fields = (
+            {"status": "ok"} | fields | {"ratios": [r.record() for r in fields.get("ratios", [])]}
+        )
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
-        fields = {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "met": None}
+        fields = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
     try:
         ctx.release()
     except Exception as exc:  # e.g. a sticky CUDA error: later rows report theirs
@@ -95,45 +58,30 @@ def bench_directory(workdir: str | os.PathLike[str] | None = None) -> Path:
 
 def collect_results(
     sizes: BenchSizes,
-    rows: tuple[RowSpec, ...] = ROWS,
+    rows: Sequence[RowSpec] = ROWS,
     workdir: str | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     *,
     quick: bool = False,
+    judge: Callable[[Row, bool], Row] | None = None,
 ) -> dict[str, Any]:
-    """Run ``rows`` and return the results with the run's context.
+    """Run ``rows`` (file rows write in ``workdir``, see :func:`bench_directory`); return
+    the run's header with ``notes`` and ``rows``.
 
-    Parameters
-    ----------
-    sizes : BenchSizes
-        Sizes, loop counts and repeats.
-    rows : tuple of RowSpec
-        The rows to run, in order (default: all).
-    workdir : str, optional
-        Where file rows write (default ``INTEROP_BENCH_DIR`` or the system
-        temporary directory).
-    on_row : callable, optional
-        Called after each row with the results so far (the same form as the
-        return value, plus ``"partial": True``), e.g. to save them, so that a
-        run that dies in a later row keeps the rows already measured.
-    quick : bool
-        A smoke run: rows are measured but no target is judged.
-
-    Returns
-    -------
-    dict
-        The header of :func:`~interop.bench.results.run_header` plus
-        ``notes`` and ``rows`` (one dict per row, see :func:`run_row`).
+    ``on_row`` gets the results so far after each row (with ``"partial": True``), so
+    that a run that dies in a later row can keep them. ``judge(row, judged)`` returns a
+    row with its targets and verdicts (``judged`` is False for a ``quick`` smoke run).
     """
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
-    header = run_header("bench", sizes, quick)
+    header = run_header("bench", sizes, quick, judged=judge is not None and not quick)
     ctx = BenchContext(sizes, bench_directory(workdir))
-    results: list[dict[str, Any]] = []
+    results: list[Row] = []
     try:
         for spec in rows:
             start = time.perf_counter()
-            results.append(run_row(spec, ctx, gpu_reason, host_reason, judged=not quick))
-            log_done("interop bench", spec.name, results[-1]["status"], start)
+            row = run_row(spec, ctx, gpu_reason, host_reason)
+            results.append(judge(row, not quick) if judge is not None else row)
+            log_done("bench", spec.name, row["status"], start)
             if on_row is not None:
                 on_row(header | {"notes": ctx.notes, "rows": list(results), "partial": True})
     finally:
@@ -141,43 +89,36 @@ def collect_results(
     return header | {"notes": ctx.notes, "rows": results}
 
 
-def run_bench(quick: bool = False, json_path: str | None = None) -> int:
-    """Run every benchmark row, print the report, optionally write JSON.
+def run_bench(
+    quick: bool = False,
+    json_path: str | None = None,
+    rows: Sequence[RowSpec] = ROWS,
+    *,
+    judge: Callable[[Row, bool], Row] | None = None,
+    report: Callable[[dict[str, Any]], str] = format_table,
+    command: str = "interop bench",
+) -> int:
+    """``python -m interop bench``: run ``rows``, print the ``report``, optionally write JSON
+    (rewritten after every row with ``"partial": true``, the final file without).
 
-    Parameters
-    ----------
-    quick : bool
-        Small sizes and few repeats: a smoke run that judges no target.
-    json_path : str, optional
-        Where to write the results as JSON.
-
-    Returns
-    -------
-    int
-        The exit status: 0 when every row ran or was skipped for a stated
-        reason (a missed target is a result, not a failure), 1 when a row
-        raised or returned wrong data (its traceback is on stderr), 2 for a
-        bad ``INTEROP_BENCH_SCALE``.
-
-    Notes
-    -----
-    With ``json_path`` the file is rewritten after every row with the rows so
-    far and ``"partial": true``, so a run that dies keeps what it measured;
-    the final file has no ``partial`` key. Each row's status and duration go
-    to stderr as it finishes.
-    """
+    Returns the exit status: 0 when every row ran or was skipped for a stated reason, 1 when a
+    row raised or returned wrong data (traceback on stderr), 2 for a bad
+    ``INTEROP_BENCH_SCALE`` or a ``json_path`` that cannot be written, before any row runs."""
+    problem = json_path_problem(json_path) if json_path else None
     try:
         sizes = BenchSizes.choose(quick, scale_from_env())
     except ValueError as exc:
-        print(f"interop bench: {exc}", file=sys.stderr)
+        problem = problem or str(exc)
+    if problem is not None:
+        print(f"{command}: {problem}", file=sys.stderr)
         return 2
 
     def save_partial(partial: dict[str, Any]) -> None:
         if json_path:
             write_json(partial, json_path)
 
-    results = collect_results(sizes, on_row=save_partial, quick=quick)
-    print(format_table(results))
+    results = collect_results(sizes, rows, on_row=save_partial, quick=quick, judge=judge)
+    print(report(results))
     if json_path:
         print(f"wrote {write_json(results, json_path)}")
     return 1 if any(row["status"] == "error" for row in results["rows"]) else 0

@@ -2,8 +2,7 @@
 
 Each row function takes the run's :class:`~interop.bench.context.BenchContext`
 and returns its measured fields: the figure (``us`` or ``gbps``), ``anchors``,
-``ratios`` (a list of :class:`~interop.bench.ratios.Ratio`, targets included),
-``memory`` and ``samples``. Judging and reporting happen elsewhere.
+``ratios`` (:class:`~interop.bench.results.Ratio`), ``memory`` and ``samples``.
 """
 
 from __future__ import annotations
@@ -15,17 +14,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import interop
+
 from ... import _backends
 from ...config import chunk_bytes_or_default, config, host_copy_threads
 from ..context import BenchContext
 from ..measure import (
+    GB,
     Case,
+    Measured,
+    MiB,
     PeakRss,
     WrongResultError,
     collect_garbage,
@@ -33,59 +37,53 @@ from ..measure import (
     measure,
     measure_per_call,
 )
-from ..ratios import Ratio
-from ..sizes import GB, MiB
-from .api import api
-
-__all__ = ["host_copy", "save_npy_rss", "save_npy_rss_child", "to_numpy_us", "to_torch_us"]
+from ..results import Ratio
 
 
-def _per_call(ours: str, anchor: str, cases: dict[str, Callable[[], Any]], ctx: BenchContext):
-    """A per-call latency row: ``ours`` against ``anchor``, target at most 2x the time."""
-    got = measure_per_call(cases, ctx.sizes.calls, ctx.sizes.repeats)
+def _records(got: dict[str, Measured]) -> dict[str, Any]:
+    return {label: m.record() for label, m in got.items()}
+
+
+def _per_call(ctx: BenchContext, ours: str, anchor: str, call: Any, reference: Any) -> dict:
+    """A per-call latency row of a 16-float array: ``ours`` against ``anchor``."""
+    got = measure_per_call({ours: call, anchor: reference}, ctx.sizes.calls, ctx.sizes.repeats)
     return {
+        "size": "16 float32",
         "us": got[ours].us,
         "anchors": {f"{anchor} us": got[anchor].us},
-        "ratios": [Ratio.between(ours, "time", anchor, got[ours].us, got[anchor].us, at_most=2.0)],
-        "samples": {label: m.record() for label, m in got.items()},
+        "ratios": [Ratio.between(ours, "time", anchor, got[ours].us, got[anchor].us)],
+        "samples": _records(got),
     }
 
 
 def to_numpy_us(ctx: BenchContext) -> dict[str, Any]:
     """``to_numpy`` of a 16-float CPU tensor, per call, against ``numpy.from_dlpack``."""
-    th = _backends.torch()
-    to_numpy = api("to_numpy")
-    t = th.arange(16, dtype=th.float32)
-    expect_equal(t.numpy(), "to_numpy")(to_numpy(t))
-    cases = {"to_numpy": lambda: to_numpy(t), "numpy.from_dlpack": lambda: np.from_dlpack(t)}
-    return {"size": "16 float32", **_per_call("to_numpy", "numpy.from_dlpack", cases, ctx)}
+    t = _backends.torch().arange(16, dtype=_backends.torch().float32)
+    expect_equal(t.numpy(), "to_numpy")(interop.to_numpy(t))
+    return _per_call(
+        ctx, "to_numpy", "numpy.from_dlpack", lambda: interop.to_numpy(t), lambda: np.from_dlpack(t)
+    )
 
 
 def to_torch_us(ctx: BenchContext) -> dict[str, Any]:
     """``to_torch`` of a 16-float NumPy array, per call, against ``torch.from_dlpack``."""
     th = _backends.torch()
-    to_torch = api("to_torch")
     a = np.arange(16, dtype=np.float32)
-    expect_equal(a, "to_torch")(to_torch(a).numpy())
-    cases = {"to_torch": lambda: to_torch(a), "torch.from_dlpack": lambda: th.from_dlpack(a)}
-    return {"size": "16 float32", **_per_call("to_torch", "torch.from_dlpack", cases, ctx)}
+    expect_equal(a, "to_torch")(interop.to_torch(a).numpy())
+    return _per_call(
+        ctx, "to_torch", "torch.from_dlpack", lambda: interop.to_torch(a), lambda: th.from_dlpack(a)
+    )
 
 
 def host_copy_cases(nbytes: int) -> tuple[dict[str, Case], int]:
-    """The cases of ``host_copy``: ``copy_to_host(t, out)`` and ``numpy.copyto`` into one ``out``.
-
-    Returns the cases and the bytes each call moves (also used by the sweep).
-    """
-    th = _backends.torch()
-    copy_to_host = api("copy_to_host")
-    n = nbytes // 4
-    t = th.rand(n, dtype=th.float32)
+    """``copy_to_host(t, out)`` and ``numpy.copyto`` into one ``out`` (also what the sweep
+    times); and the bytes each call moves."""
+    t = _backends.torch().rand(nbytes // 4)
     src = t.numpy()
-    out = np.full(n, np.nan, np.float32)  # touched, poisoned
+    out = np.full(src.size, np.nan, np.float32)  # touched, poisoned
+    check = expect_equal(src, "copy_to_host")
     cases = {
-        "copy_to_host": Case(
-            lambda: copy_to_host(t, out), src.nbytes, expect_equal(src, "copy_to_host")
-        ),
+        "copy_to_host": Case(lambda: interop.copy_to_host(t, out), src.nbytes, check),
         "numpy.copyto": Case(lambda: np.copyto(out, src), src.nbytes),
     }
     return cases, src.nbytes
@@ -102,26 +100,55 @@ def host_copy(ctx: BenchContext) -> dict[str, Any]:
         "gbps": ours.gbps,
         "anchors": {"numpy.copyto GB/s": anchor.gbps},
         "ratios": [
-            Ratio.between(
-                "copy_to_host", "throughput", "numpy.copyto", ours.gbps, anchor.gbps, at_least=1.0
-            )
+            Ratio.between("copy_to_host", "throughput", "numpy.copyto", ours.gbps, anchor.gbps)
         ],
         "memory": {"extra_host_rss_bytes": ours.extra_host_bytes},
         "threads": host_copy_threads(),
-        "samples": {label: m.record() for label, m in got.items()},
+        "samples": _records(got),
+    }
+
+
+def _numpy_copy(t: Any) -> np.ndarray:
+    return t.numpy().copy()
+
+
+def host_fresh(ctx: BenchContext) -> dict[str, Any]:
+    """``copy_to_host(t)`` allocating ``out``, against ``t.numpy().copy()``, at 1 MiB,
+    16 MiB and the ``host_copy`` size (256 MiB at scale 1); the figure is the largest's."""
+    sizes = sorted({MiB, min(16 * MiB, ctx.sizes.host_bytes), ctx.sizes.host_bytes})
+    at = [f"{n / MiB:.0f} MiB" for n in sizes]
+    got: dict[str, Measured] = {}
+    for nbytes, size in zip(sizes, at, strict=True):
+        t = _backends.torch().rand(nbytes // 4)
+        check = expect_equal(t.numpy(), "copy_to_host(t)")
+        cases = {
+            f"copy_to_host(t) {size}": Case(partial(interop.copy_to_host, t), nbytes, check),
+            f"t.numpy().copy() {size}": Case(partial(_numpy_copy, t), nbytes),
+        }
+        got |= measure(cases, 3 * ctx.sizes.repeats, release=collect_garbage)
+    ours = {a: got[f"copy_to_host(t) {a}"].gbps for a in at}
+    anchor = {a: got[f"t.numpy().copy() {a}"].gbps for a in at}
+    return {
+        "size": ", ".join(at) + " float32",
+        "gbps": ours[at[-1]],
+        "by_size_gbps": ours,
+        "anchors": {f"t.numpy().copy() {a} GB/s": anchor[a] for a in at},
+        "ratios": [
+            Ratio.between(
+                f"copy_to_host(t) {a}", "throughput", f"t.numpy().copy() {a}", ours[a], anchor[a]
+            )
+            for a in at
+        ],
+        "memory": {"extra_host_rss_bytes": got[f"copy_to_host(t) {at[-1]}"].extra_host_bytes},
+        "samples": _records(got),
     }
 
 
 def save_npy_rss_child(nbytes: int, path: str) -> dict[str, Any]:
-    """The measured part of ``save_npy_rss``, run in a fresh process.
-
-    Makes a touched CPU tensor, warms ``save_npy`` up on a small slice, then
-    measures the peak resident growth while saving the whole tensor, and
-    checks the file.
-    """
+    """The measured part of ``save_npy_rss``, run in a fresh process: the peak resident
+    growth while ``save_npy`` saves a touched CPU tensor (warmed up on a small slice),
+    and whether the file holds the tensor."""
     import torch
-
-    import interop
 
     t = torch.rand(nbytes // 4, dtype=torch.float32)
     interop.save_npy(t[:1024], path)  # imports and first-use allocations done
@@ -155,13 +182,8 @@ def save_npy_rss(ctx: BenchContext) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     env.update({f"INTEROP_{k.upper()}": str(v) for k, v in config.as_dict().items()})
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(ctx.sizes.rss_bytes), str(Path(tmp) / "rss.npy")],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
+        args = [sys.executable, "-c", _CHILD, str(ctx.sizes.rss_bytes), str(Path(tmp) / "rss.npy")]
+        proc = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"the measuring process failed: {proc.stderr.strip()[-500:]}")
     child = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -170,19 +192,13 @@ def save_npy_rss(ctx: BenchContext) -> dict[str, Any]:
     extra = child["extra_rss_bytes"]
     if extra is None:
         raise RuntimeError("peak RSS cannot be measured here (needs Linux /proc)")
+    bound_words = "the bound 2 x num_buffers x chunk_bytes"
     return {
         "size": f"{child['nbytes'] / MiB:.0f} MiB float32",
         "gbps": child["nbytes"] / child["seconds"] / GB,
         "anchors": {"2 x num_buffers x chunk_bytes bytes": bound},
         "ratios": [
-            Ratio.between(
-                "extra host RSS of save_npy",
-                "memory",
-                "the bound 2 x num_buffers x chunk_bytes",
-                extra,
-                bound,
-                at_most=1.0,
-            )
+            Ratio.between("extra host RSS of save_npy", "memory", bound_words, extra, bound)
         ],
         "memory": {
             "extra_host_rss_bytes": extra,

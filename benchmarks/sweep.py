@@ -16,7 +16,6 @@ ring, so ``num_buffers`` is not swept for it).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 import os
 import statistics
@@ -28,14 +27,21 @@ from typing import Any
 
 import numpy as np
 
-from ..config import config
-from .context import BenchContext, GpuArrays, log_done
-from .measure import Case, Measured, measure
-from .ratios import Ratio
-from .report import format_bytes
-from .results import gpu_unavailable, host_unavailable, run_header, write_json
-from .run import bench_directory
-from .sizes import BenchSizes, GiB, MiB, scale_from_env
+from interop.bench.context import BenchContext, GpuArrays, log_done
+from interop.bench.measure import BenchSizes, Case, GiB, Measured, MiB, measure, scale_from_env
+from interop.bench.report import format_bytes
+from interop.bench.results import (
+    Ratio,
+    gpu_unavailable,
+    host_unavailable,
+    json_path_problem,
+    run_header,
+    write_json,
+)
+from interop.bench.rows.gpu import d2h_prealloc_cases, h2d_pageable_cases
+from interop.bench.rows.host import host_copy_cases
+from interop.bench.run import bench_directory
+from interop.config import config
 
 __all__ = [
     "SWEEP_ROWS",
@@ -67,7 +73,8 @@ class Subject:
     anchors : dict of str to Case
         Measured once, before the points (they ignore interop's settings).
     measure : callable
-        ``measure(cases, repeats)`` returning :class:`~interop.bench.measure.Measured` by label.
+        ``measure(cases, repeats)`` returning :class:`~interop.bench.measure.Measured`
+        by label.
     """
 
     size: str
@@ -88,8 +95,6 @@ class SweepRow:
         The bench row it sweeps, and its call in words.
     gpu : bool
         Needs a CUDA device visible to CuPy and PyTorch.
-    needs : tuple of str
-        The ``interop`` functions it measures.
     setup : callable
         Makes the row's :class:`Subject` from the run's context.
     num_buffers_matters : bool
@@ -100,18 +105,15 @@ class SweepRow:
     name: str
     what: str
     gpu: bool
-    needs: tuple[str, ...]
     setup: Callable[[BenchContext], Subject]
     num_buffers_matters: bool = True
 
 
 def _gpu_measure(g: GpuArrays) -> Callable[[dict[str, Case], int], dict[str, Measured]]:
-    return lambda cases, repeats: g.measure(cases, repeats, first_call_memory=False)
+    return lambda cases, repeats: g.measure(cases, repeats, release=False)
 
 
 def _d2h_prealloc(ctx: BenchContext) -> Subject:
-    from .rows.gpu import d2h_prealloc_cases
-
     g = ctx.gpu()
     cp = g.cp
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched
@@ -130,8 +132,6 @@ def _d2h_prealloc(ctx: BenchContext) -> Subject:
 
 
 def _h2d_pageable(ctx: BenchContext) -> Subject:
-    from .rows.gpu import h2d_pageable_cases
-
     g = ctx.gpu()
     cp, th = g.cp, g.th
     host = np.array(g.ref)  # pageable, touched
@@ -149,8 +149,6 @@ def _h2d_pageable(ctx: BenchContext) -> Subject:
 
 
 def _host_copy(ctx: BenchContext) -> Subject:
-    from .rows.host import host_copy_cases
-
     cases, nbytes = host_copy_cases(ctx.sizes.host_bytes)
     return Subject(
         size=f"{nbytes / MiB:.0f} MiB float32",
@@ -169,7 +167,6 @@ SWEEP_ROWS: tuple[SweepRow, ...] = (
         "host_copy",
         "copy_to_host(cpu_tensor, out)",
         False,
-        ("copy_to_host",),
         _host_copy,
         num_buffers_matters=False,
     ),
@@ -177,14 +174,12 @@ SWEEP_ROWS: tuple[SweepRow, ...] = (
         "d2h_prealloc",
         "copy_to_host(x, out), out pageable and touched",
         True,
-        ("copy_to_host",),
         _d2h_prealloc,
     ),
     SweepRow(
         "h2d_pageable",
         "copy_to_device(host), host pageable",
         True,
-        ("copy_to_device",),
         _h2d_pageable,
     ),
 )
@@ -278,11 +273,6 @@ def sweep_row(
     if not row.num_buffers_matters:
         grid = grid | {"num_buffers": [config.num_buffers]}
     record: dict[str, Any] = {"name": row.name, "what": row.what, "grid": grid}
-    interop = importlib.import_module("interop")
-    missing = [f"interop.{name}" for name in row.needs if not hasattr(interop, name)]
-    if missing:
-        reason = f"{', '.join(missing)} not in this build"
-        return record | {"status": "not available", "reason": reason}
     if reason is not None:
         return record | {"status": "skipped", "reason": reason}
     points: list[dict[str, Any]] = []
@@ -386,7 +376,7 @@ def sweep(
             reason = gpu_reason if row.gpu else host_reason
             began = time.perf_counter()
             done.append(sweep_row(row, ctx, grid, repeats, reason, deadline, partial))
-            log_done("interop sweep", row.name, done[-1]["status"], began)
+            log_done("sweep", row.name, done[-1]["status"], began)
             if on_point is not None:
                 on_point(header | {"notes": ctx.notes, "rows": list(done), "partial": True})
     finally:
@@ -466,7 +456,7 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
     """
     current = results["config"]
     lines = [
-        "interop bench --sweep" + (" (--quick: a smoke run)" if results.get("quick") else ""),
+        "benchmarks sweep" + (" (--quick: a smoke run)" if results.get("quick") else ""),
         f"device   {results['device']}",
         f"run      {results['date']}, commit {results['commit'][:12]}",
         f"settings now: {_settings_text(current)}",
@@ -563,7 +553,7 @@ def run_sweep(
         unknown = [name for name in rows if name not in names]
         if unknown:
             print(
-                f"interop bench: expected sweep rows among {sorted(names)} (got {unknown!r})",
+                f"benchmarks sweep: expected rows among {sorted(names)} (got {unknown!r})",
                 file=sys.stderr,
             )
             return 2
@@ -572,8 +562,11 @@ def run_sweep(
         sizes = BenchSizes.choose(quick, scale_from_env())
         full_grid = default_grid(quick) | (grid or {})
         _check_grid(full_grid)
+        problem = json_path_problem(json_path) if json_path else None
+        if problem is not None:
+            raise ValueError(problem)
     except (ValueError, TypeError) as exc:
-        print(f"interop bench: {exc}", file=sys.stderr)
+        print(f"benchmarks sweep: {exc}", file=sys.stderr)
         return 2
 
     def save_partial(partial: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""``python -m interop bench --plot``: a PNG drawn from real bench and sweep JSON."""
+"""``python -m benchmarks plot``: a PNG drawn from real bench and sweep JSON."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from interop.bench.plot import load_results, plot_results
-from tests.bench_runs import quick_bench, quick_sweep, run_cli
+from benchmarks.plot import load_results, plot_results
+
+from .runs import quick_bench, quick_sweep, run_lab
 
 pytest.importorskip("matplotlib")  # in the test extra; the plot is optional for users
 
@@ -69,7 +70,7 @@ def test_plot_from_a_bench_run_alone(cpu_results):
 def test_plot_command_line(cpu_results):
     tmp, bench_json, sweep_json = cpu_results
     png = tmp / "cli.png"
-    proc = run_cli(tmp, "bench", "--plot", str(png), str(bench_json), str(sweep_json))
+    proc = run_lab(tmp, "plot", str(png), str(bench_json), str(sweep_json))
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {png}" in proc.stdout
     assert "host_copy against chunk_bytes: 2 lines; horizontal lines: numpy.copyto" in proc.stdout
@@ -85,7 +86,7 @@ def test_nothing_to_plot_is_a_clear_error(cpu_results, tmp_path):
     assert not (tmp_path / "none.png").exists()
     not_results = tmp_path / "other.json"
     not_results.write_text('{"a": 1}')
-    proc = run_cli(tmp_path, "bench", "--plot", str(tmp_path / "x.png"), str(not_results))
+    proc = run_lab(tmp_path, "plot", str(tmp_path / "x.png"), str(not_results))
     assert proc.returncode == 2
     assert "expected a bench or sweep JSON file" in proc.stderr
 

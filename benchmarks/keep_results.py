@@ -2,7 +2,7 @@
 
 Usage (from the repository root, after ``scripts/gpu-check OUTDIR`` ran on a GPU)::
 
-    python scripts/keep_results.py OUTDIR > /tmp/report.md
+    python -m benchmarks keep OUTDIR > /tmp/report.md
 
 It reads ``OUTDIR/bench.json`` (needed), ``sweep.json``, ``steps.tsv`` and
 the JUnit files ``junit-gpu.xml`` and ``junit.xml`` (when there; the counts
@@ -35,14 +35,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.diagnostics import stages_text, trace_text
+from benchmarks.plot import plot_results
+from benchmarks.sweep import suggest_defaults
+from interop.bench.report import ratio_text
+from interop.bench.results import write_json
+from interop.errors import BackendUnavailableError
 
-from interop.bench.plot import plot_results  # noqa: E402
-from interop.bench.report import ratio_text, stages_text, trace_text  # noqa: E402
-from interop.bench.results import write_json  # noqa: E402
-from interop.bench.sweep import suggest_defaults  # noqa: E402
-from interop.errors import BackendUnavailableError  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 #: The columns of the results table in docs/benchmarks.md, in order.
 TABLE_ROWS = (
@@ -274,7 +274,8 @@ def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, P
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="keep_results.py", description=__doc__.split("\n\n")[0] if __doc__ else None
+        prog="python -m benchmarks keep",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument("outdir", type=Path, help="the OUTDIR that scripts/gpu-check wrote")
     parser.add_argument(

@@ -1,15 +1,13 @@
-"""Real benchmark runs shared by the bench tests, each made once per test session.
+"""Real lab runs shared by the lab's tests, each made once per test session.
 
-Each run starts a fresh ``python -m interop`` (or runs the host rows in this
+Each run starts a fresh ``python -m benchmarks`` (or runs the host rows in this
 process) on this machine; the tests read what it printed and wrote. Cached
 here rather than in fixtures so that several test modules share one run.
 
 The shared quick runs hide any GPU from their process (``CUDA_VISIBLE_DEVICES``
 empty), so they are the same host-rows run on every machine: what the tests of
 the report, the JSON and the plot read from them does not depend on whether a
-GPU is present, and a GPU runner does not spend minutes measuring GPU rows that
-those tests do not look at. The GPU rows are run by ``test_gpu_rows_run`` and
-``test_gpu_sweep_runs``, which see the device.
+GPU is present. The GPU rows are run by the tests marked ``gpu``.
 """
 
 from __future__ import annotations
@@ -24,66 +22,67 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from interop import bench
-
-from .helpers import NO_GPU, child_env
+from benchmarks.lab import LAB_ROWS
+from benchmarks.targets import judge
+from interop.bench import collect_results
+from interop.bench.measure import BenchSizes
+from tests.helpers import NO_GPU, REPO_ROOT, child_env
 
 SMOKE_SCALE = "0.25"  # --quick at a quarter of its sizes: seconds on two cores
 SWEEP_SCALE = "0.05"
 SWEEP_ARGS = ("--chunk-mib", "1,2,4", "--host-threads", "1,2", "--num-buffers", "2,3")
 
 
-def run_cli(
+def run_lab(
     directory: Path, *args: str, scale: str = SMOKE_SCALE, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """``python -m interop ARGS`` in a fresh process, with a scale and a scratch directory.
-
-    ``env`` adds to the child's environment (``NO_GPU`` hides the GPU).
-    """
+    """``python -m benchmarks ARGS`` in a fresh process from the repository root, with a
+    scale and a scratch directory; ``env`` adds to its environment (``NO_GPU``)."""
     env = child_env(
         {"INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory), **(env or {})}
     )
     return subprocess.run(
-        [sys.executable, "-m", "interop", *args],
+        [sys.executable, "-m", "benchmarks", *args],
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
+        cwd=REPO_ROOT,
         check=False,
     )
 
 
 @functools.cache
 def _directory() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="interop-bench-tests-"))
+    path = Path(tempfile.mkdtemp(prefix="interop-lab-tests-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
 def _cli_json(name: str, *args: str, scale: str) -> tuple[subprocess.CompletedProcess, Any, Path]:
     path = _directory() / name / f"{name}.json"
-    proc = run_cli(path.parent.parent, *args, "--json", str(path), scale=scale, env=NO_GPU)
+    proc = run_lab(path.parent.parent, *args, "--json", str(path), scale=scale, env=NO_GPU)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, json.loads(path.read_text()), path
 
 
 @functools.cache
 def quick_bench() -> tuple[subprocess.CompletedProcess, Any, Path]:
-    """``bench --quick --json`` at ``SMOKE_SCALE``, GPU hidden: (process, JSON, path)."""
-    return _cli_json("bench", "bench", "--quick", scale=SMOKE_SCALE)
+    """``run --quick --json`` at ``SMOKE_SCALE``, GPU hidden: (process, JSON, path)."""
+    return _cli_json("bench", "run", "--quick", scale=SMOKE_SCALE)
 
 
 @functools.cache
 def quick_sweep() -> tuple[subprocess.CompletedProcess, Any, Path]:
-    """``bench --sweep --quick`` over ``SWEEP_ARGS`` at ``SWEEP_SCALE``, GPU hidden.
+    """``sweep --quick`` over ``SWEEP_ARGS`` at ``SWEEP_SCALE``, GPU hidden.
 
     Returns (process, JSON, path).
     """
-    return _cli_json("sweep", "bench", "--sweep", "--quick", *SWEEP_ARGS, scale=SWEEP_SCALE)
+    return _cli_json("sweep", "sweep", "--quick", *SWEEP_ARGS, scale=SWEEP_SCALE)
 
 
 @functools.cache
 def full_host_run() -> dict[str, Any]:
-    """The host rows, judged as in a full run, at tiny sizes, in this process."""
-    rows = tuple(spec for spec in bench.ROWS if not spec.gpu)
-    return bench.collect_results(bench.BenchSizes.choose(False, 0.005), rows, quick=False)
+    """The lab's host rows, judged as in a full run, at tiny sizes, in this process."""
+    rows = tuple(spec for spec in LAB_ROWS if not spec.gpu)
+    return collect_results(BenchSizes.choose(False, 0.005), rows, quick=False, judge=judge)

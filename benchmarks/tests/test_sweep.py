@@ -1,4 +1,4 @@
-"""``python -m interop bench --sweep``: settings applied through interop.config, JSON written.
+"""``python -m benchmarks sweep``: settings applied through interop.config, JSON written.
 
 On a machine without a GPU the sweep runs the host row (``host_copy``) end to end.
 No timing asserts: the figures are results, not outcomes.
@@ -11,12 +11,14 @@ import json
 import pytest
 
 import interop
-from interop import bench
-from interop.bench import sweep as sweep_mod
-from interop.bench.measure import Case, WrongResultError, measure
-from tests.bench_runs import quick_sweep, run_cli
+from benchmarks import sweep as sweep_mod
+from interop.bench import SCHEMA
+from interop.bench.context import BenchContext
+from interop.bench.measure import BenchSizes, Case, WrongResultError, measure
 
-TINY = bench.BenchSizes.choose(True, 0.02)
+from .runs import quick_sweep, run_lab
+
+TINY = BenchSizes.choose(True, 0.02)
 MiB = 1 << 20
 
 
@@ -30,7 +32,7 @@ def cpu_sweep():
 def test_sweep_json_records_the_run_and_grid(cpu_sweep):
     _, data = cpu_sweep
     assert data["kind"] == "sweep"
-    assert data["schema"] == bench.SCHEMA
+    assert data["schema"] == SCHEMA
     assert data["quick"] is True
     assert "partial" not in data
     assert data["grid"] == {
@@ -90,7 +92,7 @@ def _recording_row(seen: list[dict]) -> sweep_mod.SweepRow:
         cases = {"ours": Case(call, 1 << 20), "reference": Case(lambda: 1, 1 << 20)}
         return sweep_mod.Subject("1 MiB", "ours", "reference", cases, {}, measure)
 
-    return sweep_mod.SweepRow("recording", "records config", False, (), setup)
+    return sweep_mod.SweepRow("recording", "records config", False, setup)
 
 
 def test_every_point_runs_under_its_settings():
@@ -137,7 +139,7 @@ def test_a_wrong_result_is_an_error_point_and_the_sweep_goes_on(capsys):
         }
         return sweep_mod.Subject("1 MiB", "ours", "reference", cases, {}, measure)
 
-    row = sweep_mod.SweepRow("flaky", "fails at 2 threads", False, (), setup)
+    row = sweep_mod.SweepRow("flaky", "fails at 2 threads", False, setup)
     grid = {"chunk_bytes": [1 * MiB], "host_threads": [1, 2, 3], "num_buffers": [2]}
     data = sweep_mod.sweep(TINY, grid, [row])
     points = data["rows"][0]["points"]
@@ -172,9 +174,9 @@ def test_a_bad_grid_is_refused_before_anything_runs(grid, error):
 
 
 def test_an_unknown_sweep_row_is_refused(tmp_path):
-    proc = run_cli(tmp_path, "bench", "--sweep", "--rows", "host_copy,d2h_fresh")
+    proc = run_lab(tmp_path, "sweep", "--rows", "host_copy,d2h_fresh")
     assert proc.returncode == 2
-    assert "expected sweep rows among" in proc.stderr
+    assert "expected rows among" in proc.stderr
     assert "d2h_fresh" in proc.stderr
 
 
@@ -192,9 +194,9 @@ def test_default_grid_follows_the_cores_and_has_the_current_settings():
 def test_gpu_sweep_runs(tmp_path):
     """On a GPU runner both GPU rows sweep and check every point (figures not judged)."""
     path = tmp_path / "sweep.json"
-    proc = run_cli(
+    proc = run_lab(
         tmp_path,
-        "bench", "--sweep", "--quick", "--chunk-mib", "1,4", "--host-threads", "1,2",
+        "sweep", "--quick", "--chunk-mib", "1,4", "--host-threads", "1,2",
         "--num-buffers", "2", "--json", str(path),
         scale="0.125",
     )  # fmt: skip
@@ -214,7 +216,7 @@ def test_a_failing_cache_release_keeps_the_points(monkeypatch, capsys):
     def failing_release(self):
         raise RuntimeError("cudaErrorIllegalAddress")
 
-    monkeypatch.setattr(bench.context.BenchContext, "release", failing_release)
+    monkeypatch.setattr(BenchContext, "release", failing_release)
     seen: list[dict] = []
     grid = {"chunk_bytes": [1 * MiB], "host_threads": [1], "num_buffers": [2]}
     data = sweep_mod.sweep(TINY, grid, [_recording_row(seen)])

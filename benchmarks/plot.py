@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendUnavailableError
-from .sizes import MiB
+from interop.bench.measure import MiB
+from interop.errors import BackendUnavailableError
 
 __all__ = ["PLOTTED_ROWS", "Panel", "load_results", "plot_results", "run_plot"]
 
@@ -81,7 +81,7 @@ def load_results(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]
         if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
             raise ValueError(
                 f"expected a bench or sweep JSON file with a 'rows' list (got {str(path)!r}); "
-                "make one with python -m interop bench --json PATH (or --sweep --json PATH)"
+                "make one with python -m benchmarks run --json PATH (or sweep --json PATH)"
             )
         results.append(data)
     return results
@@ -246,11 +246,11 @@ def _draw(ax: Any, panel: Panel) -> None:
 
 
 def run_plot(png: str, inputs: Sequence[str]) -> int:
-    """``python -m interop bench --plot PNG JSON...``: draw, print what was drawn; exit status."""
+    """``python -m benchmarks plot PNG JSON...``: draw, print what was drawn; exit status."""
     try:
         panels = plot_results(load_results(inputs), png)
     except (OSError, ValueError, BackendUnavailableError) as exc:
-        print(f"interop bench --plot: {exc}", file=sys.stderr)
+        print(f"benchmarks plot: {exc}", file=sys.stderr)
         return 2
     for panel in panels:
         hlines = ", ".join(f"{label} {y:.2f} GB/s" for label, y in panel.hlines.items())

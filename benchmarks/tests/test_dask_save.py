@@ -1,4 +1,4 @@
-"""The dask rows of ``python -m interop bench``: the cluster row on the shared
+"""The lab's dask rows (``python -m benchmarks run``): the cluster row on the shared
 real runs, the threaded variant (the CuPy row's body) on NumPy blocks, the
 helpers the workers run, and "not available" without dask or distributed.
 
@@ -17,13 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from interop import bench
+from benchmarks import dask_save
+from benchmarks.report import format_report
+from benchmarks.targets import judge
+from interop.bench import collect_results
 from interop.bench.context import BenchContext
+from interop.bench.measure import BenchSizes, WrongResultError
 from interop.bench.report import format_bytes
-from interop.bench.rows import dask_save
-from tests.bench_runs import full_host_run, quick_bench
+from interop.bench.rows import RowSpec
+from tests.helpers import run_python
 
-from .helpers import run_python
+from .runs import full_host_run, quick_bench
 
 #: Tests that run dask (not installed on every machine: the GPU runner has none).
 needs_dask = pytest.mark.skipif(
@@ -143,14 +147,16 @@ def test_rows_without_dask_or_distributed_are_not_available(blocked):
         import json, sys
         sys.modules[{blocked!r}] = None  # as if not installed
         from pathlib import Path
-        from interop import bench
+        from benchmarks.lab import LAB_ROWS
+        from benchmarks.targets import judge
         from interop.bench.context import BenchContext
+        from interop.bench.measure import BenchSizes
         from interop.bench.run import run_row
 
-        ctx = BenchContext(bench.BenchSizes.choose(True, 0.02), Path("."))
-        specs = {{spec.name: spec for spec in bench.ROWS}}
+        ctx = BenchContext(BenchSizes.choose(True, 0.02), Path("."))
+        specs = {{spec.name: spec for spec in LAB_ROWS}}
         rows = [
-            run_row(specs[name], ctx, "no CUDA device: none here", None)
+            judge(run_row(specs[name], ctx, "no CUDA device: none here", None))
             for name in ("dask_save_npy", "dask_save_npy_cupy")
         ]
         print(json.dumps(rows))
@@ -176,11 +182,11 @@ def test_a_row_lacking_an_optional_library_is_not_run():
     def run(ctx):
         raise AssertionError("a row that is not available must not run")
 
-    spec = bench.RowSpec("lacking", "a row", "-", (), False, run, unavailable=lambda: "needs X")
-    data = bench.collect_results(bench.BenchSizes.choose(True, 0.02), (spec,))
+    spec = RowSpec("lacking", "a row", False, run, unavailable=lambda: "needs X")
+    data = collect_results(BenchSizes.choose(True, 0.02), (spec,), judge=judge)
     (row,) = data["rows"]
     assert (row["status"], row["reason"], row["met"]) == ("not available", "needs X", None)
-    assert "not available (1 row: lacking): needs X" in bench.format_table(data)
+    assert "not available (1 row: lacking): needs X" in format_report(data)
 
 
 # ------------------------------------------------------------------ the threaded variant
@@ -188,7 +194,7 @@ def test_a_row_lacking_an_optional_library_is_not_run():
 
 @pytest.fixture
 def ctx(tmp_path):
-    return BenchContext(bench.BenchSizes.choose(True, 0.02), tmp_path)
+    return BenchContext(BenchSizes.choose(True, 0.02), tmp_path)
 
 
 @needs_dask
@@ -199,7 +205,12 @@ def test_threaded_variant_on_numpy_blocks(ctx, tmp_path):
     fields = dask_save.threaded_saves(ctx, x, x.copy(), np.asarray, recipe)
     assert fields["size"] == "0.2 MiB float32 in 16 blocks of 0.02 MiB"
     bound = "the bound 2 threads x 2 x num_buffers x chunk_bytes"
-    assert [_brief(r.record()) for r in fields["ratios"]] == [
+    judged = judge(
+        {"name": "dask_save_npy_cupy", "status": "ok"}
+        | fields
+        | {"ratios": [r.record() for r in fields["ratios"]]}
+    )
+    assert [_brief(r) for r in judged["ratios"]] == [
         (OURS, "throughput", recipe, ">= 1x"),
         (f"peak extra RSS of the process of {OURS}", "memory", bound, "<= 1x"),
         (f"peak extra RSS of the process of {recipe}", "memory", bound, None),
@@ -220,7 +231,7 @@ def test_threaded_variant_on_numpy_blocks(ctx, tmp_path):
 @needs_dask
 def test_threaded_variant_refuses_a_wrong_copy(ctx):
     x = np.arange(32 * 1024, dtype=np.float32).reshape(32, 1024)
-    with pytest.raises(bench.WrongResultError, match=r"x \+ 1 per block wrote block 0"):
+    with pytest.raises(WrongResultError, match=r"x \+ 1 per block wrote block 0"):
         dask_save.threaded_saves(ctx, x, x, lambda b: np.asarray(b) + 1, "x + 1 per block")
 
 

@@ -1,4 +1,4 @@
-"""The bench report and help read plainly: directed ratios, judged targets, grouped skips."""
+"""The lab's report reads plainly: directed ratios, judged targets, grouped skips, diagnoses."""
 
 from __future__ import annotations
 
@@ -9,61 +9,22 @@ import numpy as np
 import pytest
 
 import interop
-from interop import bench
-from interop.__main__ import main
-from interop.bench.ratios import Ratio, row_met
-from interop.bench.report import format_table, ratio_text
-from tests.bench_runs import full_host_run, quick_bench
+from benchmarks.__main__ import main
+from benchmarks.diagnostics import traced
+from benchmarks.report import format_report as format_table
+from benchmarks.targets import judge
+from interop.bench.measure import BenchSizes
+from interop.bench.results import Ratio
 
-ROOT = Path(__file__).resolve().parent.parent
+from .runs import full_host_run, quick_bench
 
-
-# ----------------------------------------------------------------- ratios and judging
-
-
-def test_a_ratio_knows_its_direction_and_target():
-    faster = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 3.0, 2.0, at_most=2.0)
-    assert faster.value == 1.5
-    assert faster.target == "<= 2x"
-    assert faster.met is True
-    slower = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 9.0, 10.0, at_least=1.0)
-    assert slower.value == pytest.approx(0.9)
-    assert slower.met is False
-    assert Ratio.between("a", "throughput", "b", 5.0, 10.0).met is None  # no target
-    assert Ratio.between("a", "memory", "the ring", None, 10.0, at_most=1.0).met is False
-    assert Ratio.between("a", "throughput", "b", 5.0, 0.0).value is None
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def test_a_bad_quantity_is_refused():
-    with pytest.raises(ValueError, match="expected a quantity"):
-        Ratio("a", "speed", "b", 1.0)
-
-
-def test_a_row_meets_its_target_when_every_targeted_ratio_does():
-    ok = Ratio.between("a", "time", "b", 1.0, 1.0, at_most=2.0)
-    bad = Ratio.between("a", "throughput", "c", 1.0, 2.0, at_least=1.0)
-    info = Ratio.between("a", "throughput", "d", 1.0, 100.0)  # no target: not judged
-    assert row_met([ok, info]) is True
-    assert row_met([ok, bad, info]) is False
-    assert row_met([info]) is None  # a reference row
-    assert row_met([ok, bad], judged=False) is None  # a smoke run
-    assert bad.record(judged=False)["met"] is None
-    assert bad.record()["met"] is False
-
-
-def test_ratio_text_says_which_way_is_better():
-    time = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 1.29, 1.0, at_most=2.0)
-    assert ratio_text(time.record()) == (
-        "to_numpy: 1.29x the time of numpy.from_dlpack (target <= 2x)"
-    )
-    rate = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 1.14, 1.0, at_least=1.0)
-    assert ratio_text(rate.record(judged=False), judged=False) == (
-        "copy_to_host: 1.14x the throughput of numpy.copyto (target >= 1x, not judged)"
-    )
-    missed = Ratio.between("x", "throughput", "d2h_limit", 0.5, 1.0, at_least=0.9)
-    assert ratio_text(missed.record()).endswith("(target >= 0.9x: MISSED)")
-    memory = Ratio.between("extra RSS", "memory", "the ring size", 64.0, 128.0, at_most=1.0)
-    assert ratio_text(memory.record()) == "extra RSS: 0.50x the ring size (target <= 1x)"
+def _judged(name: str, *ratios: Ratio, quick: bool = False, **fields) -> dict:
+    """A measured row as the lab reports it: its ratios judged against its targets."""
+    row = {"name": name, "what": "w", "status": "ok", "ratios": [r.record() for r in ratios]}
+    return judge(row | fields, judged=not quick)
 
 
 # ----------------------------------------------------------------- the printed report
@@ -77,7 +38,7 @@ def _results(quick: bool, rows: list[dict]) -> dict:
         "commit": "0123456789abcdef",
         "commit_dirty": False,
         "config": {"chunk_bytes": 32 << 20, "num_buffers": 4, "host_threads": 4},
-        "sizes": bench.BenchSizes.choose(quick).__dict__,
+        "sizes": BenchSizes.choose(quick).__dict__,
         "notes": {},
         "rows": rows,
     }
@@ -117,12 +78,13 @@ def test_full_report_explains_scale_and_judges(host_results):
     verdicts = {row["name"]: row["met"] for row in full["rows"] if row["status"] == "ok"}
     for name, met in verdicts.items():
         (line,) = [line for line in table.splitlines() if line.startswith(name + " ")]
-        assert line.endswith("met" if met else "MISSED")
+        assert line.endswith({True: "met", False: "MISSED", None: "reference"}[met])
     summary = table.splitlines()[-1]
     assert summary.startswith("summary: ")
-    judged = [row for row in full["rows"] if row["status"] == "ok"]
-    assert len(judged) >= 4  # the host rows (and the cluster row where dask is installed)
+    judged = [row for row in full["rows"] if row["status"] == "ok" and row["met"] is not None]
+    assert len(judged) >= 5  # the host rows (and the cluster row where dask is installed)
     assert sum(int(n) for n in re.findall(r"(\d+) (?:met|missed)", summary)) == len(judged)
+    assert "1 reference" in summary  # host_limit: the host ceilings, no target
 
 
 def test_quick_report_is_a_smoke_run_that_judges_nothing(host_results):
@@ -152,29 +114,27 @@ def test_rows_that_did_not_run_are_grouped_by_reason():
 
 
 def test_report_of_a_gpu_row_names_memory_in_words():
-    ratios = [
-        Ratio.between(
-            "copy_to_host(x.T, out)", "throughput", "copy_to_host(x, out)", 8.0, 10.0, at_least=0.8
-        ).record(),
+    row = _judged(
+        "d2h_strided",
+        Ratio.between("copy_to_host(x.T, out)", "throughput", "copy_to_host(x, out)", 8.0, 10.0),
         Ratio.between(
             "extra device memory of copy_to_host(x.T, out)",
             "memory",
-            "the ring size",
+            "the ring size (num_buffers x chunk_bytes)",
             None,
             128 << 20,
-            at_most=1.0,
-        ).record(),
-    ]
-    row = {
-        "name": "d2h_strided", "status": "ok", "what": "w", "target": "t", "gbps": 8.0,
-        "met": False, "ratios": ratios,
-        "memory": {"extra_device_bytes": None, "copy_to_host(t.T) extra_device_bytes": 64 << 20,
-                   "ring_bytes": 128 << 20},
-    }  # fmt: skip
+        ),
+        gbps=8.0,
+        memory={
+            "extra_device_bytes": None,
+            "copy_to_host(t.T) extra_device_bytes": 64 << 20,
+            "ring_bytes": 128 << 20,
+        },
+    )
     flat = " ".join(format_table(_results(False, [row])).split())
     assert "d2h_strided 8.00 GB/s MISSED" in flat
     assert "0.80x the throughput of copy_to_host(x, out) (target >= 0.8x)" in flat
-    assert "n/a the ring size (target <= 1x: MISSED)" in flat
+    assert "n/a the ring size (num_buffers x chunk_bytes) (target <= 1x: MISSED)" in flat
     assert (
         "memory: extra device memory not measured, copy_to_host(t.T) extra device memory "
         "64 MiB, ring 128 MiB"
@@ -183,7 +143,6 @@ def test_report_of_a_gpu_row_names_memory_in_words():
 
 def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
     """The trace of a real transfer (host backend), as a GPU row carries it."""
-    from interop.bench.rows.gpu import traced
     from interop.pipeline.ring import free_cached_rings
     from interop.testing import EmulatedDevice
 
@@ -228,10 +187,8 @@ def test_a_gpu_row_says_where_the_time_of_a_traced_run_went():
 
 def test_a_traced_direct_copy_says_no_host_threads_copied():
     """A pinned out: the trace of the DMAs-only run, as the report prints it."""
-    from interop.bench.rows.gpu import traced
     from interop.testing import EmulatedDevice
-
-    from .helpers import pinned
+    from tests.helpers import pinned
 
     device = EmulatedDevice(delay=0.001)
     try:
@@ -259,9 +216,9 @@ def test_a_traced_direct_copy_says_no_host_threads_copied():
 # ----------------------------------------------------------------- help and wording
 
 
-def test_bench_help_lists_the_environment_and_explains_scale(capsys):
+def test_lab_help_lists_the_commands_and_the_environment(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--help"])
+        main(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     for name in (
@@ -272,14 +229,24 @@ def test_bench_help_lists_the_environment_and_explains_scale(capsys):
         "INTEROP_HOST_THREADS",
     ):
         assert name in text
+    for command in ("run", "sweep", "plot", "keep"):
+        assert f"  {command} " in text
     assert "multiplies every array size and loop count" in text
-    assert "--sweep" in text
-    assert "--plot" in text
-    assert "--quick" in text
-    assert "judges no target" in " ".join(text.split())
+    assert "judged against targets" in " ".join(text.split())
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["info", "--help"]])
+def test_keep_has_its_own_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["keep", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m benchmarks keep [-h] [--branch BRANCH]")
+    assert "benchmarks/results/" in out or "the OUTDIR that scripts/gpu-check wrote" in out
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["run", "--help"], ["sweep", "--help"], ["keep", "--help"]]
+)
 def test_help_has_no_markup_and_no_private_references(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
@@ -290,9 +257,10 @@ def test_help_has_no_markup_and_no_private_references(argv, capsys):
     assert not re.search(r":(func|class|mod|data|meth):", text)
 
 
-def test_no_private_references_in_the_bench_sources_and_docs():
-    files = [*sorted((ROOT / "interop" / "bench").rglob("*.py")), ROOT / "interop" / "__main__.py"]
-    files += [ROOT / "docs" / "benchmarks.md", ROOT / "scripts" / "gpu-check"]
+def test_no_private_references_in_the_lab_sources_and_docs():
+    files = sorted((ROOT / "benchmarks").glob("*.py"))  # the lab, not its tests
+    files += [ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmark-method.md"]
+    files += [ROOT / "scripts" / "gpu-check"]
     for path in files:
         text = path.read_text()
         assert "SPEC" not in text, path
@@ -302,15 +270,14 @@ def test_no_private_references_in_the_bench_sources_and_docs():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "--chunk-mib", "4"], "only apply with --sweep"),
-        (["bench", "--sweep", "--chunk-mib", "0,4"], "positive integers"),
-        (["bench", "--sweep", "--max-seconds", "-3"], "positive number of seconds"),
-        (["bench", "--plot", "out.png"], "at least one JSON file"),
-        (["bench", "--plot", "out.png", "--quick", "a.json"], "without other options"),
-        (["bench", "a.json"], "only with --plot"),
+        (["sweep", "--chunk-mib", "0,4"], "positive integers"),
+        (["sweep", "--max-seconds", "-3"], "positive number of seconds"),
+        (["plot", "out.png"], "the following arguments are required: JSON"),
+        (["run", "--chunk-mib", "4"], "unrecognized arguments"),
+        (["bench"], "invalid choice"),
     ],
 )
-def test_bad_bench_arguments_are_refused(argv, message, capsys):
+def test_bad_lab_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
@@ -323,10 +290,7 @@ def test_report_shows_the_ring_stages_of_a_transfer_row():
     ratio = Ratio.between(
         "copy_to_host(x, out)", "throughput", "the slower ring stage alone", 19.0, 20.5
     )
-    row = {
-        "name": "d2h_prealloc", "status": "ok", "what": "w", "target": "t", "gbps": 19.0,
-        "met": None, "ratios": [ratio.record(False)], "stages": stages,
-    }  # fmt: skip
+    row = _judged("d2h_prealloc", ratio, quick=True, gbps=19.0, stages=stages)
     failed = row | {"name": "h2d_pageable", "stages": {"settings": settings, "error": "E: x"}}
     pinned = row | {
         "name": "d2h_strided",
@@ -345,3 +309,28 @@ def test_report_shows_the_ring_stages_of_a_transfer_row():
         "unregister) 12.35 GB/s whole, 9.00 GB/s by chunks"
     ) in flat
     assert "host_threads 8; pinning the array in place not measured (E: y)" in flat
+
+
+def test_report_shows_the_host_ceilings():
+    rates = {"1": 9.0, "2": 17.5, "4": 30.0, "8": 31.0, "16": 29.0}
+    row = _judged(
+        "host_limit",
+        Ratio.between(
+            "pinned->pageable, link busy", "throughput", "pinned->pageable, alone", 20.0, 31.0
+        ),
+        gbps=20.0,
+        copies={"pinned->pageable": {"alone": rates, "link busy": rates | {"8": 20.0}}},
+        registration={"whole": 6.5, "chunks, 1 threads": 5.25},
+    )
+    flat = " ".join(format_table(_results(False, [row])).split())
+    assert "host_limit 20.00 GB/s reference" in flat
+    assert (
+        "pinned->pageable, alone: 1 threads 9.00, 2 threads 17.50, 4 threads 30.00, "
+        "8 threads 31.00, 16 threads 29.00 GB/s"
+    ) in flat
+    assert (
+        "pinned->pageable, link busy: 1 threads 9.00, 2 threads 17.50, 4 threads 30.00, "
+        "8 threads 20.00"
+    ) in flat
+    assert "cudaHostRegister + unregister: whole 6.50, chunks, 1 threads 5.25 GB/s" in flat
+    assert "cudaHostRegister + unregister: whole 6.50, chunks, 1 threads 5.25 GB/s" in flat
