@@ -28,7 +28,7 @@ from benchmarks.dask_save import (
 from benchmarks.diagnostics import diagnosed
 from benchmarks.host_limit import host_limit
 from benchmarks.report import format_report
-from benchmarks.targets import judge
+from benchmarks.targets import RunJudge
 from interop.bench.context import BenchContext
 from interop.bench.results import Ratio, gpu_unavailable
 from interop.bench.rows import ROWS, RowSpec
@@ -158,7 +158,7 @@ def run_lab(
         quick,
         json_path,
         chosen,
-        judge=judge,
+        judge=RunJudge(),
         report=format_report,
         command="benchmarks run",
     )
