@@ -128,10 +128,18 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+LINKS = ("d2h_limit", "h2d_limit")
+
+
 def _cell(row: dict[str, Any] | None) -> str:
     if row is None or row["status"] != "ok":
         return "not run" if row is None else f"{row['status']}"
-    judged = [r for r in row.get("ratios", []) if r.get("target")]
+    ratios = row.get("ratios", [])
+    judged = [r for r in ratios if r.get("target")]
+    # the ratio to the link too, where a row is judged against something lower
+    ours = {r["of"] for r in judged}
+    to_link = [r for r in ratios if r["to"] in LINKS and r["of"] in ours and not r.get("target")]
+    judged = to_link + judged
     parts = [
         f"{'n/a' if r['value'] is None else format(r['value'], '.2f')}x {r['to']}" for r in judged
     ]

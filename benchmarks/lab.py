@@ -26,6 +26,7 @@ from benchmarks.dask_save import (
     dask_unavailable,
 )
 from benchmarks.diagnostics import diagnosed
+from benchmarks.emulated_overlap import emulated_overlap
 from benchmarks.host_limit import host_limit
 from benchmarks.report import format_report
 from benchmarks.targets import RunJudge
@@ -103,6 +104,13 @@ def _rows() -> tuple[RowSpec, ...]:
             "busy; cudaHostRegister rates",
             False,
             host_limit,
+        ),
+        RowSpec(
+            "emulated_overlap",
+            "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap "
+            "of its DMAs with its host copies, on any machine",
+            False,
+            emulated_overlap,
         ),
         RowSpec(
             "dask_save_npy",

@@ -182,6 +182,7 @@ REFERENCES = {
     "d2h_limit": "none: the link's device-to-host limit, a reference for other rows",
     "h2d_limit": "none: the link's host-to-device limit, a reference for other rows",
     "host_limit": "none: the ring's ceilings (host copies by 1-16 threads, pinning rates)",
+    "emulated_overlap": "none: the pipeline's overlap of DMA and host copies on a CPU",
 }
 
 

@@ -29,7 +29,7 @@ from .runs import full_host_run, quick_bench, run_lab
 
 PACKAGE_GPU_ROWS = {spec.name for spec in ROWS if spec.gpu}
 GPU_ROWS = PACKAGE_GPU_ROWS | {"dask_save_npy_cupy"}
-HOST_ROWS = {spec.name for spec in ROWS if not spec.gpu} | {"host_limit"}
+HOST_ROWS = {spec.name for spec in ROWS if not spec.gpu} | {"host_limit", "emulated_overlap"}
 # The cluster row (test_dask_save.py) and the torch_op row: some of their ratios are
 # context, without a target, and they may be "not available".
 OPTIONAL_ROWS = {"dask_save_npy", "torch_op_us"}

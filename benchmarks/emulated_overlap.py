@@ -1,0 +1,113 @@
+"""The ``emulated_overlap`` row: how well the slot pipeline overlaps its DMAs
+with its host copies, measured on a CPU through the emulated device.
+
+The emulated device's link runs at a set rate
+(``interop.testing.EmulatedDevice(link_gbps=...)``): each DMA is a memcpy on
+the stream's thread, then a wait for the rest of the link's time. The host
+copies run at this machine's own speed. Timed in one run, interleaved:
+
+- ``link``: the array's bytes at the emulated rate, or one thread's memcpy of
+  the array where that is longer (the emulated DMA is such a memcpy);
+- ``host stage``: the pipeline's host side alone, one whole chunk per copy
+  from a slot into ``out`` by the same number of threads;
+- ``copy_to_host(x, out)``: the pipeline through the ring.
+
+A pipeline that overlaps perfectly takes ``max(link, host stage)`` plus one
+chunk's copy; one that does not, ``link + host stage``. The row reports
+``copy_to_host``'s throughput over that of ``max(link, host stage)``
+(1.0: perfect) and ``overlap``, the share of the shorter stage hidden behind
+the longer one. Meaningful where the link is well below one thread's memcpy
+rate and the machine has a core for the stream besides the host threads;
+on a 2-core machine that is a link of a few GB/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+import interop
+from interop.bench.context import BenchContext
+from interop.bench.measure import MiB
+from interop.bench.results import Ratio
+from interop.testing import EmulatedDevice
+
+#: The emulated link's rate, GB/s: below one thread's memcpy on small machines.
+LINK_GBPS = 2.0
+#: The pipeline's settings for the row: a few slots, two host threads.
+SETTINGS = {"chunk_bytes": 8 * MiB, "num_buffers": 4, "host_threads": 2}
+
+
+def _seconds(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(
+    nbytes: int, *, link_gbps: float = LINK_GBPS, repeats: int = 5, **settings: int
+) -> dict[str, float]:
+    """Seconds of the link, the host stage and the pipeline (medians of
+    ``repeats``, interleaved) for an ``nbytes`` float64 array; see the module."""
+    settings = SETTINGS | settings
+    chunk = settings["chunk_bytes"] // 8
+    dev = EmulatedDevice(link_gbps=link_gbps)
+    host = np.random.default_rng(0).random(nbytes // 8)
+    x = dev.asarray(host)
+    out = np.zeros_like(host)  # touched, as d2h_prealloc's out
+    slot = np.ones(chunk)
+    parts = [slice(i, min(i + chunk, host.size)) for i in range(0, host.size, chunk)]
+
+    def host_stage(pool: ThreadPoolExecutor) -> None:
+        list(pool.map(lambda s: np.copyto(out[s], slot[: s.stop - s.start]), parts))
+
+    def pipeline() -> None:
+        with interop.config.set(**settings):
+            interop.copy_to_host(x, out)
+
+    pipeline()  # warm: the ring, the pool, the emulated device's streams
+    if not np.array_equal(out, host):
+        raise AssertionError("copy_to_host through the emulated link gave wrong values")
+    memcpy, host_s, pipe_s = [], [], []
+    with ThreadPoolExecutor(settings["host_threads"]) as pool:
+        for _ in range(repeats):
+            memcpy.append(_seconds(lambda: np.copyto(out, host)))
+            host_s.append(_seconds(lambda: host_stage(pool)))
+            pipe_s.append(_seconds(pipeline))
+    link = max(nbytes / (link_gbps * 1e9), statistics.median(memcpy))
+    return {
+        "link": link,
+        "host stage": statistics.median(host_s),
+        "copy_to_host(x, out)": statistics.median(pipe_s),
+    }
+
+
+def emulated_overlap(ctx: BenchContext) -> dict[str, Any]:
+    """The row (see the module): the pipeline's throughput over the ideal
+    overlap's, and the share of the shorter stage it hid."""
+    nbytes = min(ctx.sizes.host_bytes, 256 * MiB)
+    s = measure(nbytes, repeats=ctx.sizes.repeats)
+    link, host, pipe = s["link"], s["host stage"], s["copy_to_host(x, out)"]
+    gbps = {k: nbytes / v / 1e9 for k, v in s.items()}
+    ideal = nbytes / max(link, host) / 1e9
+    return {
+        "size": f"{nbytes / MiB:.0f} MiB float64, emulated link {LINK_GBPS:g} GB/s",
+        "settings": SETTINGS,
+        "gbps": gbps["copy_to_host(x, out)"],
+        "anchors": {f"{k} GB/s": v for k, v in gbps.items() if k != "copy_to_host(x, out)"},
+        "overlap": (link + host - pipe) / min(link, host),
+        "ratios": [
+            Ratio.between(
+                "copy_to_host(x, out)", "throughput", "max(link, host stage)",
+                gbps["copy_to_host(x, out)"], ideal,
+            ),
+            Ratio.between(
+                "copy_to_host(x, out)", "throughput", "link + host stage, one after the other",
+                gbps["copy_to_host(x, out)"], nbytes / (link + host) / 1e9,
+            ),
+        ],
+    }  # fmt: skip
