@@ -110,7 +110,7 @@ class SweepRow:
 
 
 def _gpu_measure(g: GpuArrays) -> Callable[[dict[str, Case], int], dict[str, Measured]]:
-    return lambda cases, repeats: g.measure(cases, repeats, release=False)
+    return lambda cases, repeats: measure(cases, repeats, sync=g.sync)
 
 
 def _d2h_prealloc(ctx: BenchContext) -> Subject:

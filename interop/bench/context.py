@@ -13,14 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import _backends
-from .measure import BenchSizes, Case, Measured, MiB, PeakRss, measure
-
-
-def release_interop_rings() -> None:
-    """Free interop's idle pinned staging rings, so the next call allocates (and counts) one."""
-    from ..pipeline.ring import free_cached_rings
-
-    free_cached_rings()
+from .measure import BenchSizes, Case, MiB, PeakRss
 
 
 def log_done(command: str, name: str, status: str, began: float) -> None:
@@ -31,8 +24,7 @@ def log_done(command: str, name: str, status: str, began: float) -> None:
 
 class BenchContext:
     """What the rows share: ``sizes``, ``workdir`` (where file rows write), ``notes``
-    (run-wide observations for the JSON) and the GPU arrays, made by the first GPU
-    row and freed by :meth:`close`."""
+    (run-wide observations for the JSON) and the GPU arrays (made on first use)."""
 
     def __init__(self, sizes: BenchSizes, workdir: Path) -> None:
         self.sizes = sizes
@@ -41,7 +33,7 @@ class BenchContext:
         self._gpu: GpuArrays | None = None
 
     def gpu(self) -> GpuArrays:
-        """The shared GPU state (made on first use)."""
+        """The shared GPU arrays, made on first use."""
         if self._gpu is None:
             self._gpu = GpuArrays(self.sizes.gpu_bytes)
             self.notes["pinned_pages_in_rss"] = self._gpu.pinned_in_rss
@@ -53,18 +45,14 @@ class BenchContext:
         if self._gpu is not None:
             self._gpu.release()
 
-    def close(self) -> None:
-        """Free the GPU arrays and every cache."""
-        if self._gpu is not None:
-            self._gpu.close()
-            self._gpu = None
-        gc.collect()
-
     def close_keeping_results(self) -> None:
-        """:meth:`close`; a failure (a sticky CUDA error) is printed and kept in
-        ``notes["close_error"]`` instead of raised, so the results measured stay."""
+        """Free the GPU arrays and every cache; a failure (a sticky CUDA error) is printed
+        and kept in ``notes["close_error"]``, so the results measured stay."""
         try:
-            self.close()
+            gpu, self._gpu = self._gpu, None
+            if gpu is not None:
+                gpu.close()
+            gc.collect()
         except Exception as exc:
             traceback.print_exc(file=sys.stderr)
             self.notes["close_error"] = f"{type(exc).__name__}: {exc}"
@@ -97,33 +85,30 @@ class GpuArrays:
         """Wait for all work on the device (every stream)."""
         self.cp.cuda.Device().synchronize()
 
-    def memcpy(self, dst: int, src: int, kind: int) -> None:
-        """One ``cudaMemcpyAsync`` of ``nbytes`` on CuPy's current stream."""
-        stream = self.cp.cuda.get_current_stream()
-        self.cp.cuda.runtime.memcpyAsync(dst, src, self.nbytes, kind, stream.ptr)
+    def _memcpy_case(self, dst: int, src: int, kind: int) -> Case:
+        stream = self.cp.cuda.get_current_stream
+        runtime = self.cp.cuda.runtime
+        return Case(
+            lambda: runtime.memcpyAsync(dst, src, self.nbytes, kind, stream().ptr), self.nbytes
+        )
 
     def d2h_limit_case(self) -> Case:
-        """The whole array, device to pinned host, in one copy (the link's limit)."""
+        """The whole array, device to pinned host, in one ``cudaMemcpyAsync`` (the link's limit)."""
         kind = self.cp.cuda.runtime.memcpyDeviceToHost
-        return Case(lambda: self.memcpy(self.ref.ctypes.data, self.x.data.ptr, kind), self.nbytes)
+        return self._memcpy_case(self.ref.ctypes.data, self.x.data.ptr, kind)
 
     def h2d_limit_case(self, dst: Any) -> Case:
-        """The whole array, pinned host to ``dst`` on the device, in one copy."""
+        """The whole array, pinned host to ``dst`` on the device, in one ``cudaMemcpyAsync``."""
         kind = self.cp.cuda.runtime.memcpyHostToDevice
-        return Case(lambda: self.memcpy(dst.data.ptr, self.ref.ctypes.data, kind), self.nbytes)
-
-    def measure(
-        self, cases: dict[str, Case], repeats: int, release: bool = True
-    ) -> dict[str, Measured]:
-        """:func:`measure` with device sync and, unless ``release`` is False (the sweep,
-        which wants timings only), the caches emptied before the first calls."""
-        return measure(cases, repeats, sync=self.sync, release=self.release if release else None)
+        return self._memcpy_case(dst.data.ptr, self.ref.ctypes.data, kind)
 
     def release(self) -> None:
         """Empty CuPy's and PyTorch's pools and interop's staging rings."""
+        from ..pipeline.ring import free_cached_rings
+
         gc.collect()
         self.sync()
-        release_interop_rings()
+        free_cached_rings()
         self.cp.get_default_memory_pool().free_all_blocks()
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
         self.th.cuda.empty_cache()

@@ -1,5 +1,5 @@
-"""What a results file records: ratios, the run's header (device, versions, commit,
-date, machine), and the JSON writer."""
+"""What a results file records: ratios, the run's header (device, versions, commit, date,
+machine), and the JSON writer."""
 
 from __future__ import annotations
 
@@ -24,20 +24,15 @@ from .measure import BenchSizes
 #: 3: ``machine`` and ``judged``; a ratio's ``target`` and ``met`` only where a run judged it.
 SCHEMA = 3
 
-#: What each kind of ratio compares, and which way is better.
-QUANTITIES = {
-    "time": "lower is better",
-    "throughput": "higher is better",
-    "memory": "lower is better",
-}
+#: What a ratio compares: time and memory, lower is better; throughput, higher is better.
+QUANTITIES = ("time", "throughput", "memory")
 
 
 @dataclasses.dataclass(frozen=True)
 class Ratio:
     """``value = ours / reference`` of one ``quantity`` (see :data:`QUANTITIES`), both
-    measured in the same run: what was measured (``of``, e.g. ``"to_numpy"``), what it is
-    compared with (``to``, e.g. ``"numpy.from_dlpack"``, or a memory bound in words).
-    ``value`` is None where either side was not measured or is zero."""
+    measured in the same run, ``of`` what (``"to_numpy"``) ``to`` what (``"numpy.from_dlpack"``,
+    or a memory bound in words); None where either side was not measured or is zero."""
 
     of: str
     quantity: str
@@ -46,7 +41,7 @@ class Ratio:
 
     def __post_init__(self) -> None:
         if self.quantity not in QUANTITIES:
-            raise ValueError(f"expected a quantity in {sorted(QUANTITIES)} (got {self.quantity!r})")
+            raise ValueError(f"expected a quantity in {QUANTITIES} (got {self.quantity!r})")
 
     @classmethod
     def between(cls, of: str, quantity: str, to: str, ours: Any, reference: Any) -> Ratio:
@@ -89,7 +84,7 @@ def _read(path: str) -> str | None:
 
 
 def _field(text: str | None, key: str) -> str | None:
-    """The value of the first ``key: value`` line of ``text`` (``/proc/cpuinfo``, ``meminfo``)."""
+    """The value of the first ``key: value`` line of ``text`` (``/proc/cpuinfo``)."""
     match = re.search(rf"^{re.escape(key)}\s*:\s*(.+)$", text or "", re.MULTILINE)
     return match[1].strip() if match else None
 
@@ -159,14 +154,13 @@ def _git(*args: str) -> str | None:
 
 
 def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) -> dict[str, Any]:
-    """The top level of a results file, before its rows (the JSON's header, see
-    docs/benchmark-method.md): ``kind`` is ``"bench"`` or ``"sweep"``, ``quick`` a smoke run,
+    """A results file's header: ``kind`` ``"bench"`` or ``"sweep"``, ``quick`` a smoke run,
     ``judged`` whether targets were judged."""
     from ..info import collect_info
 
     started = datetime.datetime.now(datetime.timezone.utc)
-    # INTEROP_COMMIT names the commit a copy of the tree was made from (a remote runner). It
-    # wins over git: such a copy may carry a .git of another commit.
+    # INTEROP_COMMIT names the commit a copy of the tree came from (a remote runner); it wins
+    # over git, as such a copy may carry a .git of another commit.
     named = os.environ.get("INTEROP_COMMIT", "").strip() or None
     commit, dirty, source = named, None, "INTEROP_COMMIT" if named else None
     if named is None:
@@ -192,8 +186,8 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) 
 
 
 def json_path_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why results cannot be written to ``path``, or None: not a directory, and its nearest
-    existing parent a directory this process may write in (missing ones are created)."""
+    """Why results cannot be written to ``path`` (a directory, or under a file or a directory
+    this process may not write in; missing directories are created), or None."""
     target = Path(path)
     if target.is_dir():
         return f"expected a file path for the results (got {str(path)!r}, a directory)"

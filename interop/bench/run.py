@@ -28,9 +28,9 @@ def run_row(
     ``host_reason`` say why GPU or host rows cannot run here (None: they can)."""
     row: Row = {"name": spec.name, "what": spec.what}
     lacking = spec.unavailable() if spec.unavailable is not None else None
-    reason = gpu_reason if spec.gpu else host_reason
     if lacking is not None:
         return row | {"status": "not available", "reason": lacking}
+    reason = gpu_reason if spec.gpu else host_reason
     if reason is not None:
         return row | {"status": "skipped", "reason": reason}
     try:
@@ -65,13 +65,10 @@ def collect_results(
     quick: bool = False,
     judge: Callable[[Row, bool], Row] | None = None,
 ) -> dict[str, Any]:
-    """Run ``rows`` (file rows write in ``workdir``, see :func:`bench_directory`); return
-    the run's header with ``notes`` and ``rows``.
-
-    ``on_row`` gets the results so far after each row (with ``"partial": True``), so
-    that a run that dies in a later row can keep them. ``judge(row, judged)`` returns a
-    row with its targets and verdicts (``judged`` is False for a ``quick`` smoke run).
-    """
+    """Run ``rows`` (file rows write in ``workdir``, see :func:`bench_directory`): the run's
+    header with ``notes`` and ``rows``. ``on_row`` gets the results so far after each row
+    (``"partial": True``), so that a run that dies later keeps them; ``judge(row, judged)``
+    returns a row with its targets and verdicts (``judged`` False in a ``quick`` run)."""
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
     header = run_header("bench", sizes, quick, judged=judge is not None and not quick)
     ctx = BenchContext(sizes, bench_directory(workdir))
@@ -99,11 +96,9 @@ def run_bench(
     command: str = "interop bench",
 ) -> int:
     """``python -m interop bench``: run ``rows``, print the ``report``, optionally write JSON
-    (rewritten after every row with ``"partial": true``, the final file without).
-
-    Returns the exit status: 0 when every row ran or was skipped for a stated reason, 1 when a
-    row raised or returned wrong data (traceback on stderr), 2 for a bad
-    ``INTEROP_BENCH_SCALE`` or a ``json_path`` that cannot be written, before any row runs."""
+    (rewritten after every row with ``"partial": true``, the final file without). The exit
+    status: 0, or 1 when a row raised or returned wrong data (traceback on stderr), or 2
+    before any row for a bad ``INTEROP_BENCH_SCALE`` or a ``json_path`` it cannot write."""
     problem = json_path_problem(json_path) if json_path else None
     try:
         sizes = BenchSizes.choose(quick, scale_from_env())

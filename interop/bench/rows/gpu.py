@@ -1,10 +1,7 @@
-"""GPU rows: they run where both CuPy and PyTorch see a CUDA device.
-
-Each works on the run's shared float32 arrays (:class:`~interop.bench.context.GpuArrays`:
-CuPy ``x``, torch ``t`` with the same values, and a pinned host copy ``ref``).
-``anchors`` holds the GB/s of every call that is not interop's, the link's limit
-included; ``variants`` interop's other forms of the call.
-"""
+"""GPU rows: they run where both CuPy and PyTorch see a CUDA device, on the run's shared
+float32 arrays (:class:`~interop.bench.context.GpuArrays`). ``anchors`` holds the GB/s of
+every call that is not interop's, the link's limit included; ``variants`` interop's other
+forms of the call."""
 
 from __future__ import annotations
 
@@ -20,8 +17,9 @@ import interop
 from ...config import chunk_bytes_or_default, config
 from ...destination import wait_for_replaced_files
 from ..context import BenchContext, GpuArrays
-from ..measure import Case, GiB, WrongResultError, expect_equal, measure_per_call
+from ..measure import Case, GiB, WrongResultError, expect_equal, measure
 from ..results import Ratio
+from .host import per_call_row, records
 
 RING = "the ring size (num_buffers x chunk_bytes)"
 
@@ -38,23 +36,36 @@ def _row(
     ``to[0]``'s, then ``ours``'s over each of ``to[1:]``; interop's other calls (named
     like ``ours``) as ``variants``, the rest as ``anchors``; ``ours``'s host memory."""
     g = ctx.gpu()
-    got = g.measure(cases, ctx.sizes.repeats)
+    got = measure(cases, ctx.sizes.repeats, sync=g.sync, release=g.release)
+    gbps = {k: m.gbps for k, m in got.items()}
     mine = ours.split("(")[0]
-    ratios = [
-        Ratio.between(k, "throughput", to[0], m.gbps, got[to[0]].gbps) for k, m in got.items()
-    ]
-    ratios += [Ratio.between(ours, "throughput", k, got[ours].gbps, got[k].gbps) for k in to[1:]]
+    ratios = [Ratio.between(k, "throughput", to[0], v, gbps[to[0]]) for k, v in gbps.items()]
+    ratios += [Ratio.between(ours, "throughput", k, gbps[ours], gbps[k]) for k in to[1:]]
     return {
         "size": f"{g.nbytes / GiB:.2f} GiB float32",
-        "gbps": got[ours].gbps,
-        "variants": {
-            f"{k} GB/s": m.gbps for k, m in got.items() if k.startswith(mine) and k != ours
-        },
-        "anchors": {f"{k} GB/s": m.gbps for k, m in got.items() if not k.startswith(mine)},
+        "gbps": gbps[ours],
+        "variants": {f"{k} GB/s": v for k, v in gbps.items() if k.startswith(mine) and k != ours},
+        "anchors": {f"{k} GB/s": v for k, v in gbps.items() if not k.startswith(mine)},
         "ratios": [r for r in ratios if r.of != r.to],
         "memory": {"extra_host_rss_bytes": got[ours].extra_host_bytes, "ring_bytes": ring_bytes()},
-        "samples": {label: m.record() for label, m in got.items()},
+        "samples": records(got),
     } | more
+
+
+def _poisoned(g: GpuArrays, fn: Any, out: Any, what: str, ref: Any = None) -> Case:
+    """``fn()`` into ``out``, poisoned before the first call, checked equal to ``ref``."""
+    check = expect_equal(g.ref if ref is None else ref, what)
+    return Case(fn, out.nbytes, check, lambda: out.fill(np.nan))
+
+
+def _on_device(g: GpuArrays) -> Any:
+    """A :class:`Case` check: the device array returned equals ``g.x``."""
+
+    def check(result: Any) -> None:
+        if not bool(g.cp.array_equal(result, g.x)):
+            raise WrongResultError("copy_to_device returned data that differs from the source")
+
+    return check
 
 
 def d2h_limit(ctx: BenchContext) -> dict[str, Any]:
@@ -73,10 +84,9 @@ def h2d_limit(ctx: BenchContext) -> dict[str, Any]:
 
 
 def d2h_prealloc_cases(g: GpuArrays, out: np.ndarray, every: int = 1) -> dict[str, Case]:
-    """``d2h_limit`` and ``copy_to_host(x, out)`` into ``out`` (pageable, touched): the pair
-    ``d2h_prealloc`` and the sweep time. Every ``every``-th element of ``out`` is poisoned
-    before the first call and checked after it (the sweep checks every point, sampling
-    with a prime stride so that every chunk is seen)."""
+    """``d2h_limit`` and ``copy_to_host(x, out)`` into ``out`` (pageable, touched), also what
+    the sweep times; every ``every``-th element of ``out`` is poisoned before the first call
+    and checked after it (the sweep samples with a prime stride, seeing every chunk)."""
 
     def poison() -> None:
         out[::every] = np.nan
@@ -94,11 +104,8 @@ def d2h_prealloc(ctx: BenchContext) -> dict[str, Any]:
     g = ctx.gpu()
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched, poisoned
     cases = d2h_prealloc_cases(g, out) | {
-        "copy_to_host(t, out)": Case(
-            lambda: interop.copy_to_host(g.t, out),
-            g.nbytes,
-            expect_equal(g.ref, "copy_to_host(t, out)"),
-            lambda: out.fill(np.nan),
+        "copy_to_host(t, out)": _poisoned(
+            g, lambda: interop.copy_to_host(g.t, out), out, "copy_to_host(t, out)"
         ),
         "cupy.asnumpy(x, out=out)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
         "t.to('cpu', non_blocking=True)+sync": Case(
@@ -112,11 +119,10 @@ def d2h_pinned(ctx: BenchContext) -> dict[str, Any]:
     """``copy_to_host(x, out)`` into ``interop.empty_pinned`` memory, against the link."""
     g = ctx.gpu()
     out = interop.empty_pinned(g.ref.shape, np.float32)
-    check = expect_equal(g.ref, "copy_to_host(x, out=pinned)")
     cases = {
         "d2h_limit": g.d2h_limit_case(),
-        "copy_to_host(x, out=pinned)": Case(
-            lambda: interop.copy_to_host(g.x, out), g.nbytes, check, lambda: out.fill(np.nan)
+        "copy_to_host(x, out=pinned)": _poisoned(
+            g, lambda: interop.copy_to_host(g.x, out), out, "copy_to_host(x, out=pinned)"
         ),
         "cupy.asnumpy(x, out=pinned)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
     }
@@ -144,55 +150,34 @@ def strided(g: GpuArrays) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     side = math.isqrt(g.nbytes // 4)
     n = side * side
     out = np.full((side, side), np.nan, np.float32)
-    return (
-        g.x[:n].reshape(side, side).T,
-        g.t[:n].view(side, side).T,
-        g.ref[:n].reshape(side, side).T,
-        out,
-    )
+    square = (g.x[:n].reshape(side, side), g.t[:n].view(side, side), g.ref[:n].reshape(side, side))
+    return square[0].T, square[1].T, square[2].T, out
 
 
 def d2h_strided(ctx: BenchContext) -> dict[str, Any]:
     """A transposed source (CuPy and torch), against the contiguous copy of the same bytes."""
     g = ctx.gpu()
     x_t, t_t, reference, out = strided(g)
-    nbytes = out.nbytes
     contiguous = g.x[: out.size].reshape(out.shape)
     cases = {
-        "copy_to_host(x, out)": Case(lambda: interop.copy_to_host(contiguous, out), nbytes),
-        "copy_to_host(x.T, out)": Case(
-            lambda: interop.copy_to_host(x_t, out),
-            nbytes,
-            expect_equal(reference, "copy_to_host(x.T)"),
-            lambda: out.fill(np.nan),
+        "copy_to_host(x, out)": Case(lambda: interop.copy_to_host(contiguous, out), out.nbytes),
+        "copy_to_host(x.T, out)": _poisoned(
+            g, lambda: interop.copy_to_host(x_t, out), out, "copy_to_host(x.T)", reference
         ),
-        "copy_to_host(t.T, out)": Case(
-            lambda: interop.copy_to_host(t_t, out),
-            nbytes,
-            expect_equal(reference, "copy_to_host(t.T)"),
-            lambda: out.fill(np.nan),
+        "copy_to_host(t.T, out)": _poisoned(
+            g, lambda: interop.copy_to_host(t_t, out), out, "copy_to_host(t.T)", reference
         ),
-        "cupy.asnumpy(x.T, out=out)": Case(lambda: g.cp.asnumpy(x_t, out=out), nbytes),
+        "cupy.asnumpy(x.T, out=out)": Case(lambda: g.cp.asnumpy(x_t, out=out), out.nbytes),
     }
     fields = _row(ctx, cases, "copy_to_host(x.T, out)", ("copy_to_host(x, out)",))
     return fields | {"size": f"{out.shape[0]}x{out.shape[1]} float32, transposed"}
 
 
 def h2d_pageable_cases(g: GpuArrays, host: np.ndarray) -> dict[str, Case]:
-    """``h2d_limit`` and ``copy_to_device(host)`` from ``host`` (pageable, touched): the
-    pair ``h2d_pageable`` and the sweep time."""
+    """``h2d_limit`` and ``copy_to_device(host)`` from ``host`` (pageable, touched), also
+    what the sweep times."""
     ours = Case(lambda: interop.copy_to_device(host), g.nbytes, _on_device(g))
     return {"h2d_limit": g.h2d_limit_case(g.cp.empty_like(g.x)), "copy_to_device(host)": ours}
-
-
-def _on_device(g: GpuArrays) -> Any:
-    """A :class:`Case` check: the device array returned equals ``g.x``."""
-
-    def check(result: Any) -> None:
-        if not bool(g.cp.array_equal(result, g.x)):
-            raise WrongResultError("copy_to_device returned data that differs from the source")
-
-    return check
 
 
 def h2d_pageable(ctx: BenchContext) -> dict[str, Any]:
@@ -237,23 +222,16 @@ def exchange_us(ctx: BenchContext) -> dict[str, Any]:
     c = cp.arange(16, dtype=cp.float32)
     if not bool(cp.array_equal(interop.to_cupy(t), c)) or not th.equal(interop.to_torch(c), t):
         raise WrongResultError("to_cupy / to_torch returned wrong data")
-    pairs = {"to_cupy(t)": "cupy.from_dlpack(t)", "to_torch(c)": "torch.from_dlpack(c)"}
-    cases = {
+    calls = {
         "to_cupy(t)": lambda: interop.to_cupy(t),
         "cupy.from_dlpack(t)": lambda: cp.from_dlpack(t),
         "to_torch(c)": lambda: interop.to_torch(c),
         "torch.from_dlpack(c)": lambda: th.from_dlpack(c),
     }
-    got = measure_per_call(cases, ctx.sizes.calls, ctx.sizes.repeats)
+    pairs = {"to_cupy(t)": "cupy.from_dlpack(t)", "to_torch(c)": "torch.from_dlpack(c)"}
+    fields = per_call_row(ctx, pairs, calls)
     g.sync()
-    us = {label: m.us for label, m in got.items()}
-    return {
-        "size": "16 float32",
-        "us": {ours: us[ours] for ours in pairs},
-        "anchors": {f"{anchor} us": us[anchor] for anchor in pairs.values()},
-        "ratios": [Ratio.between(o, "time", a, us[o], us[a]) for o, a in pairs.items()],
-        "samples": {label: m.record() for label, m in got.items()},
-    }
+    return fields
 
 
 def save_npy(ctx: BenchContext) -> dict[str, Any]:
@@ -276,9 +254,7 @@ def save_npy(ctx: BenchContext) -> dict[str, Any]:
             ),
         }
         fields = _row(ctx, cases, "save_npy(x, path)", ("d2h_limit",), directory=str(ctx.workdir))
-    limit = min(
-        fields["anchors"]["d2h_limit GB/s"], fields["anchors"]["sequential file write GB/s"]
-    )
+    limit = min(fields["anchors"][f"{k} GB/s"] for k in ("d2h_limit", "sequential file write"))
     to = "min(d2h_limit, sequential file write)"
     fields["ratios"].append(
         Ratio.between("save_npy(x, path)", "throughput", to, fields["gbps"], limit)

@@ -1,9 +1,5 @@
-"""Host rows: they run on any machine with PyTorch, GPU or not.
-
-Each row function takes the run's :class:`~interop.bench.context.BenchContext`
-and returns its measured fields: the figure (``us`` or ``gbps``), ``anchors``,
-``ratios`` (:class:`~interop.bench.results.Ratio`), ``memory`` and ``samples``.
-"""
+"""Host rows: they run on any machine with PyTorch, GPU or not. Each returns its measured
+fields: the figure (``us`` or ``gbps``), ``anchors``, ``ratios``, ``memory``, ``samples``."""
 
 from __future__ import annotations
 
@@ -14,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,34 +23,35 @@ import interop
 from ... import _backends
 from ...config import chunk_bytes_or_default, config, host_copy_threads
 from ..context import BenchContext
-from ..measure import (
-    GB,
-    Case,
-    Measured,
-    MiB,
-    PeakRss,
-    WrongResultError,
-    collect_garbage,
-    expect_equal,
-    measure,
-    measure_per_call,
-)
+from ..measure import Case, Measured, MiB, PeakRss, WrongResultError, expect_equal, measure
 from ..results import Ratio
 
 
-def _records(got: dict[str, Measured]) -> dict[str, Any]:
+def records(got: dict[str, Measured]) -> dict[str, Any]:
+    """The JSON ``samples`` of a row: every case's :meth:`Measured.record`."""
     return {label: m.record() for label, m in got.items()}
 
 
-def _per_call(ctx: BenchContext, ours: str, anchor: str, call: Any, reference: Any) -> dict:
-    """A per-call latency row of a 16-float array: ``ours`` against ``anchor``."""
-    got = measure_per_call({ours: call, anchor: reference}, ctx.sizes.calls, ctx.sizes.repeats)
+def per_call_row(
+    ctx: BenchContext, pairs: dict[str, str], calls: dict[str, Callable[[], Any]]
+) -> dict[str, Any]:
+    """Per-call latency of 16-float arrays, timeit-style (garbage collection off): each of
+    ours (``pairs``' keys) against its anchor, ``ctx.sizes.calls`` calls per repeat after a
+    tenth of them untimed, interleaved; ``us`` a number for one pair, by call for more."""
+    n, timers = ctx.sizes.calls, {label: timeit.Timer(fn) for label, fn in calls.items()}
+    for timer in timers.values():
+        timer.timeit(number=max(1, n // 10))
+    got = {label: Measured([], calls=n) for label in calls}
+    for _ in range(ctx.sizes.repeats):
+        for label, timer in timers.items():
+            got[label].seconds.append(timer.timeit(number=n))
+    us = {label: m.us for label, m in got.items()}
     return {
         "size": "16 float32",
-        "us": got[ours].us,
-        "anchors": {f"{anchor} us": got[anchor].us},
-        "ratios": [Ratio.between(ours, "time", anchor, got[ours].us, got[anchor].us)],
-        "samples": _records(got),
+        "us": {o: us[o] for o in pairs} if len(pairs) > 1 else us[next(iter(pairs))],
+        "anchors": {f"{a} us": us[a] for a in pairs.values()},
+        "ratios": [Ratio.between(o, "time", a, us[o], us[a]) for o, a in pairs.items()],
+        "samples": records(got),
     }
 
 
@@ -60,9 +59,11 @@ def to_numpy_us(ctx: BenchContext) -> dict[str, Any]:
     """``to_numpy`` of a 16-float CPU tensor, per call, against ``numpy.from_dlpack``."""
     t = _backends.torch().arange(16, dtype=_backends.torch().float32)
     expect_equal(t.numpy(), "to_numpy")(interop.to_numpy(t))
-    return _per_call(
-        ctx, "to_numpy", "numpy.from_dlpack", lambda: interop.to_numpy(t), lambda: np.from_dlpack(t)
-    )
+    calls = {
+        "to_numpy": lambda: interop.to_numpy(t),
+        "numpy.from_dlpack": lambda: np.from_dlpack(t),
+    }
+    return per_call_row(ctx, {"to_numpy": "numpy.from_dlpack"}, calls)
 
 
 def to_torch_us(ctx: BenchContext) -> dict[str, Any]:
@@ -70,9 +71,11 @@ def to_torch_us(ctx: BenchContext) -> dict[str, Any]:
     th = _backends.torch()
     a = np.arange(16, dtype=np.float32)
     expect_equal(a, "to_torch")(interop.to_torch(a).numpy())
-    return _per_call(
-        ctx, "to_torch", "torch.from_dlpack", lambda: interop.to_torch(a), lambda: th.from_dlpack(a)
-    )
+    calls = {
+        "to_torch": lambda: interop.to_torch(a),
+        "torch.from_dlpack": lambda: th.from_dlpack(a),
+    }
+    return per_call_row(ctx, {"to_torch": "torch.from_dlpack"}, calls)
 
 
 def host_copy_cases(nbytes: int) -> tuple[dict[str, Case], int]:
@@ -93,18 +96,16 @@ def host_copy(ctx: BenchContext) -> dict[str, Any]:
     """``copy_to_host(cpu_tensor, out)`` against one ``numpy.copyto`` into the same ``out``."""
     cases, nbytes = host_copy_cases(ctx.sizes.host_bytes)
     # a copy takes milliseconds: more repeats for the same cost
-    got = measure(cases, 3 * ctx.sizes.repeats, release=collect_garbage)
-    ours, anchor = got["copy_to_host"], got["numpy.copyto"]
+    got = measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)
+    ours, anchor = got["copy_to_host"].gbps, got["numpy.copyto"].gbps
     return {
         "size": f"{nbytes / MiB:.0f} MiB float32",
-        "gbps": ours.gbps,
-        "anchors": {"numpy.copyto GB/s": anchor.gbps},
-        "ratios": [
-            Ratio.between("copy_to_host", "throughput", "numpy.copyto", ours.gbps, anchor.gbps)
-        ],
-        "memory": {"extra_host_rss_bytes": ours.extra_host_bytes},
+        "gbps": ours,
+        "anchors": {"numpy.copyto GB/s": anchor},
+        "ratios": [Ratio.between("copy_to_host", "throughput", "numpy.copyto", ours, anchor)],
+        "memory": {"extra_host_rss_bytes": got["copy_to_host"].extra_host_bytes},
         "threads": host_copy_threads(),
-        "samples": _records(got),
+        "samples": records(got),
     }
 
 
@@ -125,7 +126,7 @@ def host_fresh(ctx: BenchContext) -> dict[str, Any]:
             f"copy_to_host(t) {size}": Case(partial(interop.copy_to_host, t), nbytes, check),
             f"t.numpy().copy() {size}": Case(partial(_numpy_copy, t), nbytes),
         }
-        got |= measure(cases, 3 * ctx.sizes.repeats, release=collect_garbage)
+        got |= measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)
     ours = {a: got[f"copy_to_host(t) {a}"].gbps for a in at}
     anchor = {a: got[f"t.numpy().copy() {a}"].gbps for a in at}
     return {
@@ -134,20 +135,18 @@ def host_fresh(ctx: BenchContext) -> dict[str, Any]:
         "by_size_gbps": ours,
         "anchors": {f"t.numpy().copy() {a} GB/s": anchor[a] for a in at},
         "ratios": [
-            Ratio.between(
-                f"copy_to_host(t) {a}", "throughput", f"t.numpy().copy() {a}", ours[a], anchor[a]
-            )
-            for a in at
+            Ratio.between(f"copy_to_host(t) {a}", "throughput", f"t.numpy().copy() {a}", *pair)
+            for a, pair in ((a, (ours[a], anchor[a])) for a in at)
         ],
         "memory": {"extra_host_rss_bytes": got[f"copy_to_host(t) {at[-1]}"].extra_host_bytes},
-        "samples": _records(got),
+        "samples": records(got),
     }
 
 
 def save_npy_rss_child(nbytes: int, path: str) -> dict[str, Any]:
-    """The measured part of ``save_npy_rss``, run in a fresh process: the peak resident
-    growth while ``save_npy`` saves a touched CPU tensor (warmed up on a small slice),
-    and whether the file holds the tensor."""
+    """The measured part of ``save_npy_rss``, in a fresh process: the peak RSS growth while
+    ``save_npy`` saves a touched CPU tensor (warmed up on a slice), and whether the file
+    holds the tensor."""
     import torch
 
     t = torch.rand(nbytes // 4, dtype=torch.float32)
@@ -192,14 +191,12 @@ def save_npy_rss(ctx: BenchContext) -> dict[str, Any]:
     extra = child["extra_rss_bytes"]
     if extra is None:
         raise RuntimeError("peak RSS cannot be measured here (needs Linux /proc)")
-    bound_words = "the bound 2 x num_buffers x chunk_bytes"
+    words = "the bound 2 x num_buffers x chunk_bytes"
     return {
         "size": f"{child['nbytes'] / MiB:.0f} MiB float32",
-        "gbps": child["nbytes"] / child["seconds"] / GB,
+        "gbps": child["nbytes"] / child["seconds"] / 1e9,
         "anchors": {"2 x num_buffers x chunk_bytes bytes": bound},
-        "ratios": [
-            Ratio.between("extra host RSS of save_npy", "memory", bound_words, extra, bound)
-        ],
+        "ratios": [Ratio.between("extra host RSS of save_npy", "memory", words, extra, bound)],
         "memory": {
             "extra_host_rss_bytes": extra,
             "bound_bytes": bound,
