@@ -44,7 +44,7 @@ from interop.bench.measure import (
     status_bytes,
 )
 from interop.bench.results import Ratio
-from interop.bench.rows.gpu import ring_bytes
+from interop.bench.rows import ring_bytes
 from interop.config import config
 
 __all__ = [

@@ -38,8 +38,7 @@ from interop.bench.results import (
     run_header,
     write_json,
 )
-from interop.bench.rows.gpu import d2h_prealloc_cases, h2d_pageable_cases
-from interop.bench.rows.host import host_copy_cases
+from interop.bench.rows import d2h_prealloc_cases, h2d_pageable_cases, host_copy_cases
 from interop.bench.run import bench_directory
 from interop.config import config
 

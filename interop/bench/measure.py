@@ -1,7 +1,4 @@
-"""Sizes, timers, peak memory and checked first calls. A row's calls are interleaved (ours,
-anchor, ours, ...) so that drift hits all alike; each figure is a median of repeats. The
-first call of each is untimed: it warms up, its result is checked, and its extra memory is
-measured after the caches were emptied (a staging ring it makes counts)."""
+"""Sizes, timers, peak memory and checked first calls: how every row measures."""
 
 from __future__ import annotations
 
@@ -25,9 +22,8 @@ class WrongResultError(AssertionError):
 
 @dataclasses.dataclass(frozen=True)
 class BenchSizes:
-    """Timed ``repeats`` per figure, ``calls`` per repeat of per-call rows, the bytes of
-    ``host_copy``, ``save_npy_rss``, the GPU rows' arrays and the lab's dask rows, and the
-    ``scale`` (``INTEROP_BENCH_SCALE``) every size and loop count was multiplied by."""
+    """Repeats, calls per repeat of per-call rows, each kind of row's bytes (``dask_bytes``:
+    the lab's), and the ``scale`` (``INTEROP_BENCH_SCALE``) that multiplied them."""
 
     repeats: int
     calls: int
@@ -123,12 +119,9 @@ class PeakRss:
 
 @dataclasses.dataclass
 class Case:
-    """One measured call ``fn`` of a row, moving ``nbytes`` bytes (0 for per-call cases).
-
-    ``check`` raises :class:`WrongResultError` if the first call's result is wrong;
-    ``prepare`` runs once, untimed, before it (e.g. to poison ``out``); ``settle`` runs
-    untimed after every call: it waits for work the call left running in the background.
-    """
+    """A measured call ``fn`` moving ``nbytes``: ``check`` raises :class:`WrongResultError` for
+    a wrong first result, ``prepare`` runs untimed before that call (to poison ``out``),
+    ``settle`` untimed after every call (to wait for work it left in the background)."""
 
     fn: Callable[[], Any]
     nbytes: int = 0
@@ -178,14 +171,10 @@ def measure(
     sync: Callable[[], None] | None = None,
     release: Callable[[], object] | None = None,
 ) -> dict[str, Measured]:
-    """Time byte-moving calls, interleaved, after a measured first call and a warm-up.
-
-    Each case's first call runs after ``release`` (which empties allocator and staging
-    caches, so what the call allocates counts): its peak extra host RSS is measured and
-    its result checked (:class:`WrongResultError`). With ``release``, every case then
-    runs once more untimed, to fill the caches again. Then ``repeats`` timed rounds run,
-    case after case; ``sync`` waits for the device inside the timed region.
-    """
+    """Time ``cases`` interleaved (so drift hits all alike), ``repeats`` rounds. Each case's
+    first call is untimed, after ``release`` (emptying the caches, so what it allocates
+    counts): its extra host RSS is measured and its result checked. With ``release``, one
+    untimed round warms up again. ``sync`` waits for the device inside the timed region."""
     results: dict[str, Measured] = {}
 
     def call(case: Case) -> Any:
