@@ -139,18 +139,13 @@ def _device_name() -> str:
 
 
 def _git(*args: str) -> str | None:
+    cmd = ["git", "-C", str(Path(__file__).resolve().parent), *args]
     try:
-        proc = subprocess.run(
-            ["git", *args],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            check=False,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.check_output(
+            cmd, stderr=subprocess.DEVNULL, text=True, timeout=10
+        ).strip()
+    except (OSError, subprocess.SubprocessError):
         return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) -> dict[str, Any]:

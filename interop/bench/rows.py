@@ -155,8 +155,8 @@ def host_fresh(ctx: BenchContext) -> dict[str, Any]:
         "by_size_gbps": ours,
         "anchors": {f"t.numpy().copy() {a} GB/s": anchor[a] for a in at},
         "ratios": [
-            Ratio.between(f"copy_to_host(t) {a}", "throughput", f"t.numpy().copy() {a}", *pair)
-            for a, pair in ((a, (ours[a], anchor[a])) for a in at)
+            Ratio.between(f"copy_to_host(t) {a}", "throughput", f"t.numpy().copy() {a}", o, n)
+            for a, o, n in ((a, ours[a], anchor[a]) for a in at)
         ],
         "memory": {"extra_host_rss_bytes": got[f"copy_to_host(t) {at[-1]}"].extra_host_bytes},
         "samples": records(got),
@@ -277,15 +277,13 @@ def d2h_prealloc_cases(g: GpuArrays, out: np.ndarray, every: int = 1) -> dict[st
     """``d2h_limit`` and ``copy_to_host(x, out)`` into ``out`` (pageable, touched), also what
     the sweep times; every ``every``-th element of ``out`` is poisoned before the first call
     and checked after it (the sweep samples with a prime stride, seeing every chunk)."""
-
-    def poison() -> None:
-        out[::every] = np.nan
-
-    def check(result: Any) -> None:
-        if not np.array_equal(result[::every], g.ref[::every]):
-            raise WrongResultError("copy_to_host(x, out) returned data that differs from x")
-
-    ours = Case(lambda: interop.copy_to_host(g.x, out), g.nbytes, check, poison)
+    check = expect_equal(g.ref[::every], "copy_to_host(x, out)")
+    ours = Case(
+        lambda: interop.copy_to_host(g.x, out),
+        g.nbytes,
+        lambda result: check(result[::every]),
+        lambda: out[::every].fill(np.nan),
+    )
     return {"d2h_limit": g.d2h_limit_case(), "copy_to_host(x, out)": ours}
 
 
@@ -453,7 +451,6 @@ def save_npy(ctx: BenchContext) -> dict[str, Any]:
 
 
 _RSS = "peak extra RSS while saving a CPU tensor with save_npy (fresh process)"
-_H2D = "one cudaMemcpyAsync of the array from pinned memory"
 
 #: Every row, in the order a run measures them.
 ROWS: tuple[RowSpec, ...] = (
@@ -467,7 +464,7 @@ ROWS: tuple[RowSpec, ...] = (
     RowSpec("d2h_pinned", "copy_to_host(x, out), out pinned (empty_pinned)", True, d2h_pinned),
     RowSpec("d2h_fresh", "copy_to_host(x), allocating out", True, d2h_fresh),
     RowSpec("d2h_strided", "copy_to_host(x.T, out), transposed source", True, d2h_strided),
-    RowSpec("h2d_limit", _H2D, True, h2d_limit),
+    RowSpec("h2d_limit", "one cudaMemcpyAsync of the array from pinned memory", True, h2d_limit),
     RowSpec("h2d_pageable", "copy_to_device(host), host pageable", True, h2d_pageable),
     RowSpec("h2d_pinned", "copy_to_device(host), host pinned (empty_pinned)", True, h2d_pinned),
     RowSpec("exchange_us", "to_cupy(t) / to_torch(c) per call", True, exchange_us, "us"),

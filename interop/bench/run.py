@@ -59,19 +59,18 @@ def bench_directory(workdir: str | os.PathLike[str] | None = None) -> Path:
 def collect_results(
     sizes: BenchSizes,
     rows: Sequence[RowSpec] = ROWS,
-    workdir: str | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     *,
     quick: bool = False,
     judge: Callable[[Row, bool], Row] | None = None,
 ) -> dict[str, Any]:
-    """Run ``rows`` (file rows write in ``workdir``, see :func:`bench_directory`): the run's
+    """Run ``rows`` (file rows write in :func:`bench_directory`): the run's
     header with ``notes`` and ``rows``. ``on_row`` gets the results so far after each row
     (``"partial": True``), so that a run that dies later keeps them; ``judge(row, judged)``
     returns a row with its targets and verdicts (``judged`` False in a ``quick`` run)."""
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
     header = run_header("bench", sizes, quick, judged=judge is not None and not quick)
-    ctx = BenchContext(sizes, bench_directory(workdir))
+    ctx = BenchContext(sizes, bench_directory())
     results: list[Row] = []
     try:
         for spec in rows:
