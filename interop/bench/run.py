@@ -11,13 +11,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .context import BenchContext, log_done
 from .measure import BenchSizes, scale_from_env
 from .report import format_table
 from .results import gpu_unavailable, host_unavailable, json_path_problem, run_header, write_json
-from .rows import ROWS, RowSpec
+from .rows import ROWS, BenchContext, RowSpec
 
 Row = dict[str, Any]
+
+
+def log_done(command: str, name: str, status: str, began: float) -> None:
+    """One line on stderr for a finished row: its status and seconds since ``began``."""
+    took = time.perf_counter() - began
+    print(f"{command}: {name} {status} ({took:.1f} s)", file=sys.stderr, flush=True)
 
 
 def run_row(
