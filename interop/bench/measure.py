@@ -168,7 +168,7 @@ def measure(
     cases: dict[str, Case],
     repeats: int,
     *,
-    sync: Callable[[], None] | None = None,
+    sync: Callable[[], object] | None = None,
     release: Callable[[], object] | None = None,
 ) -> dict[str, Measured]:
     """Time ``cases`` interleaved (so drift hits all alike), ``repeats`` rounds. Each case's
@@ -176,20 +176,15 @@ def measure(
     counts): its extra host RSS is measured and its result checked. With ``release``, one
     untimed round warms up again. ``sync`` waits for the device inside the timed region."""
     results: dict[str, Measured] = {}
-
-    def call(case: Case) -> Any:
-        value = case.fn()
-        if sync is not None:
-            sync()
-        return value
-
+    sync = sync or (lambda: None)
     for label, case in cases.items():
         if case.prepare is not None:
             case.prepare()
         if release is not None:
             release()
         with PeakRss() as rss:
-            value = call(case)
+            value = case.fn()
+            sync()
         if case.settle is not None:
             case.settle()
         if case.check is not None:
@@ -199,7 +194,8 @@ def measure(
     for timed in [False] * (release is not None) + [True] * repeats:  # warm again, then timed
         for label, case in cases.items():
             start = time.perf_counter()
-            call(case)
+            case.fn()
+            sync()
             if timed:
                 results[label].seconds.append(time.perf_counter() - start)
             if case.settle is not None:

@@ -20,8 +20,8 @@ from ..config import config
 from ..errors import BackendUnavailableError, NoDeviceError
 from .measure import BenchSizes
 
-#: Version of the JSON layout. 2: ``ratios`` is a list of objects with their direction.
-#: 3: ``machine`` and ``judged``; a ratio's ``target`` and ``met`` only where a run judged it.
+#: Version of the JSON layout (3: ``machine`` and ``judged``; ``target`` and ``met`` only
+#: where a run judged them; 2: ``ratios`` a list of objects with their direction).
 SCHEMA = 3
 
 #: What a ratio compares: time and memory, lower is better; throughput, higher is better.
@@ -186,9 +186,7 @@ def json_path_problem(path: str | os.PathLike[str]) -> str | None:
     target = Path(path)
     if target.is_dir():
         return f"expected a file path for the results (got {str(path)!r}, a directory)"
-    parent = target.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
+    parent = next((p for p in target.parents if p.exists()), target.parents[-1])
     if not parent.is_dir():
         return (
             f"expected the results' path to be in a directory (got {str(path)!r}, but "
@@ -199,23 +197,13 @@ def json_path_problem(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, inf) replaced by None, for strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def write_json(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``results`` as strict JSON (NaN and inf as ``null``) to ``path``, parents
     created, under a temporary name then renamed: a reader never sees half a file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(results), indent=2, allow_nan=False, default=str)
+    loose = json.dumps(results, default=str)  # NaN, Infinity: tokens that are read as None
+    text = json.dumps(json.loads(loose, parse_constant=lambda _: None), indent=2, allow_nan=False)
     partial = target.with_name(f".{target.name}.writing")
     partial.write_text(text + "\n")
     os.replace(partial, target)

@@ -1,9 +1,6 @@
-"""The rows of ``python -m interop bench`` and what they share (:class:`BenchContext`). A row
-is a function returning its measured fields (the figure, ``anchors``, ``ratios``, ``memory``,
-``samples``). Host rows run wherever PyTorch is installed; GPU rows where CuPy and PyTorch
-both see a CUDA device, on the run's shared float32 arrays (:class:`GpuArrays`), with the
-GB/s of every call that is not interop's as ``anchors`` and interop's other forms as
-``variants``."""
+"""The rows of ``python -m interop bench``, what they share, and :data:`ROWS`. A row returns
+its fields: the figure, ``anchors`` (what people write instead, the link's limit), interop's
+other forms (``variants``), ``ratios``, ``memory`` and ``samples``."""
 
 from __future__ import annotations
 
@@ -140,10 +137,9 @@ class GpuArrays:
 
 @dataclasses.dataclass(frozen=True)
 class RowSpec:
-    """One row: its ``name``, ``what`` it measures in words, whether it needs a ``gpu``,
-    the function that measures it (``run``, returning the row's fields), the ``figure``
-    the table shows first (``"gbps"``, ``"us"`` or ``"memory"``), and optionally
-    ``unavailable``, which says why the row cannot run in this installation or None."""
+    """A row: ``name``, ``what`` it measures, whether it needs a ``gpu``, the function that
+    measures it, the ``figure`` shown first (``"gbps"``, ``"us"``, ``"memory"``), and
+    ``unavailable``, saying why it cannot run in this installation (None: it can)."""
 
     name: str
     what: str
@@ -154,17 +150,37 @@ class RowSpec:
 
 
 # Host rows ---------------------------------------------------------------------------
-def records(got: dict[str, Measured]) -> dict[str, Any]:
-    """The JSON ``samples`` of a row: every case's :meth:`Measured.record`."""
-    return {label: m.record() for label, m in got.items()}
+RING = "the ring size (num_buffers x chunk_bytes)"
+
+
+def ring_bytes() -> int:
+    """The staging ring at the current settings (the 64 KiB chunk floor applied)."""
+    return config.num_buffers * chunk_bytes_or_default(None)
+
+
+def _throughput(got: dict[str, Measured], ours: str, to: tuple[str, ...]) -> dict[str, Any]:
+    """``ours``'s GB/s; the throughput of every case but ``to[0]`` over ``to[0]``'s, then
+    ``ours``'s over each of ``to[1:]``; interop's other calls (named like ``ours``) as
+    ``variants``, the rest as ``anchors``; ``ours``'s host memory."""
+    gbps = {k: m.gbps for k, m in got.items()}
+    mine = ours.split("(")[0]
+    ratios = [Ratio.between(k, "throughput", to[0], v, gbps[to[0]]) for k, v in gbps.items()]
+    ratios += [Ratio.between(ours, "throughput", k, gbps[ours], gbps[k]) for k in to[1:]]
+    return {
+        "gbps": gbps[ours],
+        "variants": {f"{k} GB/s": v for k, v in gbps.items() if k.startswith(mine) and k != ours},
+        "anchors": {f"{k} GB/s": v for k, v in gbps.items() if not k.startswith(mine)},
+        "ratios": [r for r in ratios if r.of != r.to],
+        "memory": {"extra_host_rss_bytes": got[ours].extra_host_bytes},
+        "samples": {label: m.record() for label, m in got.items()},
+    }
 
 
 def per_call_row(
     ctx: BenchContext, pairs: dict[str, str], calls: dict[str, Callable[[], Any]]
 ) -> dict[str, Any]:
-    """Per-call latency of 16-float arrays, timeit-style (garbage collection off): each of
-    ours (``pairs``' keys) against its anchor, ``ctx.sizes.calls`` calls per repeat after a
-    tenth of them untimed, interleaved; ``us`` a number for one pair, by call for more."""
+    """Per-call latency, timeit-style (garbage collection off), interleaved, after a tenth as
+    many calls untimed: each of ours (``pairs``' keys) against its anchor."""
     n, timers = ctx.sizes.calls, {label: timeit.Timer(fn) for label, fn in calls.items()}
     for timer in timers.values():
         timer.timeit(number=max(1, n // 10))
@@ -178,7 +194,7 @@ def per_call_row(
         "us": {o: us[o] for o in pairs} if len(pairs) > 1 else us[next(iter(pairs))],
         "anchors": {f"{a} us": us[a] for a in pairs.values()},
         "ratios": [Ratio.between(o, "time", a, us[o], us[a]) for o, a in pairs.items()],
-        "samples": records(got),
+        "samples": {label: m.record() for label, m in got.items()},
     }
 
 
@@ -222,18 +238,9 @@ def host_copy_cases(nbytes: int) -> tuple[dict[str, Case], int]:
 def host_copy(ctx: BenchContext) -> dict[str, Any]:
     """``copy_to_host(cpu_tensor, out)`` against one ``numpy.copyto`` into the same ``out``."""
     cases, nbytes = host_copy_cases(ctx.sizes.host_bytes)
-    # a copy takes milliseconds: more repeats for the same cost
-    got = measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)
-    ours, anchor = got["copy_to_host"].gbps, got["numpy.copyto"].gbps
-    return {
-        "size": f"{nbytes / MiB:.0f} MiB float32",
-        "gbps": ours,
-        "anchors": {"numpy.copyto GB/s": anchor},
-        "ratios": [Ratio.between("copy_to_host", "throughput", "numpy.copyto", ours, anchor)],
-        "memory": {"extra_host_rss_bytes": got["copy_to_host"].extra_host_bytes},
-        "threads": host_copy_threads(),
-        "samples": records(got),
-    }
+    got = measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)  # milliseconds a copy
+    fields = _throughput(got, "copy_to_host", ("numpy.copyto",))
+    return {"size": f"{nbytes / MiB:.0f} MiB float32"} | fields | {"threads": host_copy_threads()}
 
 
 def _numpy_copy(t: Any) -> np.ndarray:
@@ -266,7 +273,7 @@ def host_fresh(ctx: BenchContext) -> dict[str, Any]:
             for a, o, n in ((a, ours[a], anchor[a]) for a in at)
         ],
         "memory": {"extra_host_rss_bytes": got[f"copy_to_host(t) {at[-1]}"].extra_host_bytes},
-        "samples": records(got),
+        "samples": {label: m.record() for label, m in got.items()},
     }
 
 
@@ -290,7 +297,7 @@ def save_npy_rss_child(nbytes: int, path: str, settings: dict[str, int]) -> dict
 
 def save_npy_rss(ctx: BenchContext) -> dict[str, Any]:
     """Peak extra RSS of a fresh process while ``save_npy`` saves a CPU tensor."""
-    ring = config.num_buffers * chunk_bytes_or_default(None)  # the 64 KiB floor applied
+    ring = ring_bytes()
     bound, nbytes = 2 * ring, ctx.sizes.rss_bytes // 4 * 4
     fresh = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp, fresh:
@@ -318,35 +325,15 @@ def save_npy_rss(ctx: BenchContext) -> dict[str, Any]:
 
 
 # GPU rows ----------------------------------------------------------------------------
-RING = "the ring size (num_buffers x chunk_bytes)"
-
-
-def ring_bytes() -> int:
-    """The staging ring at the current settings (the 64 KiB chunk floor applied)."""
-    return config.num_buffers * chunk_bytes_or_default(None)
-
-
 def _row(
     ctx: BenchContext, cases: dict[str, Case], ours: str, to: tuple[str, ...], **more: Any
 ) -> dict[str, Any]:
-    """Measure ``cases``: ``ours``'s GB/s; the throughput of every case but ``to[0]`` over
-    ``to[0]``'s, then ``ours``'s over each of ``to[1:]``; interop's other calls (named
-    like ``ours``) as ``variants``, the rest as ``anchors``; ``ours``'s host memory."""
+    """Measure ``cases`` on the GPU arrays; the fields as :func:`_throughput` makes them."""
     g = ctx.gpu()
     got = measure(cases, ctx.sizes.repeats, sync=g.sync, release=g.release)
-    gbps = {k: m.gbps for k, m in got.items()}
-    mine = ours.split("(")[0]
-    ratios = [Ratio.between(k, "throughput", to[0], v, gbps[to[0]]) for k, v in gbps.items()]
-    ratios += [Ratio.between(ours, "throughput", k, gbps[ours], gbps[k]) for k in to[1:]]
-    return {
-        "size": f"{g.nbytes / 2**30:.2f} GiB float32",
-        "gbps": gbps[ours],
-        "variants": {f"{k} GB/s": v for k, v in gbps.items() if k.startswith(mine) and k != ours},
-        "anchors": {f"{k} GB/s": v for k, v in gbps.items() if not k.startswith(mine)},
-        "ratios": [r for r in ratios if r.of != r.to],
-        "memory": {"extra_host_rss_bytes": got[ours].extra_host_bytes, "ring_bytes": ring_bytes()},
-        "samples": records(got),
-    } | more
+    fields = {"size": f"{g.nbytes / 2**30:.2f} GiB float32"} | _throughput(got, ours, to)
+    fields["memory"]["ring_bytes"] = ring_bytes()
+    return fields | more
 
 
 def _poisoned(g: GpuArrays, fn: Any, out: Any, what: str, ref: Any = None) -> Case:
