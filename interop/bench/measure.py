@@ -38,14 +38,11 @@ class BenchSizes:
         """A full or ``quick`` run's sizes times ``scale``; ValueError for a bad ``scale``."""
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"expected a positive scale (got {scale!r})")
-        if quick:
-            repeats, calls, host, rss, gpu, dask = 3, 2000, 64 * MiB, 64 * MiB, 256 * MiB, 32 * MiB
-        else:
-            repeats, calls, host, rss, gpu, dask = 5, 20000, 256 * MiB, 768 * MiB, GiB, 384 * MiB
-        # multiples of 4 KiB, at least 1 MiB
-        host, rss, gpu, dask = (
-            max(MiB, int(n * scale) // 4096 * 4096) for n in (host, rss, gpu, dask)
+        # repeats, calls, then the bytes in MiB of host_copy, save_npy_rss, GPU and dask rows
+        repeats, calls, *mib = (
+            (3, 2000, 64, 64, 256, 32) if quick else (5, 20000, 256, 768, 1024, 384)
         )
+        host, rss, gpu, dask = (max(MiB, int(n * MiB * scale) // 4096 * 4096) for n in mib)
         return cls(repeats, max(100, int(calls * scale)), host, rss, gpu, dask, float(scale))
 
 
@@ -75,12 +72,9 @@ def status_bytes(key: str) -> int | None:
 
 
 class PeakRss:
-    """Peak growth of this process's resident memory over a ``with`` block (``extra_bytes``).
-
-    ``method``: ``"VmHWM"``, the kernel's peak, reset at entry through
-    ``/proc/self/clear_refs``; where that is refused, ``"sampled VmRSS"`` every
-    millisecond (it can miss a short peak); off Linux ``"unavailable"`` (None).
-    """
+    """Peak growth of this process's RSS over a ``with`` block (``extra_bytes``), by ``method``
+    ``"VmHWM"`` (the kernel's peak, reset through ``/proc/self/clear_refs``), or where that is
+    refused ``"sampled VmRSS"`` every millisecond, or off Linux ``"unavailable"`` (None)."""
 
     extra_bytes: int | None = None
     method = "unavailable"
@@ -126,8 +120,8 @@ class Case:
     fn: Callable[[], Any]
     nbytes: int = 0
     check: Callable[[Any], None] | None = None
-    prepare: Callable[[], None] | None = None
-    settle: Callable[[], None] | None = None
+    prepare: Callable[[], object] = lambda: None
+    settle: Callable[[], object] = lambda: None
 
 
 @dataclasses.dataclass
@@ -178,15 +172,13 @@ def measure(
     results: dict[str, Measured] = {}
     sync = sync or (lambda: None)
     for label, case in cases.items():
-        if case.prepare is not None:
-            case.prepare()
+        case.prepare()
         if release is not None:
             release()
         with PeakRss() as rss:
             value = case.fn()
             sync()
-        if case.settle is not None:
-            case.settle()
+        case.settle()
         if case.check is not None:
             case.check(value)
         del value
@@ -198,8 +190,7 @@ def measure(
             sync()
             if timed:
                 results[label].seconds.append(time.perf_counter() - start)
-            if case.settle is not None:
-                case.settle()
+            case.settle()
     return results
 
 

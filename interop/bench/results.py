@@ -130,14 +130,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _device_name() -> str:
-    if gpu_unavailable() is not None:
-        return "no CUDA device"
-    cp = _backends.cupy()
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
 def _git(*args: str) -> str | None:
     cmd = ["git", "-C", str(Path(__file__).resolve().parent), *args]
     try:
@@ -154,6 +146,10 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) 
     from ..info import collect_info
 
     started = datetime.datetime.now(datetime.timezone.utc)
+    device = "no CUDA device"
+    if gpu_unavailable() is None:
+        runtime = _backends.cupy().cuda.runtime
+        device = runtime.getDeviceProperties(runtime.getDevice())["name"]
     # INTEROP_COMMIT names the commit a copy of the tree came from (a remote runner); it wins
     # over git, as such a copy may carry a .git of another commit.
     named = os.environ.get("INTEROP_COMMIT", "").strip() or None
@@ -167,7 +163,7 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) 
         "kind": kind,
         "quick": quick,
         "judged": judged,
-        "device": _device_name(),
+        "device": device.decode() if isinstance(device, bytes) else str(device),
         "date": started.isoformat(timespec="seconds"),
         "commit": commit or "unknown",
         "commit_source": source,

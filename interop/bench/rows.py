@@ -98,11 +98,8 @@ class GpuArrays:
         self.cp.cuda.Device().synchronize()
 
     def _memcpy_case(self, dst: int, src: int, kind: int) -> Case:
-        stream = self.cp.cuda.get_current_stream
-        runtime = self.cp.cuda.runtime
-        return Case(
-            lambda: runtime.memcpyAsync(dst, src, self.nbytes, kind, stream().ptr), self.nbytes
-        )
+        copy = partial(self.cp.cuda.runtime.memcpyAsync, dst, src, self.nbytes, kind)
+        return Case(lambda: copy(self.cp.cuda.get_current_stream().ptr), self.nbytes)
 
     def d2h_limit_case(self) -> Case:
         """The whole array, device to pinned host, in one ``cudaMemcpyAsync`` (the link's limit)."""
@@ -124,9 +121,7 @@ class GpuArrays:
         self.cp.get_default_memory_pool().free_all_blocks()
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
         self.th.cuda.empty_cache()
-        host_empty = getattr(self.th._C, "_host_emptyCache", None)  # torch's pinned cache
-        if host_empty is not None:
-            host_empty()
+        getattr(self.th._C, "_host_emptyCache", lambda: None)()  # torch's pinned cache, if any
 
     def close(self) -> None:
         """Free the arrays and every cache."""
@@ -176,11 +171,10 @@ def _throughput(got: dict[str, Measured], ours: str, to: tuple[str, ...]) -> dic
     }
 
 
-def per_call_row(
-    ctx: BenchContext, pairs: dict[str, str], calls: dict[str, Callable[[], Any]]
-) -> dict[str, Any]:
+def per_call_row(ctx: BenchContext, calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """Per-call latency, timeit-style (garbage collection off), interleaved, after a tenth as
-    many calls untimed: each of ours (``pairs``' keys) against its anchor."""
+    many calls untimed: ``calls`` in pairs, each of ours followed by its anchor."""
+    pairs = dict(zip(list(calls)[::2], list(calls)[1::2], strict=True))
     n, timers = ctx.sizes.calls, {label: timeit.Timer(fn) for label, fn in calls.items()}
     for timer in timers.values():
         timer.timeit(number=max(1, n // 10))
@@ -202,11 +196,10 @@ def to_numpy_us(ctx: BenchContext) -> dict[str, Any]:
     """``to_numpy`` of a 16-float CPU tensor, per call, against ``numpy.from_dlpack``."""
     t = _backends.torch().arange(16, dtype=_backends.torch().float32)
     expect_equal(t.numpy(), "to_numpy")(interop.to_numpy(t))
-    calls = {
-        "to_numpy": lambda: interop.to_numpy(t),
-        "numpy.from_dlpack": lambda: np.from_dlpack(t),
-    }
-    return per_call_row(ctx, {"to_numpy": "numpy.from_dlpack"}, calls)
+    return per_call_row(
+        ctx,
+        {"to_numpy": lambda: interop.to_numpy(t), "numpy.from_dlpack": lambda: np.from_dlpack(t)},
+    )
 
 
 def to_torch_us(ctx: BenchContext) -> dict[str, Any]:
@@ -214,11 +207,10 @@ def to_torch_us(ctx: BenchContext) -> dict[str, Any]:
     th = _backends.torch()
     a = np.arange(16, dtype=np.float32)
     expect_equal(a, "to_torch")(interop.to_torch(a).numpy())
-    calls = {
-        "to_torch": lambda: interop.to_torch(a),
-        "torch.from_dlpack": lambda: th.from_dlpack(a),
-    }
-    return per_call_row(ctx, {"to_torch": "torch.from_dlpack"}, calls)
+    return per_call_row(
+        ctx,
+        {"to_torch": lambda: interop.to_torch(a), "torch.from_dlpack": lambda: th.from_dlpack(a)},
+    )
 
 
 def host_copy_cases(nbytes: int) -> tuple[dict[str, Case], int]:
@@ -510,8 +502,7 @@ def exchange_us(ctx: BenchContext) -> dict[str, Any]:
         "to_torch(c)": lambda: interop.to_torch(c),
         "torch.from_dlpack(c)": lambda: th.from_dlpack(c),
     }
-    pairs = {"to_cupy(t)": "cupy.from_dlpack(t)", "to_torch(c)": "torch.from_dlpack(c)"}
-    fields = per_call_row(ctx, pairs, calls)
+    fields = per_call_row(ctx, calls)
     g.sync()
     return fields
 
@@ -520,27 +511,24 @@ def save_npy(ctx: BenchContext) -> dict[str, Any]:
     """``save_npy(x, path)`` against the link's limit and a plain file write of the same bytes."""
     g = ctx.gpu()
     host = np.array(g.ref)  # pageable, the same bytes
+    ours, to = "save_npy(x, path)", "min(d2h_limit, sequential file write)"
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
         path, plain = Path(tmp) / "bench.npy", Path(tmp) / "plain.bin"
 
         def saved(result: Any) -> None:
-            if not np.array_equal(np.load(path, mmap_mode="r"), g.ref):
-                raise WrongResultError("save_npy wrote a file that differs from the source")
+            expect_equal(g.ref, ours)(np.load(path, mmap_mode="r"))
 
         cases = {
             "d2h_limit": g.d2h_limit_case(),
             "sequential file write": Case(lambda: plain.write_bytes(host.data), g.nbytes),
             # the replaced file is freed in the background: not while the anchors run
-            "save_npy(x, path)": Case(
+            ours: Case(
                 lambda: interop.save_npy(g.x, path), g.nbytes, saved, settle=wait_for_replaced_files
             ),
         }
-        fields = _row(ctx, cases, "save_npy(x, path)", ("d2h_limit",), directory=str(ctx.workdir))
+        fields = _row(ctx, cases, ours, ("d2h_limit",), directory=str(ctx.workdir))
     limit = min(fields["anchors"][f"{k} GB/s"] for k in ("d2h_limit", "sequential file write"))
-    to = "min(d2h_limit, sequential file write)"
-    fields["ratios"].append(
-        Ratio.between("save_npy(x, path)", "throughput", to, fields["gbps"], limit)
-    )
+    fields["ratios"].append(Ratio.between(ours, "throughput", to, fields["gbps"], limit))
     return fields
 
 

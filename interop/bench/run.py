@@ -8,6 +8,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,8 @@ def log_done(command: str, name: str, status: str, began: float) -> None:
 def run_row(
     spec: RowSpec, ctx: BenchContext, gpu_reason: str | None, host_reason: str | None
 ) -> Row:
-    """One row's result: ``name``, ``what``, ``status`` (``ok``, ``skipped``, ``not
-    available``, ``error``) and ``reason`` or the measured fields. ``gpu_reason`` and
-    ``host_reason`` say why GPU or host rows cannot run here (None: they can)."""
+    """One row's result: ``name``, ``what``, ``status`` (``ok``, ``skipped``, ``not available``,
+    ``error``) and ``reason`` or the measured fields; ``*_reason``: why such rows cannot run."""
     row: Row = {"name": spec.name, "what": spec.what}
     lacking = spec.unavailable() if spec.unavailable is not None else None
     if lacking is not None:
@@ -39,10 +39,8 @@ def run_row(
     if reason is not None:
         return row | {"status": "skipped", "reason": reason}
     try:
-        fields = spec.run(ctx)
-        fields = (
-            {"status": "ok"} | fields | {"ratios": [r.record() for r in fields.get("ratios", [])]}
-        )
+        got = spec.run(ctx)
+        fields = {"status": "ok", **got, "ratios": [r.record() for r in got.get("ratios", [])]}
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         fields = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
@@ -64,13 +62,13 @@ def bench_directory(workdir: str | os.PathLike[str] | None = None) -> Path:
 def collect_results(
     sizes: BenchSizes,
     rows: Sequence[RowSpec] = ROWS,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_row: Callable[[dict[str, Any]], object] | None = None,
     *,
     quick: bool = False,
     judge: Callable[[Row, bool], Row] | None = None,
 ) -> dict[str, Any]:
-    """Run ``rows`` (file rows write in :func:`bench_directory`): the run's
-    header with ``notes`` and ``rows``. ``on_row`` gets the results so far after each row
+    """Run ``rows`` (file rows write in :func:`bench_directory`): the run's header with
+    ``notes`` and ``rows``. ``on_row`` gets the results so far after each row
     (``"partial": True``), so that a run that dies later keeps them; ``judge(row, judged)``
     returns a row with its targets and verdicts (``judged`` False in a ``quick`` run)."""
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
@@ -111,12 +109,8 @@ def run_bench(
     if problem is not None:
         print(f"{command}: {problem}", file=sys.stderr)
         return 2
-
-    def save_partial(partial: dict[str, Any]) -> None:
-        if json_path:
-            write_json(partial, json_path)
-
-    results = collect_results(sizes, rows, on_row=save_partial, quick=quick, judge=judge)
+    save = partial(write_json, path=json_path) if json_path else None
+    results = collect_results(sizes, rows, on_row=save, quick=quick, judge=judge)
     print(report(results))
     if json_path:
         print(f"wrote {write_json(results, json_path)}")
