@@ -85,8 +85,7 @@ class GpuArrays:
         self.ref = np.frombuffer(self._pinned_mem, np.float32, n)  # pinned, == x
         self.x.get(out=self.ref)
         self.sync()
-        # Whether the driver counts page-locked memory in RSS: where it does not, the
-        # host-memory figures of the GPU rows show pageable memory only.
+        # Does the driver count pinned pages in RSS? If not, GPU rows' RSS is pageable only.
         with PeakRss() as rss:
             ptr = int(self.cp.cuda.runtime.hostAlloc(64 * MiB, 0))
             ctypes.memset(ptr, 1, 64 * MiB)
@@ -270,9 +269,8 @@ def host_fresh(ctx: BenchContext) -> dict[str, Any]:
 
 
 def save_npy_rss_child(nbytes: int, path: str, settings: dict[str, int]) -> dict[str, Any]:
-    """The measured part of ``save_npy_rss``, in a fresh process: the peak RSS growth while
-    ``save_npy`` saves a touched CPU tensor (warmed up on a slice) with ``settings``, and
-    whether the file holds the tensor."""
+    """``save_npy_rss`` in a fresh process: peak RSS growth while ``save_npy`` saves a touched
+    CPU tensor (warmed up on a slice) with ``settings``, and whether the file holds it."""
     import torch
 
     t = torch.rand(nbytes // 4, dtype=torch.float32)
@@ -334,12 +332,12 @@ def _poisoned(g: GpuArrays, fn: Any, out: Any, what: str, ref: Any = None) -> Ca
     return Case(fn, out.nbytes, check, lambda: out.fill(np.nan))
 
 
-def _on_device(g: GpuArrays) -> Any:
+def _on_device(g: GpuArrays, what: str = "copy_to_device") -> Any:
     """A :class:`Case` check: the device array returned equals ``g.x``."""
 
     def check(result: Any) -> None:
         if not bool(g.cp.array_equal(result, g.x)):
-            raise WrongResultError("copy_to_device returned data that differs from the source")
+            raise WrongResultError(f"{what} returned data that differs from the source")
 
     return check
 
@@ -354,8 +352,7 @@ def h2d_limit(ctx: BenchContext) -> dict[str, Any]:
     g = ctx.gpu()
     dst = g.cp.empty_like(g.x)
     fields = _row(ctx, {"h2d_limit": g.h2d_limit_case(dst)}, "h2d_limit", ("h2d_limit",))
-    if not bool(g.cp.array_equal(dst, g.x)):
-        raise WrongResultError("the pinned-to-device cudaMemcpyAsync returned wrong data")
+    _on_device(g, "the pinned-to-device cudaMemcpyAsync")(dst)
     return fields
 
 
@@ -364,12 +361,8 @@ def d2h_prealloc_cases(g: GpuArrays, out: np.ndarray, every: int = 1) -> dict[st
     the sweep times; every ``every``-th element of ``out`` is poisoned before the first call
     and checked after it (the sweep samples with a prime stride, seeing every chunk)."""
     check = expect_equal(g.ref[::every], "copy_to_host(x, out)")
-    ours = Case(
-        lambda: interop.copy_to_host(g.x, out),
-        g.nbytes,
-        lambda result: check(result[::every]),
-        lambda: out[::every].fill(np.nan),
-    )
+    ours = Case(lambda: interop.copy_to_host(g.x, out), g.nbytes, lambda r: check(r[::every]))
+    ours.prepare = lambda: out[::every].fill(np.nan)
     return {"d2h_limit": g.d2h_limit_case(), "copy_to_host(x, out)": ours}
 
 
@@ -422,10 +415,8 @@ def strided(g: GpuArrays) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     """The square's transposed views (CuPy ``x.T``, torch ``t.T``), ``x.T``'s values on the
     host, and a pageable ``out`` for them."""
     side = math.isqrt(g.nbytes // 4)
-    n = side * side
-    out = np.full((side, side), np.nan, np.float32)
-    square = (g.x[:n].reshape(side, side), g.t[:n].view(side, side), g.ref[:n].reshape(side, side))
-    return square[0].T, square[1].T, square[2].T, out
+    x_t, t_t, ref_t = (a[: side * side].reshape(side, side).T for a in (g.x, g.t, g.ref))
+    return x_t, t_t, ref_t, np.full((side, side), np.nan, np.float32)
 
 
 def d2h_strided(ctx: BenchContext) -> dict[str, Any]:
