@@ -39,8 +39,7 @@ class BenchContext:
     (run-wide observations for the JSON) and the GPU arrays (made on first use)."""
 
     def __init__(self, sizes: BenchSizes, workdir: Path) -> None:
-        self.sizes = sizes
-        self.workdir = workdir
+        self.sizes, self.workdir = sizes, workdir
         self.notes: dict[str, Any] = {}
         self._gpu: GpuArrays | None = None
 
@@ -75,8 +74,7 @@ class GpuArrays:
     pinned copy ``ref``; NoDeviceError or BackendUnavailableError without a usable device."""
 
     def __init__(self, nbytes: int) -> None:
-        self.cp = _backends.require_cupy_device()
-        self.th = _backends.require_torch_cuda()
+        self.cp, self.th = _backends.require_cupy_device(), _backends.require_torch_cuda()
         n = nbytes // 4
         self.nbytes = n * 4
         self.x = self.cp.random.default_rng(0).random(n, dtype=self.cp.float32)
@@ -213,8 +211,8 @@ def to_torch_us(ctx: BenchContext) -> dict[str, Any]:
 
 
 def host_copy_cases(nbytes: int) -> tuple[dict[str, Case], int]:
-    """``copy_to_host(t, out)`` and ``numpy.copyto`` into one ``out`` (also what the sweep
-    times); and the bytes each call moves."""
+    """Cases ``copy_to_host(t, out)`` and ``numpy.copyto`` into one ``out`` (the sweep's too),
+    and their bytes."""
     t = _backends.torch().rand(nbytes // 4)
     src = t.numpy()
     out = np.full(src.size, np.nan, np.float32)  # touched, poisoned
@@ -439,8 +437,7 @@ def d2h_strided(ctx: BenchContext) -> dict[str, Any]:
 
 
 def h2d_pageable_cases(g: GpuArrays, host: np.ndarray) -> dict[str, Case]:
-    """``h2d_limit`` and ``copy_to_device(host)`` from ``host`` (pageable, touched), also
-    what the sweep times."""
+    """``h2d_limit`` and ``copy_to_device(host)`` from pageable ``host``; the sweep times them."""
     ours = Case(lambda: interop.copy_to_device(host), g.nbytes, _on_device(g))
     return {"h2d_limit": g.h2d_limit_case(g.cp.empty_like(g.x)), "copy_to_device(host)": ours}
 
