@@ -34,7 +34,6 @@ import numpy as np
 
 from benchmarks.diagnostics import DeviceGrowth
 from interop._backends import DISTRIBUTION
-from interop.bench.context import BenchContext
 from interop.bench.measure import (
     GiB,
     Measured,
@@ -44,7 +43,7 @@ from interop.bench.measure import (
     status_bytes,
 )
 from interop.bench.results import Ratio
-from interop.bench.rows.gpu import ring_bytes
+from interop.bench.rows import BenchContext, ring_bytes
 from interop.config import config
 
 __all__ = [

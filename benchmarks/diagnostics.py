@@ -33,12 +33,10 @@ from typing import Any
 import numpy as np
 
 import interop
-from interop.bench.context import BenchContext, GpuArrays
 from interop.bench.measure import Case, measure
 from interop.bench.report import format_bytes
 from interop.bench.results import Ratio
-from interop.bench.rows import RowSpec
-from interop.bench.rows.gpu import RING, ring_bytes, strided
+from interop.bench.rows import RING, BenchContext, GpuArrays, RowSpec, ring_bytes, strided
 from interop.config import chunk_bytes_or_default, config
 from interop.pipeline import trace
 

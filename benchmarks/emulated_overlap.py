@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 import interop
-from interop.bench.context import BenchContext
 from interop.bench.measure import MiB
 from interop.bench.results import Ratio
+from interop.bench.rows import BenchContext
 from interop.testing import EmulatedDevice
 
 #: The emulated link's rate, GB/s: below one thread's memcpy on small machines.

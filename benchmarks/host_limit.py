@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from interop.bench.context import BenchContext, GpuArrays
 from interop.bench.measure import Case, Measured, MiB, WrongResultError, measure
 from interop.bench.results import Ratio, gpu_unavailable
+from interop.bench.rows import BenchContext, GpuArrays
 from interop.config import chunk_bytes_or_default
 
 THREADS = (1, 2, 4, 8, 16)

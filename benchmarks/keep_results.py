@@ -183,7 +183,7 @@ def report(kept: dict[str, Any], name: str) -> str:
         for r in row.get("ratios", []):
             if not r.get("target"):
                 continue
-            measured = ratio_text({**r, "target": None})
+            measured = ratio_text(r)
             lines.append(f"| `{row['name']}` | {measured} | {r['target']} | {VERDICT[r['met']]} |")
         if row["met"] is False:
             missed.append(row)

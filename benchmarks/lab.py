@@ -30,9 +30,8 @@ from benchmarks.emulated_overlap import emulated_overlap
 from benchmarks.host_limit import host_limit
 from benchmarks.report import format_report
 from benchmarks.targets import RunJudge
-from interop.bench.context import BenchContext
 from interop.bench.results import Ratio, gpu_unavailable
-from interop.bench.rows import ROWS, RowSpec
+from interop.bench.rows import ROWS, BenchContext, RowSpec
 from interop.bench.run import run_bench
 
 #: The module that measures ``torch_op_us``, and the call it compares with.

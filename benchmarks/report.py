@@ -46,6 +46,19 @@ def _wrap(text: str, indent: str = "", hanging: str = "         ") -> list[str]:
     return [line.replace(_NBSP, " ") for line in lines]
 
 
+def judged_ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
+    """:func:`~interop.bench.report.ratio_text` with the ratio's target, where it has one:
+    ``"to_numpy: 1.33x the time of numpy.from_dlpack (target <= 2x)"``, ``": MISSED"``
+    added where it was missed, ``", not judged"`` where the run judged nothing."""
+    text = ratio_text(ratio)
+    if not ratio.get("target"):
+        return text
+    if not judged:
+        return text + f" (target {ratio['target']}, not judged)"
+    missed = ": MISSED" if ratio.get("met") is False else ""
+    return text + f" (target {ratio['target']}{missed})"
+
+
 def is_judged(results: dict[str, Any]) -> bool:
     """Whether ``results`` were judged (a file before schema 3: unless a smoke run)."""
     return bool(results.get("judged", not results.get("quick")))
@@ -146,7 +159,7 @@ def format_report(results: dict[str, Any]) -> str:
         if not row.get("ratios") and row.get("target"):
             lines.append(f"{indent}target: {row['target']}")
         for r in row.get("ratios", []):
-            lines += _wrap(ratio_text(r, judged), indent, "    ")
+            lines += _wrap(judged_ratio_text(r, judged), indent, "    ")
         if row.get("memory"):
             lines += _wrap(f"memory: {memory_text(row['memory'])}", indent, "    ")
         for line in _more(row):

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from interop.bench.context import BenchContext, GpuArrays, log_done
 from interop.bench.measure import BenchSizes, Case, GiB, Measured, MiB, measure, scale_from_env
 from interop.bench.report import format_bytes
 from interop.bench.results import (
@@ -38,9 +37,14 @@ from interop.bench.results import (
     run_header,
     write_json,
 )
-from interop.bench.rows.gpu import d2h_prealloc_cases, h2d_pageable_cases
-from interop.bench.rows.host import host_copy_cases
-from interop.bench.run import bench_directory
+from interop.bench.rows import (
+    BenchContext,
+    GpuArrays,
+    d2h_prealloc_cases,
+    h2d_pageable_cases,
+    host_copy_cases,
+)
+from interop.bench.run import bench_directory, log_done
 from interop.config import config
 
 __all__ = [
@@ -110,7 +114,7 @@ class SweepRow:
 
 
 def _gpu_measure(g: GpuArrays) -> Callable[[dict[str, Case], int], dict[str, Measured]]:
-    return lambda cases, repeats: g.measure(cases, repeats, release=False)
+    return lambda cases, repeats: measure(cases, repeats, sync=g.sync)
 
 
 def _d2h_prealloc(ctx: BenchContext) -> Subject:

@@ -314,21 +314,18 @@ def test_the_table_shows_figures_anchors_and_directions(quick_run):
     assert re.search(r"^machine  .*memory \d+\.\d\d GiB", table, re.MULTILINE)
 
 
-def test_ratio_text_says_which_way_is_better_and_shows_a_target_where_judged():
+def test_ratio_text_says_which_way_is_better():
+    """Targets and verdicts are the lab's (benchmarks/tests/test_report.py): never shown here."""
     time_ = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 1.29, 1.0).record()
     assert ratio_text(time_) == "to_numpy: 1.29x the time of numpy.from_dlpack"
     rate = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 1.14, 1.0).record()
-    assert ratio_text(rate | {"target": ">= 1x", "met": None}, judged=False) == (
-        "copy_to_host: 1.14x the throughput of numpy.copyto (target >= 1x, not judged)"
-    )
-    missed = Ratio.between("x", "throughput", "d2h_limit", 0.5, 1.0).record()
-    assert ratio_text(missed | {"target": ">= 0.9x", "met": False}).endswith(
-        "(target >= 0.9x: MISSED)"
+    assert ratio_text(rate | {"target": ">= 1x", "met": False}) == (
+        "copy_to_host: 1.14x the throughput of numpy.copyto"
     )
     memory = Ratio.between("extra RSS", "memory", "the ring size", 64.0, 128.0).record()
-    assert ratio_text(memory | {"target": "<= 1x", "met": True}) == (
-        "extra RSS: 0.50x the ring size (target <= 1x)"
-    )
+    assert ratio_text(memory) == "extra RSS: 0.50x the ring size"
+    none = Ratio.between("a", "throughput", "b", 1.0, 0.0).record()
+    assert ratio_text(none) == "a: n/a the throughput of b"
 
 
 def test_a_ratio_is_none_where_a_side_is_missing_and_refuses_a_bad_quantity():
@@ -509,7 +506,7 @@ def test_importing_interop_does_not_import_the_bench():
 def test_the_package_does_not_import_the_lab():
     """interop.bench is shipped; benchmarks/ (the lab) is not, so the package never needs it."""
     code = (
-        "import sys, interop.bench.run, interop.bench.rows.gpu; "
+        "import sys, interop.bench.run, interop.bench.rows; "
         "print(any(m == 'benchmarks' or m.startswith('benchmarks.') for m in sys.modules))"
     )
     out = run_python(code)
@@ -606,7 +603,7 @@ def test_the_package_stays_small():
     lines = sum(
         len(p.read_text().splitlines()) for p in (REPO_ROOT / "interop" / "bench").rglob("*.py")
     )
-    assert lines <= 1500, lines
+    assert lines <= 1200, lines
 
 
 @pytest.mark.gpu

@@ -21,10 +21,9 @@ from benchmarks import dask_save
 from benchmarks.report import format_report
 from benchmarks.targets import judge
 from interop.bench import collect_results
-from interop.bench.context import BenchContext
 from interop.bench.measure import BenchSizes, WrongResultError
 from interop.bench.report import format_bytes
-from interop.bench.rows import RowSpec
+from interop.bench.rows import BenchContext, RowSpec
 from tests.helpers import run_python
 
 from .runs import full_host_run, quick_bench
@@ -149,7 +148,7 @@ def test_rows_without_dask_or_distributed_are_not_available(blocked):
         from pathlib import Path
         from benchmarks.lab import LAB_ROWS
         from benchmarks.targets import judge
-        from interop.bench.context import BenchContext
+        from interop.bench.rows import BenchContext
         from interop.bench.measure import BenchSizes
         from interop.bench.run import run_row
 

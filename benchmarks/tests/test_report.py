@@ -12,6 +12,7 @@ import interop
 from benchmarks.__main__ import main
 from benchmarks.diagnostics import traced
 from benchmarks.report import format_report as format_table
+from benchmarks.report import judged_ratio_text
 from benchmarks.targets import judge
 from interop.bench.measure import BenchSizes
 from interop.bench.results import Ratio
@@ -99,6 +100,23 @@ def test_quick_report_is_a_smoke_run_that_judges_nothing(host_results):
     measured = sum(row["status"] == "ok" for row in quick["rows"])
     assert measured >= 4  # the host rows; the GPU and dask rows where they can run
     assert summary.startswith(f"summary: {measured} measured (not judged: a smoke run)")
+
+
+def test_ratio_text_says_which_way_is_better_and_shows_a_target_where_judged():
+    time_ = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 1.29, 1.0).record()
+    assert judged_ratio_text(time_) == "to_numpy: 1.29x the time of numpy.from_dlpack"
+    rate = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 1.14, 1.0).record()
+    assert judged_ratio_text(rate | {"target": ">= 1x", "met": None}, judged=False) == (
+        "copy_to_host: 1.14x the throughput of numpy.copyto (target >= 1x, not judged)"
+    )
+    missed = Ratio.between("x", "throughput", "d2h_limit", 0.5, 1.0).record()
+    assert judged_ratio_text(missed | {"target": ">= 0.9x", "met": False}).endswith(
+        "(target >= 0.9x: MISSED)"
+    )
+    memory = Ratio.between("extra RSS", "memory", "the ring size", 64.0, 128.0).record()
+    assert judged_ratio_text(memory | {"target": "<= 1x", "met": True}) == (
+        "extra RSS: 0.50x the ring size (target <= 1x)"
+    )
 
 
 def test_rows_that_did_not_run_are_grouped_by_reason():

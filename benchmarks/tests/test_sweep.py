@@ -13,8 +13,8 @@ import pytest
 import interop
 from benchmarks import sweep as sweep_mod
 from interop.bench import SCHEMA
-from interop.bench.context import BenchContext
 from interop.bench.measure import BenchSizes, Case, WrongResultError, measure
+from interop.bench.rows import BenchContext
 
 from .runs import quick_sweep, run_lab
 

@@ -1,18 +1,13 @@
-"""Sizes, timers, peak memory, and checked first calls. Within a row the calls are
-interleaved (ours, anchor, ours, ...) so that drift hits all alike; each figure is a median
-of repeats. The first call of each is untimed: it warms up, its result is checked, and its
-extra memory is measured after the caches were emptied (a staging ring it makes counts)."""
+"""Sizes, timers, peak memory and checked first calls: how every row measures."""
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import os
 import statistics
 import threading
 import time
-import timeit
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +22,8 @@ class WrongResultError(AssertionError):
 
 @dataclasses.dataclass(frozen=True)
 class BenchSizes:
-    """Timed ``repeats`` per figure, ``calls`` per repeat of per-call rows, the bytes of
-    ``host_copy``, ``save_npy_rss``, the GPU rows' arrays and the lab's dask rows, and the
-    ``scale`` (``INTEROP_BENCH_SCALE``) every size and loop count was multiplied by."""
+    """Repeats, calls per repeat of per-call rows, each kind of row's bytes (``dask_bytes``:
+    the lab's), and the ``scale`` (``INTEROP_BENCH_SCALE``) that multiplied them."""
 
     repeats: int
     calls: int
@@ -41,20 +35,14 @@ class BenchSizes:
 
     @classmethod
     def choose(cls, quick: bool, scale: float = 1.0) -> BenchSizes:
-        """A full run's sizes (1 GiB GPU arrays, 256 MiB ``host_copy``, 768 MiB
-        ``save_npy_rss``, 384 MiB dask) or a ``quick`` run's (a quarter or less), times
-        ``scale`` (multiples of 4 KiB, at least 1 MiB); ValueError for a bad ``scale``."""
+        """A full or ``quick`` run's sizes times ``scale``; ValueError for a bad ``scale``."""
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"expected a positive scale (got {scale!r})")
-        if quick:
-            repeats, calls, host, rss, gpu, dask = 3, 2000, 64 * MiB, 64 * MiB, 256 * MiB, 32 * MiB
-        else:
-            repeats, calls, host, rss, gpu, dask = 5, 20000, 256 * MiB, 768 * MiB, GiB, 384 * MiB
-
-        def nbytes(n: int) -> int:
-            return max(MiB, int(n * scale) // 4096 * 4096)
-
-        host, rss, gpu, dask = (nbytes(n) for n in (host, rss, gpu, dask))
+        # repeats, calls, then the bytes in MiB of host_copy, save_npy_rss, GPU and dask rows
+        repeats, calls, *mib = (
+            (3, 2000, 64, 64, 256, 32) if quick else (5, 20000, 256, 768, 1024, 384)
+        )
+        host, rss, gpu, dask = (max(MiB, int(n * MiB * scale) // 4096 * 4096) for n in mib)
         return cls(repeats, max(100, int(calls * scale)), host, rss, gpu, dask, float(scale))
 
 
@@ -77,31 +65,22 @@ def status_bytes(key: str) -> int | None:
     """A ``kB`` field of ``/proc/self/status`` (e.g. ``"VmRSS"``) in bytes; None off Linux."""
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
+            line = next((line for line in f if line.startswith(key + ":")), None)
     except OSError:
         return None
-    return None
+    return int(line.split()[1]) * 1024 if line else None
 
 
 class PeakRss:
-    """Peak growth of this process's resident memory over a ``with`` block (``extra_bytes``).
+    """Peak growth of this process's RSS over a ``with`` block (``extra_bytes``), by ``method``
+    ``"VmHWM"`` (the kernel's peak, reset through ``/proc/self/clear_refs``), or where that is
+    refused ``"sampled VmRSS"`` every millisecond, or off Linux ``"unavailable"`` (None)."""
 
-    ``method``: ``"VmHWM"``, the kernel's peak, reset at entry through
-    ``/proc/self/clear_refs``; where that is refused, ``"sampled VmRSS"`` every
-    millisecond (it can miss a short peak); off Linux ``"unavailable"`` (None).
-    """
-
-    def __init__(self) -> None:
-        self.extra_bytes: int | None = None
-        self.method = "unavailable"
-        self._base: int | None = None
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    extra_bytes: int | None = None
+    method = "unavailable"
 
     def __enter__(self) -> PeakRss:
+        self._stop, self._thread = threading.Event(), None
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset VmHWM to the current RSS
@@ -110,7 +89,7 @@ class PeakRss:
             self.method = "sampled VmRSS"
         self._base = self._peak = status_bytes("VmRSS") or 0
         if not self._base:
-            self._base, self.method = None, "unavailable"
+            self.method = "unavailable"
         elif self.method == "sampled VmRSS":
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
@@ -121,7 +100,7 @@ class PeakRss:
             self._peak = max(self._peak, status_bytes("VmRSS") or 0)
 
     def __exit__(self, *exc: object) -> None:
-        if self._base is None:
+        if not self._base:
             return
         if self._thread is not None:
             self._stop.set()
@@ -134,18 +113,15 @@ class PeakRss:
 
 @dataclasses.dataclass
 class Case:
-    """One measured call ``fn`` of a row, moving ``nbytes`` bytes (0 for per-call cases).
-
-    ``check`` raises :class:`WrongResultError` if the first call's result is wrong;
-    ``prepare`` runs once, untimed, before it (e.g. to poison ``out``); ``settle`` runs
-    untimed after every call: it waits for work the call left running in the background.
-    """
+    """A measured call ``fn`` moving ``nbytes``: ``check`` raises :class:`WrongResultError` for
+    a wrong first result, ``prepare`` runs untimed before that call (to poison ``out``),
+    ``settle`` untimed after every call (to wait for work it left in the background)."""
 
     fn: Callable[[], Any]
     nbytes: int = 0
     check: Callable[[Any], None] | None = None
-    prepare: Callable[[], None] | None = None
-    settle: Callable[[], None] | None = None
+    prepare: Callable[[], object] = lambda: None
+    settle: Callable[[], object] = lambda: None
 
 
 @dataclasses.dataclass
@@ -160,19 +136,14 @@ class Measured:
     checked: bool = False
 
     @property
-    def median_s(self) -> float:
-        """Median seconds of one timed repeat."""
-        return statistics.median(self.seconds)
-
-    @property
     def gbps(self) -> float:
-        """Bytes per second of the median repeat, in GB/s (1e9)."""
-        return self.nbytes / self.median_s / GB
+        """GB/s (1e9) of the median repeat."""
+        return self.nbytes / statistics.median(self.seconds) / GB
 
     @property
     def us(self) -> float:
         """Microseconds per call of the median repeat."""
-        return self.median_s / self.calls * 1e6
+        return statistics.median(self.seconds) / self.calls * 1e6
 
     def record(self) -> dict[str, Any]:
         """The JSON form: every repeat, and the memory where it was measured."""
@@ -191,67 +162,35 @@ def measure(
     cases: dict[str, Case],
     repeats: int,
     *,
-    sync: Callable[[], None] | None = None,
-    release: Callable[[], None] | None = None,
+    sync: Callable[[], object] | None = None,
+    release: Callable[[], object] | None = None,
 ) -> dict[str, Measured]:
-    """Time byte-moving calls, interleaved, after a measured first call and a warm-up.
-
-    Each case's first call runs after ``release`` (which empties allocator and staging
-    caches, so what the call allocates counts): its peak extra host RSS is measured and
-    its result checked (:class:`WrongResultError`). With ``release``, every case then
-    runs once more untimed, to fill the caches again. Then ``repeats`` timed rounds run,
-    case after case; ``sync`` waits for the device inside the timed region.
-    """
+    """Time ``cases`` interleaved (so drift hits all alike), ``repeats`` rounds. Each case's
+    first call is untimed, after ``release`` (emptying the caches, so what it allocates
+    counts): its extra host RSS is measured and its result checked. With ``release``, one
+    untimed round warms up again. ``sync`` waits for the device inside the timed region."""
     results: dict[str, Measured] = {}
-
-    def call(case: Case) -> Any:
-        value = case.fn()
-        if sync is not None:
-            sync()
-        return value
-
+    sync = sync or (lambda: None)
     for label, case in cases.items():
-        if case.prepare is not None:
-            case.prepare()
+        case.prepare()
         if release is not None:
             release()
         with PeakRss() as rss:
-            value = call(case)
-        if case.settle is not None:
-            case.settle()
+            value = case.fn()
+            sync()
+        case.settle()
         if case.check is not None:
             case.check(value)
         del value
-        results[label] = Measured(
-            [],
-            case.nbytes,
-            extra_host_bytes=rss.extra_bytes,
-            checked=case.check is not None,
-        )
-    rounds = [False] * (release is not None) + [True] * repeats  # warm again, then timed
-    for timed in rounds:
+        results[label] = Measured([], case.nbytes, 1, rss.extra_bytes, None, case.check is not None)
+    for timed in [False] * (release is not None) + [True] * repeats:  # warm again, then timed
         for label, case in cases.items():
             start = time.perf_counter()
-            call(case)
+            case.fn()
+            sync()
             if timed:
                 results[label].seconds.append(time.perf_counter() - start)
-            if case.settle is not None:
-                case.settle()
-    return results
-
-
-def measure_per_call(
-    cases: dict[str, Callable[[], Any]], calls: int, repeats: int
-) -> dict[str, Measured]:
-    """Per-call latency, timeit-style: ``calls`` calls per repeat, interleaved, after a
-    tenth of ``calls`` untimed; garbage collection off while timing, as in :mod:`timeit`."""
-    timers = {label: timeit.Timer(fn) for label, fn in cases.items()}
-    for timer in timers.values():
-        timer.timeit(number=max(1, calls // 10))
-    results = {label: Measured([], calls=calls) for label in cases}
-    for _ in range(repeats):
-        for label, timer in timers.items():
-            results[label].seconds.append(timer.timeit(number=calls))
+            case.settle()
     return results
 
 
@@ -263,8 +202,3 @@ def expect_equal(reference: Any, what: str) -> Callable[[Any], None]:
             raise WrongResultError(f"{what} returned data that differs from the source")
 
     return check
-
-
-def collect_garbage() -> None:
-    """The ``release`` of host-only rows: collect garbage so that freed arrays are gone."""
-    gc.collect()

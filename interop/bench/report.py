@@ -1,13 +1,18 @@
-"""The table ``python -m interop bench`` prints, made from its results (the same data as
-the JSON): per row its figure, every ratio with its direction ("1.29x the time of
-numpy.from_dlpack", "1.14x the throughput of numpy.copyto") and its memory; rows that
-did not run grouped by reason."""
+"""The table ``python -m interop bench`` prints from its results (the same data as the JSON)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .measure import GiB, MiB
+
+#: How the table names each fact of the JSON's ``machine``.
+_MACHINE = (
+    "cpu_model={}, cpus={} CPUs, cpus_usable={} usable, numa_nodes=NUMA nodes {}, gpu_numa_node="
+    "the GPU on node {}, l3_bytes=L3 {}, transparent_hugepages=transparent huge pages {}, "
+    "glibc=glibc {}, memory_bytes=memory {}"
+)
+_MACHINE_WORDS = dict(pair.split("=") for pair in _MACHINE.split(", "))
 
 
 def format_bytes(n: float) -> str:
@@ -21,20 +26,13 @@ def _num(v: float) -> str:
     return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
 
-def ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
-    """One ratio of the JSON in words, with its direction and, where it has one, its target:
-    ``"to_numpy: 1.33x the time of numpy.from_dlpack (target <= 2x)"``."""
+def ratio_text(ratio: dict[str, Any]) -> str:
+    """One ratio of the JSON in words, with its direction:
+    ``"to_numpy: 1.33x the time of numpy.from_dlpack"``."""
     value = "n/a" if ratio["value"] is None else f"{ratio['value']:.2f}x"
     if ratio["quantity"] == "memory":
-        text = f"{ratio['of']}: {value} {ratio['to']}"
-    else:
-        text = f"{ratio['of']}: {value} the {ratio['quantity']} of {ratio['to']}"
-    if not ratio.get("target"):
-        return text
-    if not judged:
-        return text + f" (target {ratio['target']}, not judged)"
-    missed = ": MISSED" if ratio.get("met") is False else ""
-    return text + f" (target {ratio['target']}{missed})"
+        return f"{ratio['of']}: {value} {ratio['to']}"
+    return f"{ratio['of']}: {value} the {ratio['quantity']} of {ratio['to']}"
 
 
 def figure_text(row: dict[str, Any], memory_first: bool = False) -> str:
@@ -68,18 +66,8 @@ def memory_text(memory: dict[str, Any]) -> str:
 
 def machine_text(machine: dict[str, Any]) -> str:
     """The JSON's ``machine`` in words, facts that could not be read left out."""
-    words = {
-        "cpu_model": "{}",
-        "cpus": "{} CPUs",
-        "cpus_usable": "{} usable",
-        "numa_nodes": "NUMA nodes {}",
-        "gpu_numa_node": "the GPU on node {}",
-        "l3_bytes": "L3 {}",
-        "transparent_hugepages": "transparent huge pages {}",
-        "glibc": "glibc {}",
-        "memory_bytes": "memory {}",
-    }
     facts = {k: format_bytes(v) if k.endswith("_bytes") else v for k, v in machine.items()}
+    words = _MACHINE_WORDS
     return ", ".join(words[k].format(v) for k, v in facts.items() if v is not None and k in words)
 
 

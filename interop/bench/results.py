@@ -1,5 +1,5 @@
-"""What a results file records: ratios, the run's header (device, versions, commit,
-date, machine), and the JSON writer."""
+"""What a results file records: ratios, the run's header (device, versions, commit, date,
+machine), and the JSON writer."""
 
 from __future__ import annotations
 
@@ -20,24 +20,19 @@ from ..config import config
 from ..errors import BackendUnavailableError, NoDeviceError
 from .measure import BenchSizes
 
-#: Version of the JSON layout. 2: ``ratios`` is a list of objects with their direction.
-#: 3: ``machine`` and ``judged``; a ratio's ``target`` and ``met`` only where a run judged it.
+#: Version of the JSON layout (3: ``machine`` and ``judged``; ``target`` and ``met`` only
+#: where a run judged them; 2: ``ratios`` a list of objects with their direction).
 SCHEMA = 3
 
-#: What each kind of ratio compares, and which way is better.
-QUANTITIES = {
-    "time": "lower is better",
-    "throughput": "higher is better",
-    "memory": "lower is better",
-}
+#: What a ratio compares: time and memory, lower is better; throughput, higher is better.
+QUANTITIES = ("time", "throughput", "memory")
 
 
 @dataclasses.dataclass(frozen=True)
 class Ratio:
     """``value = ours / reference`` of one ``quantity`` (see :data:`QUANTITIES`), both
-    measured in the same run: what was measured (``of``, e.g. ``"to_numpy"``), what it is
-    compared with (``to``, e.g. ``"numpy.from_dlpack"``, or a memory bound in words).
-    ``value`` is None where either side was not measured or is zero."""
+    measured in the same run, ``of`` what (``"to_numpy"``) ``to`` what (``"numpy.from_dlpack"``,
+    or a memory bound in words); None where either side was not measured or is zero."""
 
     of: str
     quantity: str
@@ -46,7 +41,7 @@ class Ratio:
 
     def __post_init__(self) -> None:
         if self.quantity not in QUANTITIES:
-            raise ValueError(f"expected a quantity in {sorted(QUANTITIES)} (got {self.quantity!r})")
+            raise ValueError(f"expected a quantity in {QUANTITIES} (got {self.quantity!r})")
 
     @classmethod
     def between(cls, of: str, quantity: str, to: str, ours: Any, reference: Any) -> Ratio:
@@ -89,7 +84,7 @@ def _read(path: str) -> str | None:
 
 
 def _field(text: str | None, key: str) -> str | None:
-    """The value of the first ``key: value`` line of ``text`` (``/proc/cpuinfo``, ``meminfo``)."""
+    """The value of the first ``key: value`` line of ``text`` (``/proc/cpuinfo``)."""
     match = re.search(rf"^{re.escape(key)}\s*:\s*(.+)$", text or "", re.MULTILINE)
     return match[1].strip() if match else None
 
@@ -135,38 +130,28 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _device_name() -> str:
-    if gpu_unavailable() is not None:
-        return "no CUDA device"
-    cp = _backends.cupy()
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
 def _git(*args: str) -> str | None:
+    cmd = ["git", "-C", str(Path(__file__).resolve().parent), *args]
     try:
-        proc = subprocess.run(
-            ["git", *args],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            check=False,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.check_output(
+            cmd, stderr=subprocess.DEVNULL, text=True, timeout=10
+        ).strip()
+    except (OSError, subprocess.SubprocessError):
         return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) -> dict[str, Any]:
-    """The top level of a results file, before its rows (the JSON's header, see
-    docs/benchmark-method.md): ``kind`` is ``"bench"`` or ``"sweep"``, ``quick`` a smoke run,
+    """A results file's header: ``kind`` ``"bench"`` or ``"sweep"``, ``quick`` a smoke run,
     ``judged`` whether targets were judged."""
     from ..info import collect_info
 
     started = datetime.datetime.now(datetime.timezone.utc)
-    # INTEROP_COMMIT names the commit a copy of the tree was made from (a remote runner). It
-    # wins over git: such a copy may carry a .git of another commit.
+    device = "no CUDA device"
+    if gpu_unavailable() is None:
+        runtime = _backends.cupy().cuda.runtime
+        device = runtime.getDeviceProperties(runtime.getDevice())["name"]
+    # INTEROP_COMMIT names the commit a copy of the tree came from (a remote runner); it wins
+    # over git, as such a copy may carry a .git of another commit.
     named = os.environ.get("INTEROP_COMMIT", "").strip() or None
     commit, dirty, source = named, None, "INTEROP_COMMIT" if named else None
     if named is None:
@@ -178,7 +163,7 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) 
         "kind": kind,
         "quick": quick,
         "judged": judged,
-        "device": _device_name(),
+        "device": device.decode() if isinstance(device, bytes) else str(device),
         "date": started.isoformat(timespec="seconds"),
         "commit": commit or "unknown",
         "commit_source": source,
@@ -192,14 +177,12 @@ def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) 
 
 
 def json_path_problem(path: str | os.PathLike[str]) -> str | None:
-    """Why results cannot be written to ``path``, or None: not a directory, and its nearest
-    existing parent a directory this process may write in (missing ones are created)."""
+    """Why results cannot be written to ``path`` (a directory, or under a file or a directory
+    this process may not write in; missing directories are created), or None."""
     target = Path(path)
     if target.is_dir():
         return f"expected a file path for the results (got {str(path)!r}, a directory)"
-    parent = target.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
+    parent = next((p for p in target.parents if p.exists()), target.parents[-1])
     if not parent.is_dir():
         return (
             f"expected the results' path to be in a directory (got {str(path)!r}, but "
@@ -210,23 +193,13 @@ def json_path_problem(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, inf) replaced by None, for strict JSON."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def write_json(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``results`` as strict JSON (NaN and inf as ``null``) to ``path``, parents
     created, under a temporary name then renamed: a reader never sees half a file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(results), indent=2, allow_nan=False, default=str)
+    loose = json.dumps(results, default=str)  # NaN, Infinity: tokens that are read as None
+    text = json.dumps(json.loads(loose, parse_constant=lambda _: None), indent=2, allow_nan=False)
     partial = target.with_name(f".{target.name}.writing")
     partial.write_text(text + "\n")
     os.replace(partial, target)

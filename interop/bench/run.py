@@ -8,36 +8,39 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .context import BenchContext, log_done
 from .measure import BenchSizes, scale_from_env
 from .report import format_table
 from .results import gpu_unavailable, host_unavailable, json_path_problem, run_header, write_json
-from .rows import ROWS, RowSpec
+from .rows import ROWS, BenchContext, RowSpec
 
 Row = dict[str, Any]
+
+
+def log_done(command: str, name: str, status: str, began: float) -> None:
+    """One line on stderr for a finished row: its status and seconds since ``began``."""
+    took = time.perf_counter() - began
+    print(f"{command}: {name} {status} ({took:.1f} s)", file=sys.stderr, flush=True)
 
 
 def run_row(
     spec: RowSpec, ctx: BenchContext, gpu_reason: str | None, host_reason: str | None
 ) -> Row:
-    """One row's result: ``name``, ``what``, ``status`` (``ok``, ``skipped``, ``not
-    available``, ``error``) and ``reason`` or the measured fields. ``gpu_reason`` and
-    ``host_reason`` say why GPU or host rows cannot run here (None: they can)."""
+    """One row's result: ``name``, ``what``, ``status`` (``ok``, ``skipped``, ``not available``,
+    ``error``) and ``reason`` or the measured fields; ``*_reason``: why such rows cannot run."""
     row: Row = {"name": spec.name, "what": spec.what}
     lacking = spec.unavailable() if spec.unavailable is not None else None
-    reason = gpu_reason if spec.gpu else host_reason
     if lacking is not None:
         return row | {"status": "not available", "reason": lacking}
+    reason = gpu_reason if spec.gpu else host_reason
     if reason is not None:
         return row | {"status": "skipped", "reason": reason}
     try:
-        fields = spec.run(ctx)
-        fields = (
-            {"status": "ok"} | fields | {"ratios": [r.record() for r in fields.get("ratios", [])]}
-        )
+        got = spec.run(ctx)
+        fields = {"status": "ok", **got, "ratios": [r.record() for r in got.get("ratios", [])]}
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         fields = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
@@ -59,22 +62,18 @@ def bench_directory(workdir: str | os.PathLike[str] | None = None) -> Path:
 def collect_results(
     sizes: BenchSizes,
     rows: Sequence[RowSpec] = ROWS,
-    workdir: str | None = None,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_row: Callable[[dict[str, Any]], object] | None = None,
     *,
     quick: bool = False,
     judge: Callable[[Row, bool], Row] | None = None,
 ) -> dict[str, Any]:
-    """Run ``rows`` (file rows write in ``workdir``, see :func:`bench_directory`); return
-    the run's header with ``notes`` and ``rows``.
-
-    ``on_row`` gets the results so far after each row (with ``"partial": True``), so
-    that a run that dies in a later row can keep them. ``judge(row, judged)`` returns a
-    row with its targets and verdicts (``judged`` is False for a ``quick`` smoke run).
-    """
+    """Run ``rows`` (file rows write in :func:`bench_directory`): the run's header with
+    ``notes`` and ``rows``. ``on_row`` gets the results so far after each row
+    (``"partial": True``), so that a run that dies later keeps them; ``judge(row, judged)``
+    returns a row with its targets and verdicts (``judged`` False in a ``quick`` run)."""
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
     header = run_header("bench", sizes, quick, judged=judge is not None and not quick)
-    ctx = BenchContext(sizes, bench_directory(workdir))
+    ctx = BenchContext(sizes, bench_directory())
     results: list[Row] = []
     try:
         for spec in rows:
@@ -99,11 +98,9 @@ def run_bench(
     command: str = "interop bench",
 ) -> int:
     """``python -m interop bench``: run ``rows``, print the ``report``, optionally write JSON
-    (rewritten after every row with ``"partial": true``, the final file without).
-
-    Returns the exit status: 0 when every row ran or was skipped for a stated reason, 1 when a
-    row raised or returned wrong data (traceback on stderr), 2 for a bad
-    ``INTEROP_BENCH_SCALE`` or a ``json_path`` that cannot be written, before any row runs."""
+    (rewritten after every row with ``"partial": true``, the final file without). The exit
+    status: 0, or 1 when a row raised or returned wrong data (traceback on stderr), or 2
+    before any row for a bad ``INTEROP_BENCH_SCALE`` or a ``json_path`` it cannot write."""
     problem = json_path_problem(json_path) if json_path else None
     try:
         sizes = BenchSizes.choose(quick, scale_from_env())
@@ -112,12 +109,8 @@ def run_bench(
     if problem is not None:
         print(f"{command}: {problem}", file=sys.stderr)
         return 2
-
-    def save_partial(partial: dict[str, Any]) -> None:
-        if json_path:
-            write_json(partial, json_path)
-
-    results = collect_results(sizes, rows, on_row=save_partial, quick=quick, judge=judge)
+    save = partial(write_json, path=json_path) if json_path else None
+    results = collect_results(sizes, rows, on_row=save, quick=quick, judge=judge)
     print(report(results))
     if json_path:
         print(f"wrote {write_json(results, json_path)}")
