@@ -12,11 +12,7 @@ layout, so the same readers (the plot, ``keep``) read both.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from benchmarks.dask_save import (
@@ -48,37 +44,17 @@ def torch_op_unavailable() -> str | None:
     return None
 
 
-_TORCH_OP_CHILD = (
-    "import json, sys, importlib; m = importlib.import_module(sys.argv[1]); "
-    "print(json.dumps(m.measure(int(sys.argv[2]), repeats=int(sys.argv[3]), device=sys.argv[4])))"
-)
-
-
 def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
     """An ``interop.torch_op`` call against a hand-written ``torch.library.custom_op`` doing
     its own DLPack exchange, per call, on CUDA where usable (else the CPU).
 
     Measured by ``benchmarks.torch_op_overhead.measure`` in interleaved blocks of a
-    quarter of the per-call rows' calls, in a fresh process: the operators it registers
-    with PyTorch are global, and another copy of the module may have registered them here.
+    quarter of the per-call rows' calls.
     """
     device = "cpu" if gpu_unavailable() is not None else "cuda"
     calls = max(100, ctx.sizes.calls // 4)
-    root = str(Path(__file__).resolve().parents[1])
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    )
-    args = [TORCH_OP_MODULE, str(calls), str(ctx.sizes.repeats), device]
-    proc = subprocess.run(
-        [sys.executable, "-c", _TORCH_OP_CHILD, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"the measuring process failed: {proc.stderr.strip()[-500:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    module = importlib.import_module(TORCH_OP_MODULE)
+    got = module.measure(calls, repeats=ctx.sizes.repeats, device=device)
     ours, hand = got["interop_us"], got["custom_op_us"]
     return {
         "size": f"{got['size']}, {device}",

@@ -29,6 +29,7 @@ import gc
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -47,13 +48,16 @@ except ImportError as exc:  # an optional dependency: say what to install
 
 TARGET = 1.3
 _OPS: dict[str, tuple[Any, Any]] = {}
+_COPY = uuid.uuid4().hex[:8]
 
 
 def _make_ops(device: str) -> tuple[Any, Any]:
     """(the interop.torch_op, the hand-written custom_op) for ``device``."""
     if device in _OPS:
         return _OPS[device]
-    tag = device.replace(":", "_")
+    # operators are registered with PyTorch process-wide: a name of this module copy's
+    # own, so that another copy (a test loads the file by path) registers its own ops
+    tag = f"{device.replace(':', '_')}_{_COPY}"
 
     @interop.torch_op(f"interop_bench::interop_add_{tag}", like=0)
     def interop_add(x, y):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import importlib.util
 import json
-import os
 import time
 
 import pytest
@@ -306,10 +305,7 @@ def test_torch_op_row_is_judged_against_its_target(tmp_path, monkeypatch):
         "            'samples': {'interop.torch_op': [3.0] * repeats,\n"
         "                        'custom_op': [2.0] * repeats}}\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))  # found here, and by the measuring process:
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(lab, "TORCH_OP_MODULE", "fake_torch_op")
     spec = next(spec for spec in LAB_ROWS if spec.name == "torch_op_us")
     data = collect_results(TINY, (spec,), judge=judge)
