@@ -79,7 +79,8 @@ def _busy_link(g: GpuArrays | None, to_host: bool) -> Iterator[None]:
         return
     runtime = g.cp.cuda.runtime
     kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
-    on_device = g.cp.empty_like(g.x)
+    on_device = g.x.copy()  # the D2H DMAs write it into g.ref, which must keep x's values
+    g.sync()  # copied before a non-blocking stream's DMA reads it
     dst, src = (g.ref.ctypes.data, on_device.data.ptr)
     if not to_host:
         dst, src = src, dst

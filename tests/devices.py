@@ -409,10 +409,22 @@ class Cuda:
         """Make ``stream`` ``lib``'s current stream in the block (None: both)."""
         with contextlib.ExitStack() as stack:
             if lib in (None, "cupy"):
-                stack.enter_context(stream)
+                stack.enter_context(self._cupy_stream(stream))
             if lib in (None, "torch"):
                 stack.enter_context(self.torch.cuda.stream(self._torch_stream(stream)))
             yield stream
+
+    @contextlib.contextmanager
+    def _cupy_stream(self, stream: Any) -> Iterator[None]:
+        """``stream`` CuPy's current stream of this device in the block, whichever
+        device is current (CuPy enters a stream only while its device is current)."""
+        with self.cp.cuda.Device(self.index):
+            stream.__enter__()
+        try:
+            yield
+        finally:
+            with self.cp.cuda.Device(self.index):
+                stream.__exit__(None, None, None)
 
     def hold(self, stream: Any, seconds: float = 0.3) -> Callable[[], None]:
         """Keep ``stream`` busy: a sleep kernel of about ``seconds`` is queued
