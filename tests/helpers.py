@@ -159,6 +159,13 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return full_env
 
 
+def transfer_threads() -> int:
+    """Threads alive, not counting the workers of interop's process-wide host pool,
+    which the first transfer that needs them starts and which stay for the process:
+    what a finished transfer must leave as it found."""
+    return sum(not t.name.startswith("interop-host") for t in threading.enumerate())
+
+
 def in_threads(work: Callable[[int], Any], n: int) -> list[Any]:
     """``work(i)`` for ``i`` in ``range(n)``, each in a thread of its own, all at
     once; their results in order, or the first error raised in any of them."""

@@ -29,6 +29,7 @@ from .helpers import (
     cancel_on_progress,
     in_threads,
     sample,
+    transfer_threads,
 )
 
 CHUNK = 64 << 10  # the smallest chunk interop uses
@@ -358,6 +359,31 @@ def test_cancel_reports_the_complete_prefix_stops_before_returning_and_frees_the
         assert cached_rings() == (memory == "pageable")  # the staged copy gave its ring back
 
 
+def _chunked_copy(device, a, direction, layout):
+    """A copy of ``a`` in chunks of ``CHUNK``, to the host from ``device`` ("d2h") or
+    onto it ("h2d"), "contiguous" or "transposed" (packed or unpacked on the device):
+    (the values expected, ``call(progress)`` that copies, ``result()`` that reads the
+    destination back)."""
+    if direction == "d2h":
+        src = device.asarray(a)
+        src, expect = (src, a) if layout == "contiguous" else (src.T, a.T)  # .T: packed
+        out = np.zeros_like(expect)
+        return (
+            expect,
+            lambda p: interop.copy_to_host(src, out, chunk_bytes=CHUNK, progress=p),
+            lambda: out,
+        )
+    if layout == "contiguous":
+        dst = device.empty(a.shape, a.dtype)
+    else:
+        dst = device.empty(a.T.shape, a.dtype).T  # unpacked on the device
+    return (
+        a,
+        lambda p: interop.copy_to_device(a, dst, chunk_bytes=CHUNK, progress=p),
+        lambda: device.to_numpy(dst),
+    )
+
+
 @pytest.mark.parametrize(
     ("direction", "stage", "layout"),
     [
@@ -378,31 +404,20 @@ def test_a_device_fault_at_each_stage_is_reported_and_everything_released(direct
     device = make_device(faults={stage: nth})
     a = sample((512, 256), np.float64)
     free_cached_rings()
-    threads_before = threading.active_count()
-    if direction == "d2h":
-        src = device.asarray(a)
-        src, expect = (src, a) if layout == "contiguous" else (src.T, a.T)
-        out = np.zeros_like(expect)
-        call = lambda: interop.copy_to_host(src, out, chunk_bytes=CHUNK)  # noqa: E731
-    else:
-        expect = a
-        if layout == "contiguous":
-            dst = device.empty(a.shape, a.dtype)
-        else:
-            dst = device.empty(a.T.shape, a.dtype).T  # unpacked on the device
-        call = lambda: interop.copy_to_device(expect, dst, chunk_bytes=CHUNK)  # noqa: E731
+    threads_before = transfer_threads()
+    expect, call, result = _chunked_copy(device, a, direction, layout)
     with pytest.raises(
         interop.TransferError, match=r"failed \(\w+: .*\); bytes \[0, \d+\)"
     ) as info:
-        call()
+        call(False)
     cause = info.value.__cause__
     assert isinstance(cause, EmulatedDeviceError)
     bytes_done = info.value.bytes_done
     assert bytes_done % CHUNK == 0
     assert bytes_done < a.nbytes
     if direction == "d2h":  # the complete prefix is right
-        assert raw(out)[:bytes_done] == raw(expect)[:bytes_done]
-    assert threading.active_count() == threads_before  # host threads and transfer joined
+        assert raw(result())[:bytes_done] == raw(expect)[:bytes_done]
+    assert transfer_threads() == threads_before  # host threads and transfer joined
     sticky = stage in ("copy", "pack")
     if sticky:  # like CUDA after an asynchronous error: freeing fails, and says so
         assert "freeing the staging ring also failed" in "\n".join(cause.__notes__)
@@ -432,22 +447,9 @@ def test_a_progress_callbacks_error_is_raised_as_itself_and_everything_released(
         if len(calls) == 2:
             raise ZeroDivisionError("from the progress callback")
 
-    if direction == "d2h":
-        src = device.asarray(a)
-        src, expect = (src, a) if layout == "contiguous" else (src.T, a.T)  # .T: packed
-        out = np.zeros_like(expect)
-        call = lambda p: interop.copy_to_host(src, out, chunk_bytes=CHUNK, progress=p)  # noqa: E731
-        result = lambda: out  # noqa: E731
-    else:
-        expect = a
-        if layout == "contiguous":
-            dst = device.empty(a.shape, a.dtype)
-        else:
-            dst = device.empty(a.T.shape, a.dtype).T  # unpacked on the device
-        call = lambda p: interop.copy_to_device(expect, dst, chunk_bytes=CHUNK, progress=p)  # noqa: E731
-        result = lambda: device.to_numpy(dst)  # noqa: E731
+    expect, call, result = _chunked_copy(device, a, direction, layout)
     in_use = device.bytes_in_use()
-    threads_before = threading.active_count()
+    threads_before = transfer_threads()
     with pytest.raises(ZeroDivisionError, match="from the progress callback") as info:
         call(progress)
     assert not isinstance(info.value, interop.TransferError)
@@ -456,8 +458,8 @@ def test_a_progress_callbacks_error_is_raised_as_itself_and_everything_released(
     assert bytes_done % CHUNK == 0
     assert bytes_done < a.nbytes
     if direction == "d2h":  # the complete prefix is right
-        assert raw(out)[:bytes_done] == raw(expect)[:bytes_done]
-    assert threading.active_count() == threads_before  # host threads and transfer joined
+        assert raw(result())[:bytes_done] == raw(expect)[:bytes_done]
+    assert transfer_threads() == threads_before  # host threads and transfer joined
     assert cached_rings() == 0  # a failed transfer's ring is freed, not cached
     assert device.bytes_in_use() == in_use  # device staging released, though the error lives
     call(None)  # the device stays usable
