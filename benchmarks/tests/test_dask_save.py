@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks import dask_save
+from benchmarks.dask_save import reset_peak_rss
 from benchmarks.report import format_report
 from benchmarks.targets import judge
 from interop.bench import collect_results
@@ -47,15 +48,6 @@ def _row(data: dict, name: str) -> dict:
 
 def _ring(config: dict) -> int:
     return config["num_buffers"] * max(config["chunk_bytes"], 64 << 10)
-
-
-def _peak_rss_resettable() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 def _brief(ratio: dict) -> tuple:
@@ -101,7 +93,7 @@ def test_cluster_row_reports_throughput_and_peak_rss_per_worker():
     }
     for label, value in extra.items():
         assert row["samples"][label].get("extra_host_rss_bytes") == value
-        if _peak_rss_resettable():
+        if reset_peak_rss() is not None:
             assert isinstance(value, int)
             assert value >= 0
     throughput, memory_ratios = row["ratios"][:2], row["ratios"][2:]

@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks import diagnostics, lab
 from benchmarks.__main__ import main
+from benchmarks.dask_save import reset_peak_rss
 from benchmarks.diagnostics import profile_per_call, profile_text
 from benchmarks.lab import LAB_ROWS, torch_op_unavailable
 from benchmarks.report import format_report
@@ -152,19 +153,10 @@ def test_every_host_target_is_matched_by_a_ratio_of_a_real_run():
         if row["status"] != "ok":
             continue
         for target in TARGETS.get(row["name"], ("", ()))[1]:
-            if target.quantity == "memory" and not _peak_rss_resettable():
+            if target.quantity == "memory" and not reset_peak_rss() is not None:
                 continue
             measured = [r for r in row["ratios"] if target.matches(r) and r["value"] is not None]
             assert measured, (row["name"], target)
-
-
-def _peak_rss_resettable() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 def test_a_target_knows_its_direction():
