@@ -8,8 +8,9 @@ copies run at this machine's own speed. Timed in one run, interleaved:
 
 - ``link``: the array's bytes at the emulated rate, or one thread's memcpy of
   the array where that is longer (the emulated DMA is such a memcpy);
-- ``host stage``: the pipeline's host side alone, one whole chunk per copy
-  from a slot into ``out`` by the same number of threads;
+- ``host stage``: the pipeline's host side alone, as ``host_limit`` measures
+  it: whole chunks from a slot per thread into ``out``, by the same number of
+  threads;
 - ``copy_to_host(x, out)``: the pipeline through the ring.
 
 A pipeline that overlaps perfectly takes ``max(link, host stage)`` plus one
@@ -24,14 +25,15 @@ on a 2-core machine that is a link of a few GB/s.
 from __future__ import annotations
 
 import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 import interop
-from interop.bench.measure import MiB
+from benchmarks.host_limit import threaded_copies
+from interop.bench.measure import Case, MiB, WrongResultError
+from interop.bench.measure import measure as timed
 from interop.bench.results import Ratio
 from interop.bench.rows import BenchContext
 from interop.testing import EmulatedDevice
@@ -42,47 +44,44 @@ LINK_GBPS = 2.0
 SETTINGS = {"chunk_bytes": 8 * MiB, "num_buffers": 4, "host_threads": 2}
 
 
-def _seconds(fn: Any) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def measure(
     nbytes: int, *, link_gbps: float = LINK_GBPS, repeats: int = 5, **settings: int
 ) -> dict[str, float]:
     """Seconds of the link, the host stage and the pipeline (medians of
-    ``repeats``, interleaved) for an ``nbytes`` float64 array; see the module."""
+    ``repeats``, interleaved, each first call checked) for an ``nbytes``
+    float64 array; see the module."""
     settings = SETTINGS | settings
-    chunk = settings["chunk_bytes"] // 8
+    chunk, threads = settings["chunk_bytes"], settings["host_threads"]
     dev = EmulatedDevice(link_gbps=link_gbps)
     host = np.random.default_rng(0).random(nbytes // 8)
     x = dev.asarray(host)
     out = np.zeros_like(host)  # touched, as d2h_prealloc's out
-    slot = np.ones(chunk)
-    parts = [slice(i, min(i + chunk, host.size)) for i in range(0, host.size, chunk)]
 
-    def host_stage(pool: ThreadPoolExecutor) -> None:
-        list(pool.map(lambda s: np.copyto(out[s], slot[: s.stop - s.start]), parts))
-
-    def pipeline() -> None:
+    def pipeline() -> np.ndarray:
         with interop.config.set(**settings):
-            interop.copy_to_host(x, out)
+            return interop.copy_to_host(x, out)
 
-    pipeline()  # warm: the ring, the pool, the emulated device's streams
-    if not np.array_equal(out, host):
-        raise AssertionError("copy_to_host through the emulated link gave wrong values")
-    memcpy, host_s, pipe_s = [], [], []
-    with ThreadPoolExecutor(settings["host_threads"]) as pool:
-        for _ in range(repeats):
-            memcpy.append(_seconds(lambda: np.copyto(out, host)))
-            host_s.append(_seconds(lambda: host_stage(pool)))
-            pipe_s.append(_seconds(pipeline))
-    link = max(nbytes / (link_gbps * 1e9), statistics.median(memcpy))
+    def right(got: np.ndarray) -> None:
+        if not np.array_equal(got, host):
+            raise WrongResultError("copy_to_host through the emulated link gave wrong values")
+
+    with ThreadPoolExecutor(threads) as pool:
+        got = timed(
+            {
+                "memcpy": Case(lambda: np.copyto(out, host), nbytes),
+                # as host_limit measures the ring's host side: whole chunks, a slot per thread
+                "host stage": threaded_copies(
+                    pool, threads, out.reshape(-1).view(np.uint8),
+                    np.ones(threads * chunk, np.uint8), chunk, to_flat=True,
+                ),
+                "copy_to_host(x, out)": Case(pipeline, nbytes, right),
+            },
+            repeats,
+        )  # fmt: skip
+    seconds = {label: statistics.median(m.seconds) for label, m in got.items()}
     return {
-        "link": link,
-        "host stage": statistics.median(host_s),
-        "copy_to_host(x, out)": statistics.median(pipe_s),
+        "link": max(nbytes / (link_gbps * 1e9), seconds.pop("memcpy")),
+        **seconds,
     }
 
 

@@ -37,7 +37,7 @@ from interop.config import chunk_bytes_or_default
 THREADS = (1, 2, 4, 8, 16)
 
 
-def _threaded_copies(
+def threaded_copies(
     pool: ThreadPoolExecutor,
     threads: int,
     flat: np.ndarray,
@@ -123,7 +123,7 @@ def _copies(ctx: BenchContext, g: GpuArrays | None, repeats: int) -> dict[str, A
     for threads in THREADS:
         with ThreadPoolExecutor(threads, thread_name_prefix="host-limit") as pool:
             for side, to_flat in sides.items():
-                case = _threaded_copies(pool, threads, flat, slots, chunk, to_flat)
+                case = threaded_copies(pool, threads, flat, slots, chunk, to_flat)
                 for busy in ("alone", "link busy") if g is not None else ("alone",):
                     label = f"{side}, {threads} threads, {busy}"
                     with _busy_link(g if busy == "link busy" else None, to_flat):
