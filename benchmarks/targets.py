@@ -220,29 +220,27 @@ class RunJudge:
         ring = host_limit.get("anchors", {}).get(f"{ceiling} ceiling GB/s")
         return None if link is None or ring is None else min(link, ring)
 
-    def __call__(self, row: dict[str, Any], judged: bool = True) -> dict[str, Any]:
+    def _compared(self, row: dict[str, Any]) -> tuple[str, str, float | None] | None:
+        """What ``row``'s throughput is compared with from other rows: (of, to, GB/s)."""
         name = row["name"]
+        if name == "d2h_prealloc":
+            bound = self._bound(row, "d2h_limit", "pinned->pageable")
+            return "copy_to_host(x, out)", D2H_BOUND, bound
+        if name == "h2d_pageable":
+            bound = self._bound(row, "h2d_limit", "pageable->pinned")
+            return "copy_to_device(host)", H2D_BOUND, bound
+        if name == "d2h_fresh":
+            return "copy_to_host(x)", PREALLOC, self._gbps("d2h_prealloc")
+        return None
+
+    def __call__(self, row: dict[str, Any], judged: bool = True) -> dict[str, Any]:
         if row.get("status") == "ok":
-            extra: list[Ratio] = []
-            ours = row.get("gbps")
-            if name == "d2h_prealloc":
-                bound = self._bound(row, "d2h_limit", "pinned->pageable")
-                extra.append(
-                    Ratio.between("copy_to_host(x, out)", "throughput", D2H_BOUND, ours, bound)
-                )
-            elif name == "h2d_pageable":
-                bound = self._bound(row, "h2d_limit", "pageable->pinned")
-                extra.append(
-                    Ratio.between("copy_to_device(host)", "throughput", H2D_BOUND, ours, bound)
-                )
-            elif name == "d2h_fresh":
-                prealloc = self._gbps("d2h_prealloc")
-                extra.append(
-                    Ratio.between("copy_to_host(x)", "throughput", PREALLOC, ours, prealloc)
-                )
-            if extra:
-                row = dict(row, ratios=[*row.get("ratios", []), *(r.record() for r in extra)])
-            self.rows[name] = row
+            compared = self._compared(row)
+            if compared is not None:
+                of, to, reference = compared
+                ratio = Ratio.between(of, "throughput", to, row.get("gbps"), reference)
+                row = dict(row, ratios=[*row.get("ratios", []), ratio.record()])
+            self.rows[row["name"]] = row
         return judge(row, judged)
 
 
