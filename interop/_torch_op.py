@@ -18,6 +18,7 @@ Neither torch nor cupy is imported before the decorator is used.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import threading
@@ -30,7 +31,7 @@ import numpy as np
 
 from . import _backends, dtypes
 from .allocator import StreamMismatchError, _thread_setting
-from .arrays import describe
+from .arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
 from .errors import InvalidTypeError, InvalidValueError, MissingFakeError
 from .exchange import _torch_fast, to_cupy, to_numpy, to_torch
 from .streams import (
@@ -83,12 +84,11 @@ def _namespace_of(x: Any) -> tuple[str, types.ModuleType]:
             f"array_namespace expected a CPU or CUDA tensor (got a tensor on {x.device}); "
             "move it first with t.cpu() or t.cuda()"
         )
-    device = getattr(x, "__dlpack_device__", None)
-    if device is not None and hasattr(x, "__dlpack__"):
-        kind = device()[0]
-        if kind in (1, 3):  # kDLCPU, kDLCUDAHost
+    if hasattr(x, "__dlpack_device__") and hasattr(x, "__dlpack__"):
+        kind, _ = dlpack_device(x, "array_namespace")
+        if kind in (DL_CPU, DL_CUDA_HOST):
             return "numpy", np
-        if kind in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        if kind in (DL_CUDA, DL_CUDA_MANAGED):
             return "cupy", _backends.cupy()
         raise InvalidValueError(
             f"array_namespace expected CPU or CUDA data (got DLPack device {kind!r})"
@@ -222,10 +222,10 @@ def _params(fn: Callable[..., Any], op: str) -> tuple[list[_Param], Any]:
             kind = _OPTIONAL_ARRAY if p.default is None else _ARRAY
         elif inner is Array:
             kind = _OPTIONAL_ARRAY
-        elif _value_type(hint) is not None:
-            kind, torch_type = _VALUE, _value_type(hint)
-        elif inner is not None and _value_type(inner) is not None:
-            kind, torch_type = _VALUE, typing.Optional[_value_type(inner)]  # noqa: UP045
+        elif (value := _value_type(hint)) is not None:
+            kind, torch_type = _VALUE, value
+        elif inner is not None and (value := _value_type(inner)) is not None:
+            kind, torch_type = _VALUE, typing.Optional[value]  # noqa: UP045
         else:
             raise InvalidTypeError(
                 f"torch_op {op!r} expected parameter {name!r} to be annotated {_SUPPORTED} "
@@ -325,14 +325,11 @@ def _like_positions(like: Any, params: list[_Param], op: str) -> tuple[tuple[int
 
 # --------------------------------------------------------------------------- the op class
 
-_OP_CLASS: list[type] = []
 
-
+@functools.cache
 def _op_class() -> type:
     """``CustomOpDef`` with ``__call__`` that names the parameter a non-tensor
     was passed for (PyTorch raises a ``RuntimeError`` for it)."""
-    if _OP_CLASS:
-        return _OP_CLASS[0]
     from torch._library.custom_ops import CustomOpDef
 
     class TorchOp(CustomOpDef):
@@ -351,7 +348,6 @@ def _op_class() -> type:
 
     TorchOp.__module__ = __name__
     TorchOp.__qualname__ = TorchOp.__name__
-    _OP_CLASS.append(TorchOp)
     return TorchOp
 
 
@@ -561,8 +557,11 @@ class _Call:
         """The operator's kernel: tensors in, tensors out."""
         positions = self.positions
         if positions is not None and len(args) >= self.needed:
+            # the common case first, without tensors()'s checks: every array
+            # parameter given positionally, every tensor on the CPU (a per-call
+            # cost: about 1 us of 17 on a 2-core CPU)
             values = [args[i] for i in positions]
-            for v in values:  # the common case first: every tensor on the CPU
+            for v in values:
                 if v is None or not v.is_cpu:
                     break
             else:
