@@ -328,24 +328,46 @@ def test_torch_compile_fullgraph_with_inductor():
     assert torch.allclose(compiled(x, w), model(x, w), atol=1e-5)
 
 
-def test_without_like_tracing_says_to_pass_like_or_register_a_fake():
+def test_without_like_tracing_raises_what_the_docs_say_with_the_fix():
+    """What a user catches for a missing fake, in each case docs/torch-op.md lists."""
+
     @interop.torch_op(name("nofake"))
     def nofake(x):
         return x + 1
 
+    fix = "pass like= to interop.torch_op"
     x = torch.arange(3.0)
     assert nofake(x).tolist() == [1.0, 2.0, 3.0]  # eager needs no fake
+    # meta tensors and torch.export: MissingFakeError itself
+    with pytest.raises(interop.MissingFakeError, match=fix):
+        nofake(torch.empty(3, device="meta"))
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return nofake(x)
+
+    with pytest.raises(interop.MissingFakeError, match=fix):
+        torch.export.export(Model(), (x,))
+    # torch.compile: dynamo's TorchRuntimeError (a RuntimeError), the text kept,
+    # the MissingFakeError in its chain
     compiled = torch.compile(nofake, fullgraph=True, backend="aot_eager")
-    with pytest.raises(RuntimeError, match=r"pass like= to interop.torch_op") as info:
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=fix) as info:
         compiled(x)
+    assert isinstance(info.value, RuntimeError)
+    assert "register one with @nofake.register_fake" in str(info.value)
     chain, e = [], info.value
     while e is not None:
-        chain.append(type(e))
+        chain.append(e)
         e = e.__cause__ or e.__context__
-    assert interop.MissingFakeError in chain
-    assert "register one with @nofake.register_fake" in str(info.value)
-    with pytest.raises(Exception, match="has no fake implementation"):
+    assert [type(e) for e in chain if isinstance(e, interop.MissingFakeError)] == [
+        interop.MissingFakeError
+    ]
+    # opcheck: its OpCheckError (an Exception), the MissingFakeError as __cause__
+    with pytest.raises(Exception, match=fix) as info:
         torch.library.opcheck(nofake, (x,))
+    assert type(info.value).__name__ == "OpCheckError"
+    assert not isinstance(info.value, RuntimeError)
+    assert isinstance(info.value.__cause__, interop.MissingFakeError)
 
     @nofake.register_fake
     def _(x):
@@ -354,6 +376,21 @@ def test_without_like_tracing_says_to_pass_like_or_register_a_fake():
     torch._dynamo.reset()
     assert compiled(x).tolist() == [1.0, 2.0, 3.0]
     torch.library.opcheck(nofake, (x,))
+
+
+def test_the_docs_say_what_to_catch_when_the_fake_is_missing():
+    page = (REPO_ROOT / "docs" / "torch-op.md").read_text()
+    _, _, rest = page.partition("\n### When the fake implementation is missing\n")
+    section = re.split(r"\n#{1,3} ", rest)[0]
+    for caught in (
+        "interop.MissingFakeError",
+        "torch._dynamo.exc.TorchRuntimeError",
+        "OpCheckError",
+        "__cause__",
+        "torch.export",
+        "opcheck",
+    ):
+        assert caught in section, caught
 
 
 # --------------------------------------------------------------------------- dtypes, layouts
