@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 import threading
 import types
@@ -32,7 +33,7 @@ import numpy as np
 from . import _backends, dtypes
 from .allocator import StreamMismatchError, _thread_setting
 from .arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
-from .errors import InvalidTypeError, InvalidValueError, MissingFakeError
+from .errors import CopyRequiredError, InvalidTypeError, InvalidValueError, MissingFakeError
 from .exchange import _torch_fast, to_cupy, to_numpy, to_torch
 from .streams import (
     LEGACY_DEFAULT,
@@ -231,6 +232,20 @@ def _params(fn: Callable[..., Any], op: str) -> tuple[list[_Param], Any]:
                 f"torch_op {op!r} expected parameter {name!r} to be annotated {_SUPPORTED} "
                 f"(got {_type_name(hint)}); PyTorch's schema has no such type: pass such "
                 "values as tensors or scalars"
+            )
+        default = p.default
+        if (
+            kind == _VALUE
+            and default is not p.empty
+            and default is not None
+            and not isinstance(default, _SCALARS)  # infer_schema takes scalar defaults only
+        ):
+            shown = _type_name(hint if inner is None else inner)
+            raise InvalidTypeError(
+                f"torch_op {op!r} expected parameter {name!r} to have no default or None (got "
+                f"{default!r}); PyTorch's schema holds no list defaults: declare {name}: "
+                f"Optional[{shown}] = None and begin the function with {name} = "
+                f"{default!r} if {name} is None else {name}"
             )
         if kind == _ARRAY:
             torch_type = th.Tensor
@@ -621,6 +636,8 @@ class _Call:
             if v is None:
                 inputs.append(None)
                 continue
+            if copy is False:
+                self._refuse_unwritable(p, v)
             a = convert(v) if copy is None else convert(v, copy=copy)
             inputs.append(a)
             if p.position is not None and p.position < len(call_args):
@@ -645,6 +662,24 @@ class _Call:
         done: list[Any] = []
         return tuple(self._output(r, i, inputs, done, index) for i, r in enumerate(result))
 
+    def _refuse_unwritable(self, p: _Param, v: Any) -> None:
+        """Raise unless the function can write tensor ``v`` of mutated parameter ``p``."""
+        if v.is_conj() or v.is_neg():
+            bit, fix = ("conjugate", "resolve_conj") if v.is_conj() else ("negative", "resolve_neg")
+            raise CopyRequiredError(
+                f"{self.name} expected parameter {p.name!r}, which it writes into (mutates_args), "
+                f"without a copy (got a tensor with the {bit} bit set: its memory holds other "
+                f"values); writes into a copy would be lost: pass t = {p.name}.{fix}() and read "
+                "the results from t"
+            )
+        if any(n > 1 and s == 0 for n, s in zip(v.shape, v.stride(), strict=True)):
+            raise InvalidValueError(
+                f"{self.name} expected parameter {p.name!r}, which it writes into (mutates_args), "
+                f"with memory of its own for each element (got a tensor of shape "
+                f"{tuple(v.shape)} and strides {v.stride()}: an expanded view, whose elements "
+                f"share memory); pass t = {p.name}.clone() and read the results from t"
+            )
+
     def _output(
         self, r: Any, i: int, inputs: list[Any], done: list[Any] | None, index: int | None
     ) -> Any:
@@ -665,7 +700,9 @@ class _Call:
             done.append(r)
         if self.like_arrays is not None:
             like = inputs[self.like_arrays[i]]
-            if r.shape != like.shape or r.dtype != like.dtype:
+            if r.shape != like.shape or (
+                r.dtype != like.dtype and r.dtype.newbyteorder("=") != like.dtype
+            ):  # another byte order is converted by _tensor (a copy)
                 raise self._unlike(i, r, like)
         return self._tensor(r, index)
 
@@ -776,6 +813,70 @@ def _missing_fake(name: str, fn_name: str) -> Callable[..., Any]:
     return fake
 
 
+# --------------------------------------------------------------------------- registration
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*")
+
+# name -> (op, options) of each operator torch_op registered: a name is taken for the
+# whole process, but the same function may register it again (a re-import)
+_REGISTERED: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _same_function(a: Any, b: Any) -> bool:
+    """Whether ``b`` is ``a`` or ``a`` re-imported: same module, qualified name,
+    code, signature, and the same objects in its closure."""
+    if a is b:
+        return True
+    try:
+        return (
+            (a.__module__, a.__qualname__, a.__code__) == (b.__module__, b.__qualname__, b.__code__)
+            and inspect.signature(a) == inspect.signature(b)
+            and all(
+                x.cell_contents is y.cell_contents
+                for x, y in zip(a.__closure__ or (), b.__closure__ or (), strict=True)
+            )
+        )
+    except (AttributeError, TypeError, ValueError):  # not a function, an empty cell
+        return False
+
+
+def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
+    """None if ``name`` is free, the op torch_op made under it from the same function
+    ``fn`` (re-imported), or the error."""
+    previous = _REGISTERED.get(name)
+    if previous is None:
+        if not th._C._dispatch_has_kernel(name):
+            return None
+        got = "the name of an operator PyTorch already has, not made by interop.torch_op"
+    elif previous[1] == options and _same_function(previous[0]._interop_call.fn, fn):
+        return previous[0]
+    else:
+        made = previous[0]._interop_call.fn
+        where = f"{getattr(made, '__module__', '?')}.{getattr(made, '__qualname__', made)}"
+        got = f"the name of the operator interop.torch_op made from {where}"
+    raise InvalidValueError(
+        f"torch_op {name!r} expected a name no operator has yet (got {got}); an operator "
+        "is registered for the whole process and another function would take it over from "
+        "the first op object: choose another name (the same function, re-imported, may "
+        "register again)"
+    )
+
+
+def _math_bits_to_kernel(th: Any, op: Any) -> None:
+    """Send tensors with the conjugate or negative bit on to ``op``'s kernel, which
+    refuses them for a mutated argument (PyTorch's fallback for these bits fails
+    there: "Expected Tensor but got None", or an internal assert) and resolves them
+    into a copy for the others."""
+    keys = th._C.DispatchKey
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        below = keyset.remove(keys.Conjugate).remove(keys.Negative)
+        return op._opoverload.redispatch(below, *args, **kwargs)
+
+    for key in ("Conjugate", "Negative"):
+        op._lib.impl(op._name, kernel, key, with_keyset=True)
+
+
 # --------------------------------------------------------------------------- the decorator
 
 
@@ -800,12 +901,16 @@ def torch_op(
     Parameters
     ----------
     name : str
-        The operator's name, ``"namespace::name"`` (``torch.ops.namespace.name``).
-        Operators are registered for the whole process: each name once.
+        The operator's name, ``"namespace::name"`` (``torch.ops.namespace.name``),
+        each part ASCII letters, digits and underscores. Operators are
+        registered for the whole process: each name once, except that the
+        same function re-imported (same module, qualified name, code,
+        signature, closure and options) gets the op made the first time,
+        which then runs it.
     mutates_args : sequence of str or "unknown"
         The array parameters the function writes into, as in
         ``torch.library.custom_op``. These are handed over without a copy or
-        refused (``CopyRequiredError``): a copy would lose the writes.
+        refused before the function runs: a copy would lose the writes.
     like : int, str, tuple of them, or None
         The fake implementation: output ``k`` has the shape, dtype and
         device of the input that ``like[k]`` names (a parameter's index or
@@ -852,23 +957,37 @@ def torch_op(
     Raises
     ------
     InvalidTypeError
-        At decoration: a parameter annotation PyTorch's schema cannot hold,
+        At decoration: a name that is not a ``str``; a parameter annotation
+        PyTorch's schema cannot hold, a list parameter with a list default,
         ``*args``/``**kwargs``, a keyword-only array parameter, a return
         annotation other than arrays, or a ``like`` that names no array
         parameter. At a call: a non-tensor for an array parameter; a
         function that returns something other than an array (or the
         annotated number of them), naming the op.
     InvalidValueError
-        At a call: tensors on different devices; an output on another
-        device than the inputs; an output whose shape or dtype differs from
-        what ``like`` says.
+        A name not ``"namespace::name"``; at decoration, a name another
+        operator (or another function) already has. At a call: tensors on
+        different devices; an expanded view (a stride of 0) for a mutated
+        argument; an output on another device than the inputs; an output
+        whose shape or dtype (byte order aside) differs from what ``like``
+        says.
+    CopyRequiredError
+        At a call: a tensor with the conjugate or negative bit set for a
+        mutated argument.
     MissingFakeError
-        Tracing (``torch.compile``, ``opcheck``) an op without ``like`` and
-        without a registered fake implementation.
+        Tracing an op without ``like`` and without a registered fake
+        implementation (``torch.export``, meta tensors; ``torch.compile`` and
+        ``opcheck`` raise their own error with it as the cause).
     BackendUnavailableError
         PyTorch is not installed (at decoration), or CuPy is not and a CUDA
         tensor is passed.
     """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        error = InvalidValueError if isinstance(name, str) else InvalidTypeError
+        raise error(
+            f"torch_op expected a name 'namespace::name' (got {name!r}), each part letters, "
+            "digits and underscores, not starting with a digit: e.g. 'mylib::scale'"
+        )
     th = _backends.torch()
     if like is not None and not isinstance(like, int | str | tuple):
         raise InvalidTypeError(
@@ -889,6 +1008,13 @@ def torch_op(
         else:
             mutated = set(mutates_args)
         call = _Call(fn, name, params, outputs, positions, mutated)
+        options = (mutates_args if isinstance(mutates_args, str) else frozenset(mutated), like)
+        op = _registered(th, name, fn, options)
+        if op is not None:
+            # Registering again would leave the first op object a dangling handle
+            # into PyTorch's dispatcher: the op runs the re-imported function instead.
+            op._interop_call.fn = fn
+            return op
 
         def kernel(*args: Any, **kwargs: Any) -> Any:
             return call(*args, **kwargs)
@@ -913,6 +1039,9 @@ def torch_op(
         op = th.library.custom_op(name, kernel, mutates_args=mutates_args)
         op.__class__ = _op_class()
         op._interop_call = call
+        _REGISTERED[name] = (op, options)
+        if False in call.copies:
+            _math_bits_to_kernel(th, op)
         if positions is not None:
             op.register_fake(_like_fake(call, single))
         elif outputs != 0:

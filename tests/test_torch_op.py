@@ -196,6 +196,59 @@ def test_a_scalar_result_and_a_tensor_result_are_taken():
     assert via_torch(torch.zeros(2)).tolist() == [1.0, 1.0]
 
 
+def _copy_into(what, mutates_args=("out",)):
+    """An op that writes ``x`` into ``out``, and the list of its calls."""
+    calls = []
+
+    @interop.torch_op(name(what), mutates_args=mutates_args)
+    def copy_into(x, out) -> None:
+        calls.append(1)
+        out[...] = x
+
+    return copy_into, calls
+
+
+@pytest.mark.parametrize("bit", ["conjugate", "negative"])
+def test_a_mutated_argument_with_a_math_bit_is_copy_required(bit):
+    op, calls = _copy_into(f"math_bit_{bit}")
+    z = torch.tensor([1 + 2j, 3 - 4j])
+    out = z.conj() if bit == "conjugate" else z.conj().imag  # x.conj().imag: the negative bit
+    x = torch.ones_like(out)
+    namespace, opname = op._qualname.split("::")
+    for call in (op, getattr(getattr(torch.ops, namespace), opname)):
+        with pytest.raises(interop.CopyRequiredError) as info:
+            call(x, out)
+        message = str(info.value)
+        assert message.startswith(f"{op._qualname} expected parameter 'out', which it writes into")
+        assert f"got a tensor with the {bit} bit set" in message
+        assert "resolve_" in message
+        assert isinstance(info.value, BufferError)
+    assert calls == []
+    assert z.tolist() == [1 + 2j, 3 - 4j]  # nothing written
+    # read, not written: the bit resolved into a copy, as PyTorch does
+    plain = torch.zeros(2, dtype=out.dtype)
+    op(out, plain)
+    assert plain.tolist() == out.tolist()
+
+
+@pytest.mark.parametrize("mutates_args", [("out",), "unknown"])
+def test_a_mutated_argument_that_is_expanded_is_refused_naming_it(mutates_args):
+    op, calls = _copy_into("expanded", mutates_args)
+    base = torch.zeros(1, 2)
+    with pytest.raises(interop.InvalidValueError) as info:
+        op(torch.arange(6.0).reshape(3, 2), base.expand(3, 2))
+    message = str(info.value)
+    assert message.startswith(f"{op._qualname} expected parameter 'out', which it writes into")
+    assert "(got a tensor of shape (3, 2) and strides (0, 1)" in message
+    assert "clone()" in message
+    assert calls == []
+    assert base.tolist() == [[0.0, 0.0]]  # nothing written
+    if mutates_args != "unknown":  # an expanded argument that is only read is fine
+        out = torch.zeros(3, 2)
+        op(torch.ones(1, 2).expand(3, 2), out)
+        assert out.tolist() == [[1.0, 1.0]] * 3
+
+
 # --------------------------------------------------------------------------- aliasing
 
 
@@ -328,24 +381,46 @@ def test_torch_compile_fullgraph_with_inductor():
     assert torch.allclose(compiled(x, w), model(x, w), atol=1e-5)
 
 
-def test_without_like_tracing_says_to_pass_like_or_register_a_fake():
+def test_without_like_tracing_raises_what_the_docs_say_with_the_fix():
+    """What a user catches for a missing fake, in each case docs/torch-op.md lists."""
+
     @interop.torch_op(name("nofake"))
     def nofake(x):
         return x + 1
 
+    fix = "pass like= to interop.torch_op"
     x = torch.arange(3.0)
     assert nofake(x).tolist() == [1.0, 2.0, 3.0]  # eager needs no fake
+    # meta tensors and torch.export: MissingFakeError itself
+    with pytest.raises(interop.MissingFakeError, match=fix):
+        nofake(torch.empty(3, device="meta"))
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return nofake(x)
+
+    with pytest.raises(interop.MissingFakeError, match=fix):
+        torch.export.export(Model(), (x,))
+    # torch.compile: dynamo's TorchRuntimeError (a RuntimeError), the text kept,
+    # the MissingFakeError in its chain
     compiled = torch.compile(nofake, fullgraph=True, backend="aot_eager")
-    with pytest.raises(RuntimeError, match=r"pass like= to interop.torch_op") as info:
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=fix) as info:
         compiled(x)
+    assert isinstance(info.value, RuntimeError)
+    assert "register one with @nofake.register_fake" in str(info.value)
     chain, e = [], info.value
     while e is not None:
-        chain.append(type(e))
+        chain.append(e)
         e = e.__cause__ or e.__context__
-    assert interop.MissingFakeError in chain
-    assert "register one with @nofake.register_fake" in str(info.value)
-    with pytest.raises(Exception, match="has no fake implementation"):
+    assert [type(e) for e in chain if isinstance(e, interop.MissingFakeError)] == [
+        interop.MissingFakeError
+    ]
+    # opcheck: its OpCheckError (an Exception), the MissingFakeError as __cause__
+    with pytest.raises(Exception, match=fix) as info:
         torch.library.opcheck(nofake, (x,))
+    assert type(info.value).__name__ == "OpCheckError"
+    assert not isinstance(info.value, RuntimeError)
+    assert isinstance(info.value.__cause__, interop.MissingFakeError)
 
     @nofake.register_fake
     def _(x):
@@ -354,6 +429,21 @@ def test_without_like_tracing_says_to_pass_like_or_register_a_fake():
     torch._dynamo.reset()
     assert compiled(x).tolist() == [1.0, 2.0, 3.0]
     torch.library.opcheck(nofake, (x,))
+
+
+def test_the_docs_say_what_to_catch_when_the_fake_is_missing():
+    page = (REPO_ROOT / "docs" / "torch-op.md").read_text()
+    _, _, rest = page.partition("\n### When the fake implementation is missing\n")
+    section = re.split(r"\n#{1,3} ", rest)[0]
+    for caught in (
+        "interop.MissingFakeError",
+        "torch._dynamo.exc.TorchRuntimeError",
+        "OpCheckError",
+        "__cause__",
+        "torch.export",
+        "opcheck",
+    ):
+        assert caught in section, caught
 
 
 # --------------------------------------------------------------------------- dtypes, layouts
@@ -435,6 +525,24 @@ def test_a_read_only_result_is_shared_with_the_warning_to_torch_gives():
     with pytest.warns(interop.ReadOnlyWarning):
         y = constant(torch.zeros(3, dtype=torch.float64))
     assert y.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_big_endian_output_with_like_becomes_a_native_tensor():
+    @interop.torch_op(name("big_endian"), like=0)
+    def swapped(x):
+        return (x + 1).astype(x.dtype.newbyteorder(">"))
+
+    y = swapped(torch.arange(3.0))
+    assert y.dtype == torch.float32
+    assert y.is_contiguous()
+    assert y.tolist() == [1.0, 2.0, 3.0]
+
+    @interop.torch_op(name("big_endian_wider"), like=0)
+    def wider(x):
+        return x.astype(">f8")
+
+    with pytest.raises(interop.InvalidValueError, match=r"\(\(2,\), torch.float32\).*got \(2,\), "):
+        wider(torch.ones(2))
 
 
 # --------------------------------------------------------------------------- errors at a call
@@ -609,6 +717,111 @@ def test_like_and_the_return_annotation_must_agree():
 
     with pytest.raises(TypeError, match="like= to describe each output"):
         interop.torch_op(name("disagree"), like=0)(f)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["nonamespace", "mylib::has space", "my lib::op", "mylib::", "::op", "a::b::c", "mylib::op-1"],
+)
+def test_an_operator_name_pytorch_cannot_take_is_a_value_error(bad):
+    with pytest.raises(interop.InvalidValueError) as info:
+        interop.torch_op(bad)
+    message = str(info.value)
+    assert message.startswith(f"torch_op expected a name 'namespace::name' (got {bad!r})")
+    assert "letters, digits and underscores" in message
+
+
+def test_an_operator_name_that_is_not_a_string_is_a_type_error():
+    with pytest.raises(interop.InvalidTypeError, match=r"expected a name 'namespace::name' .got 3"):
+        interop.torch_op(3)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "default"),
+    [("list[int]", "[1, 2]"), ("list[float]", "(0.5,)"), ("Optional[list[bool]]", "[True]")],
+)
+def test_a_list_parameter_with_a_list_default_says_to_default_to_none(annotation, default):
+    scope = {"Optional": Optional}
+    exec(f"def f(x, sizes: {annotation} = {default}): return x", scope)
+    with pytest.raises(interop.InvalidTypeError) as info:
+        interop.torch_op(name("list_default"), like=0)(scope["f"])
+    message = str(info.value)
+    assert f"expected parameter 'sizes' to have no default or None (got {default})" in message
+    assert "Optional[list" in message
+    assert "sizes is None" in message
+
+
+def test_a_second_function_under_a_taken_name_is_refused():
+    taken = name("taken")
+
+    def plus_one(x):
+        return x + 1
+
+    first = interop.torch_op(taken, like=0)(plus_one)
+
+    def second(x):
+        return x + 100
+
+    with pytest.raises(interop.InvalidValueError) as info:
+        interop.torch_op(taken, like=0)(second)
+    message = str(info.value)
+    assert message.startswith(f"torch_op {taken!r} expected a name no operator has yet")
+    assert "test_a_second_function_under_a_taken_name_is_refused.<locals>.plus_one" in message
+    assert first(torch.zeros(2)).tolist() == [1.0, 1.0]  # still the first function
+    namespace, opname = taken.split("::")
+    assert getattr(getattr(torch.ops, namespace), opname)(torch.zeros(1)).tolist() == [1.0]
+    # the same function object, with other options, is another operator
+    with pytest.raises(interop.InvalidValueError, match="expected a name no operator has yet"):
+        interop.torch_op(taken, mutates_args="unknown")(plus_one)
+
+    # a name PyTorch has from elsewhere
+    plain = name("plain")
+
+    @torch.library.custom_op(plain, mutates_args=())
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.raises(interop.InvalidValueError, match=r"not made by interop\.torch_op"):
+        interop.torch_op(plain, like=0)(second)
+
+
+def test_the_same_function_re_imported_is_the_same_op_running_it(tmp_path):
+    op_name = name("reimported")
+    source = f"""
+import interop
+
+OFFSET = 1
+
+
+@interop.torch_op({op_name!r}, like=0)
+def plus(x):
+    return x + OFFSET
+"""
+    path = tmp_path / "reimported_ops.py"
+    path.write_text(source)
+
+    def load():
+        spec = importlib.util.spec_from_file_location("reimported_ops", path)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    x = torch.zeros(2)
+    first = load()
+    assert first.plus(x).tolist() == [1.0, 1.0]
+    path.write_text(source.replace("OFFSET = 1", "OFFSET = 20"))  # the code is the same
+    second = load()  # a re-import makes a new function object: the op runs it
+    assert second.plus is first.plus
+    assert first.plus(x).tolist() == second.plus(x).tolist() == [20.0, 20.0]
+    namespace, opname = op_name.split("::")
+    assert getattr(getattr(torch.ops, namespace), opname)(x).tolist() == [20.0, 20.0]
+    # the same module and name with another body is another function
+    path.write_text(source.replace("x + OFFSET", "x + OFFSET * 2"))
+    with pytest.raises(interop.InvalidValueError, match="expected a name no operator has yet"):
+        load()
+    assert first.plus(x).tolist() == [20.0, 20.0]
 
 
 def test_interop_array_is_only_a_marker():

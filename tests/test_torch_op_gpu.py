@@ -212,3 +212,26 @@ def test_gpu_errors(cp, torch):
     with pytest.raises(interop.StreamMismatchError, match="do not switch CuPy's device"):
         other_stream(torch.ones(3, device="cuda"))
     assert op(torch.ones(2, device="cuda")).tolist() == [3.0, 3.0]  # nothing left behind
+
+
+def test_gpu_a_mutated_argument_with_a_math_bit_or_expanded_is_refused(cp, torch):
+    calls = []
+
+    @interop.torch_op(name("copy_into"), mutates_args=("out",))
+    def copy_into(x, out) -> None:
+        calls.append(1)
+        out[...] = x
+
+    z = torch.tensor([1 + 2j, 3 - 4j], device="cuda")
+    for out in (z.conj(), z.conj().imag):
+        with pytest.raises(interop.CopyRequiredError, match="parameter 'out', which it writes"):
+            copy_into(torch.ones_like(out), out)
+    base = torch.zeros(1, 2, device="cuda")
+    with pytest.raises(interop.InvalidValueError, match=r"strides \(0, 1\): an expanded view"):
+        copy_into(torch.arange(6.0, device="cuda").reshape(3, 2), base.expand(3, 2))
+    assert calls == []
+    assert z.tolist() == [1 + 2j, 3 - 4j]  # nothing written
+    assert base.tolist() == [[0.0, 0.0]]
+    out = torch.zeros(2, dtype=z.dtype, device="cuda")
+    copy_into(z.conj(), out)  # read, not written: resolved into a copy
+    assert out.tolist() == [1 - 2j, 3 + 4j]
