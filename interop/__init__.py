@@ -32,6 +32,7 @@ from .errors import (
     TransferTimeoutError,
     UnknownSettingError,
     UnsupportedDtypeError,
+    UsageError,
 )
 from .exchange import to_cupy, to_numpy, to_torch
 from .npy import load_npy, save_npy
@@ -73,6 +74,7 @@ __all__ = [
     "TransferTimeoutError",
     "UnknownSettingError",
     "UnsupportedDtypeError",
+    "UsageError",
     "__version__",
     "array_namespace",
     "config",

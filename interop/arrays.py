@@ -179,6 +179,31 @@ def check_strided_tensor(t: torch.Tensor, func: str) -> None:
         )
 
 
+def check_tensor_data(t: torch.Tensor, func: str) -> None:
+    """Refuse a tensor with no data of its own, before reading its memory.
+
+    Raises
+    ------
+    InvalidValueError
+        A tensor of a ``torch.func`` transform (``grad``, ``vmap``, ...), or
+        a FakeTensor (tracing): a ``ValueError``.
+    """
+    th = _backends.torch()
+    if not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
+        raise InvalidValueError(
+            f"{func} expected a tensor with data (got one inside a torch.func transform, "
+            f"such as grad or vmap, which holds none of its own); call {func} outside the "
+            "transform, on the tensors it takes or returns"
+        )
+    if type(t) is not th.Tensor and t.untyped_storage().device.type == "meta":
+        raise InvalidValueError(
+            f"{func} expected a tensor with data (got a FakeTensor, from FakeTensorMode or "
+            "torch.compile/torch.export tracing, which has a shape and a dtype but no data); "
+            "call it outside the traced code, or wrap the NumPy code with interop.torch_op "
+            "and like= so it can be traced"
+        )
+
+
 def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
     """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits.
 

@@ -30,14 +30,14 @@ in the child, so their blocks would never end).
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
-from .errors import InvalidTypeError, InvalidValueError, UnknownSettingError
+from .errors import InvalidTypeError, InvalidValueError, UnknownSettingError, UsageError
 
 __all__ = ["MIN_CHUNK_BYTES", "Config", "config"]
 
@@ -75,13 +75,17 @@ def _bytes(n: int) -> str:
     return f"{n} bytes"
 
 
+def _unknown(name: str) -> UnknownSettingError:
+    return UnknownSettingError(
+        f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
+    )
+
+
 def _validate(name: str, value: object, source: str | None = None) -> int:
     """``value`` as an int within the setting's bounds; ``source`` names it in
     errors (the setting, or the environment variable it came from)."""
     if name not in _DEFAULTS:
-        raise UnknownSettingError(
-            f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
-        )
+        raise _unknown(name)
     source = source or name
     if isinstance(value, bool):
         raise InvalidTypeError(f"expected {source} to be an integer (got {value!r}, a bool)")
@@ -203,9 +207,7 @@ class Config:
         try:
             return self._values[name]
         except KeyError:
-            raise UnknownSettingError(
-                f"expected a setting of interop.config, one of {sorted(_DEFAULTS)} (got {name!r})"
-            ) from None
+            raise _unknown(name) from None
 
     def __setattr__(self, name: str, value: object) -> None:
         checked = _validate(name, value)
@@ -221,16 +223,25 @@ class Config:
                 self._chosen.add(name)
             self._recompute()
 
+    def __delattr__(self, name: str) -> None:
+        if name not in _DEFAULTS:
+            raise _unknown(name)  # config's own state included
+        raise UsageError(
+            f"expected {name} to be assigned, not deleted (got del config.{name}); assign "
+            f"a value (config.{name} = {_DEFAULTS[name]}) or use a block: "
+            f"with config.set({name}=...)"
+        )
+
     def as_dict(self) -> dict[str, int]:
         """The current settings."""
         return dict(self._values)
 
-    @contextlib.contextmanager
-    def set(self, **settings: int) -> Iterator[Config]:
+    def set(self, **settings: int) -> AbstractContextManager[Config]:
         """Change settings for the duration of a ``with`` block.
 
-        All values are validated before any is changed; the previous values
-        are restored on exit, also when the block raises. Blocks nest. The
+        All values are validated here, before any is changed; the previous
+        values are restored on exit, also when the block raises. Blocks nest,
+        each from its own ``set(...)`` call (one object is entered once). The
         settings are process-wide (a transfer started by any thread while the
         block is active uses them); blocks entered by several threads at once
         each remove only their own change on exit. For a per-call choice pass
@@ -245,27 +256,51 @@ class Config:
         InvalidValueError
             A value outside the setting's bounds (see :class:`Config`); the
             message names the setting and both bounds (a ``ValueError``).
+        UsageError
+            On entering: the object was entered already (a ``RuntimeError``).
         """
-        overlay = _Overlay({name: _validate(name, value) for name, value in settings.items()})
-        with self._lock:
-            self._overlays.append(overlay)
-            self._recompute()
-        try:
-            yield self
-        finally:
-            with self._lock:
-                # identity, not equality: two blocks may set the same values.
-                # Absent only in a forked child whose block another thread
-                # entered (dropped at the fork).
-                for i, o in enumerate(self._overlays):
-                    if o is overlay:
-                        del self._overlays[i]
-                        break
-                self._recompute()
+        return _Block(self, {name: _validate(name, value) for name, value in settings.items()})
 
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
         return f"interop.config({items})"
+
+
+class _Block(AbstractContextManager[Config]):
+    """One ``config.set(...)``: entered once, its overlay removed on exit."""
+
+    __slots__ = ("_config", "_overlay", "_values")
+
+    def __init__(self, config: Config, values: dict[str, int]) -> None:
+        self._config = config
+        self._values = values
+        self._overlay: _Overlay | None = None
+
+    def __enter__(self) -> Config:
+        config = self._config
+        with config._lock:
+            if self._overlay is not None:
+                raise UsageError(
+                    "expected each config.set(...) object to be entered once (got one entered "
+                    "twice, or again after its block); call config.set(...) each time, as in "
+                    "with interop.config.set(chunk_bytes=...):"
+                )
+            self._overlay = _Overlay(self._values)
+            config._overlays.append(self._overlay)
+            config._recompute()
+        return config
+
+    def __exit__(self, *exc_info: Any) -> None:
+        config = self._config
+        with config._lock:
+            # identity, not equality: two blocks may set the same values.
+            # Absent only in a forked child whose block another thread
+            # entered (dropped at the fork).
+            for i, o in enumerate(config._overlays):
+                if o is self._overlay:
+                    del config._overlays[i]
+                    break
+            config._recompute()
 
 
 _instances: weakref.WeakSet[Config] = weakref.WeakSet()

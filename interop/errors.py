@@ -33,6 +33,7 @@ __all__ = [
     "TransferTimeoutError",
     "UnknownSettingError",
     "UnsupportedDtypeError",
+    "UsageError",
 ]
 
 
@@ -164,6 +165,12 @@ class TransferError(InteropError, RuntimeError):
         super().__init__(message)
         self.bytes_done = bytes_done
         self.nbytes = nbytes
+
+
+class UsageError(InteropError, RuntimeError):
+    """A call that cannot work whatever its arguments: one ``config.set(...)``
+    object entered twice, a setting deleted, ``Transfer.result()`` called by
+    the transfer's own progress callback (it would wait for itself)."""
 
 
 class TransferTimeoutError(InteropError, TimeoutError):

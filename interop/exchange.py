@@ -38,6 +38,7 @@ from .arrays import (
     Target,
     array_source,
     check_strided_tensor,
+    check_tensor_data,
     cupy_from_dlpack,
     dlpack_device,
     host_from_dlpack,
@@ -292,6 +293,7 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 
 def _numpy_from_torch(t: torch.Tensor, copy: bool | None) -> np.ndarray:
     check_strided_tensor(t, "to_numpy")
+    check_tensor_data(t, "to_numpy")
     if t.requires_grad:
         t = t.detach()
     if t.is_cuda:
@@ -359,8 +361,9 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``x`` is not an array (or a nested or sparse tensor), or ``copy`` is
         not None/bool (a ``TypeError``).
     InvalidValueError
-        ``x`` is a meta tensor or on a device other than CPU or CUDA, or a
-        foreign producer's export fails (a ``ValueError``).
+        ``x`` is a meta tensor or on a device other than CPU or CUDA, a
+        tensor without data (a FakeTensor, or one inside ``torch.func.grad``
+        or ``vmap``), or a foreign producer's export fails (a ``ValueError``).
     """
     tensor = _TENSOR[0]
     if tensor is None:
@@ -756,6 +759,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         raise not_an_array("to_cupy", x)
     if _backends.is_torch_tensor(x):
         check_strided_tensor(x, "to_cupy")  # before the device: a bad argument on any machine
+        check_tensor_data(x, "to_cupy")
     cp = _backends.require_cupy_device()
     want = None if target is None else target[1]
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
+import operator
 import weakref
 from types import TracebackType
 from typing import Any
@@ -51,13 +53,16 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        A bad shape or dtype (a ``TypeError`` or ``ValueError``).
+        A bad shape or dtype (a ``TypeError`` or ``ValueError``): sizes that
+        are not integers (``3.0`` included, as for ``numpy.empty``), negative,
+        or more bytes than an address space holds; checked before the device.
     NoDeviceError, BackendUnavailableError
         No CUDA device, or CuPy missing: page-locked memory needs the driver.
     """
     try:
         dt = np.dtype(dtype)
-        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(n) for n in shape)
+        sizes = shape if np.ndim(shape) else (shape,)
+        shape = tuple(operator.index(n) for n in sizes)  # 3.0 and "3" refused, as numpy does
     except (TypeError, ValueError) as exc:
         raise InvalidTypeError(
             f"empty_pinned expected a shape of ints and a NumPy dtype (got shape={shape!r}, "
@@ -67,8 +72,13 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
         raise InvalidValueError(f"empty_pinned expected sizes >= 0 (got shape {shape})")
     if dt.hasobject:
         raise InvalidValueError(f"empty_pinned expected a dtype without Python objects (got {dt})")
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes > np.iinfo(np.intp).max:
+        raise InvalidValueError(
+            f"empty_pinned expected at most {np.iinfo(np.intp).max} bytes (got shape {shape} "
+            f"of {dt}: {nbytes} bytes)"
+        )
     cp = _backends.require_cupy_device()
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     runtime = cp.cuda.runtime
     ptr = int(runtime.hostAlloc(max(nbytes, 1), _PORTABLE))
     try:
@@ -158,7 +168,7 @@ def pin(array: np.ndarray) -> Pinned:
     InvalidTypeError
         Not a NumPy array (a ``TypeError``).
     InvalidValueError
-        Read-only, not contiguous, empty, already page-locked (registered, or
+        Read-only, not contiguous, empty, of Python objects, already page-locked (registered, or
         from ``cudaHostAlloc``), or memory the driver refuses to register (some
         file-backed mappings): a ``ValueError``. Nothing stays registered after
         an error.
@@ -179,6 +189,8 @@ def pin(array: np.ndarray) -> Pinned:
         )
     if array.nbytes == 0:
         raise InvalidValueError("pin expected an array with data (got an empty one)")
+    if array.dtype.hasobject:  # pointers to Python objects: no device copy reads them
+        raise InvalidValueError(f"pin expected a dtype without Python objects (got {array.dtype})")
     cp = _backends.require_cupy_device()
     from .pipeline.cuda import cuda_backend
 

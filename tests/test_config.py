@@ -132,6 +132,67 @@ def test_blocks_from_several_threads_restore_the_base_in_any_order():
     assert interop.config.as_dict() == before
 
 
+def test_one_set_object_entered_twice_or_again_is_refused_and_changes_nothing():
+    before = interop.config.as_dict()
+    block = interop.config.set(chunk_bytes=4096)
+    with block:
+        with (
+            pytest.raises(
+                interop.UsageError, match=r"entered twice.*config\.set\(\.\.\.\) each time"
+            ),
+            block,
+        ):  # today: a foreign AttributeError from contextlib
+            pass
+        assert interop.config.chunk_bytes == 4096  # the first entry still holds
+    assert interop.config.as_dict() == before
+    with pytest.raises(interop.UsageError, match="entered twice"), block:  # again, after its end
+        pass
+    assert interop.config.as_dict() == before
+    with interop.config.set(chunk_bytes=4096):  # a new set() object each time works
+        assert interop.config.chunk_bytes == 4096
+    assert interop.config.as_dict() == before
+
+
+@pytest.mark.parametrize("name", ["chunk_bytes", "num_buffers", "host_threads"])
+def test_deleting_a_setting_is_refused_and_changes_nothing(name):
+    before = interop.config.as_dict()
+    with interop.config.set(**{name: 3}):
+        with pytest.raises(
+            interop.UsageError, match=f"expected {name} to be assigned, not deleted"
+        ):
+            delattr(interop.config, name)  # today: a foreign AttributeError
+        assert getattr(interop.config, name) == 3
+    assert interop.config.as_dict() == before
+    with pytest.raises(interop.UnknownSettingError, match="got 'bogus'"):
+        del interop.config.bogus
+
+
+def test_deleting_configs_own_state_is_refused():
+    """In a child process: today ``del config._lock`` succeeds and breaks it."""
+    proc = run_python(
+        """
+        import interop
+        for name in ("_lock", "_values", "_overlays"):
+            try:
+                delattr(interop.config, name)
+                print(name, "deleted")
+            except interop.UnknownSettingError:
+                print(name, "refused")
+        with interop.config.set(chunk_bytes=4096):
+            print(interop.config.chunk_bytes)
+        """
+    )
+    assert proc.stdout.split() == [
+        "_lock",
+        "refused",
+        "_values",
+        "refused",
+        "_overlays",
+        "refused",
+        "4096",
+    ], proc.stderr
+
+
 def test_assignment_inside_a_block_lasts_until_it_ends():
     before = interop.config.as_dict()
     with interop.config.set(chunk_bytes=64):

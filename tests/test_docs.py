@@ -372,3 +372,53 @@ def test_the_directory_rows_of_the_npy_page_hold(tmp_path, monkeypatch, name, wr
     table = (DOCS / "npy.md").read_text()
     assert '(`"d1"` where `d1/` exists)' in table
     assert '(`"d1.npy"` where `d1.npy/` exists) | `IsADirectoryError`' in table
+
+
+def _paragraphs(text: str) -> list[str]:
+    """A page's paragraphs and list items, each on one line."""
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n|\n(?=\* )", text)]
+
+
+def test_every_page_says_a_progress_callbacks_error_comes_back_as_itself(tmp_path):
+    """What the code does on every path that calls the callback (the device
+    paths: tests/test_schedule.py, test_npy_device.py), as concurrent.futures
+    does with a function's error: the callback's exception as itself, with a
+    note of the bytes done; so no page may say it becomes a TransferError."""
+
+    def mine(done, total):
+        raise KeyError("mine")
+
+    a = np.arange(3 << 13, dtype=np.float64)  # 3 chunks of 64 KiB
+    np.save(tmp_path / "a.npy", a)
+    calls = [
+        ("copy_to_host", lambda: interop.copy_to_host(a, chunk_bytes=1 << 16, progress=mine)),
+        ("copy_to_host", lambda: interop.copy_to_host_async(
+            a, chunk_bytes=1 << 16, progress=mine
+        ).result(timeout=30)),
+        ("save_npy", lambda: interop.save_npy(
+            a, tmp_path / "b.npy", chunk_bytes=1 << 16, progress=mine
+        )),
+        ("load_npy", lambda: interop.load_npy(
+            tmp_path / "a.npy", chunk_bytes=1 << 16, progress=mine
+        )),
+    ]  # fmt: skip
+    for func, call in calls:
+        with pytest.raises(KeyError, match="mine") as info:
+            call()
+        assert not isinstance(info.value, interop.InteropError)
+        assert f"raised by the progress callback of {func}; bytes [0, {1 << 16})" in "".join(
+            info.value.__notes__
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]  # no b.npy left
+
+    pages = {page.name: page.read_text() for page in DOCS.rglob("*.md")}
+    wrong = [
+        f"{name}: {p[:120]}"
+        for name, text in pages.items()
+        for p in _paragraphs(text)
+        if "progress" in p and "__cause__" in p  # today: errors.md, twice
+    ]
+    assert wrong == []
+    (own,) = [p for p in _paragraphs(pages["errors.md"]) if "Errors of your own code" in p]
+    assert "come back as themselves" in own
+    assert "note" in own

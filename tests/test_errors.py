@@ -40,6 +40,7 @@ CLASSES = [
     (interop.PathExistsError, FileExistsError),
     (interop.CudaAfterForkError, RuntimeError),
     (interop.CudaAfterForkError, interop.NoDeviceError),
+    (interop.UsageError, RuntimeError),
 ]
 
 

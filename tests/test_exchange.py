@@ -128,6 +128,45 @@ def test_requires_grad_is_a_detached_zero_copy_view(torch, side):
     assert side.tolist(side.to_xp(t, copy=False)) == [7.0, 1.0, 2.0]
 
 
+def test_a_fake_tensor_has_no_data_to_give(torch):
+    """A FakeTensor (torch.compile and torch.export trace with them) has a
+    shape and a dtype but no data: refused by name, before any device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.ones(3)
+        traced = torch.ones(3, requires_grad=True)
+    expected = r"expected a tensor with data \(got a FakeTensor"
+    for call in (
+        lambda: interop.to_numpy(fake),  # today: a bare RuntimeError from .numpy()
+        lambda: interop.to_numpy(fake, copy=True),
+        lambda: interop.to_numpy(traced),
+        lambda: interop.to_cupy(fake),  # today: NoDeviceError here, whatever the argument
+    ):
+        with pytest.raises(interop.InvalidValueError, match=expected):
+            call()
+    assert interop.to_torch(fake) is fake  # torch to torch needs no data: as it is
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev", "vmap(grad)"])
+def test_inside_a_torch_func_transform_a_tensor_has_no_data_to_give(torch, transform):
+    def f(x):
+        interop.to_numpy(x)  # today: a bare RuntimeError from PyTorch
+        return (x * x).sum()
+
+    func = torch.func
+    run = {
+        "grad": lambda: func.grad(f)(torch.ones(3)),
+        "vmap": lambda: func.vmap(f)(torch.ones(2, 3)),
+        "jacrev": lambda: func.jacrev(f)(torch.ones(3)),
+        "vmap(grad)": lambda: func.vmap(func.grad(f))(torch.ones(2, 3)),
+    }[transform]
+    with pytest.raises(interop.InvalidValueError, match=r"inside a torch\.func transform") as info:
+        run()
+    assert "call to_numpy outside the transform" in str(info.value)
+    assert interop.to_numpy(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # outside: as ever
+
+
 # ----------------------------------------------------------------- conj / neg bits
 
 

@@ -25,11 +25,37 @@ no_gpu = pytest.mark.skipif(gpu_count() > 0, reason="the no-device paths")
         ((("a", 2), np.float32), TypeError, r"a shape of ints and a NumPy dtype"),
         (((2,), "no such dtype"), TypeError, r"a shape of ints and a NumPy dtype"),
         (((2,), object), ValueError, r"without Python objects"),
+        # sizes that are not integers (numpy.empty refuses them too), before the device
+        (((3.0,), np.float32), TypeError, r"a shape of ints .*\(got shape=\(3.0,\)"),
+        ((2.5, np.float32), TypeError, r"\(got shape=2.5"),
+        ((("3",), np.float32), TypeError, r"\(got shape=\('3',\)"),
+        (("3", np.float32), TypeError, r"\(got shape='3'"),
+        (((np.float64(2), 2), np.float32), TypeError, r"a shape of ints"),
+        # more bytes than an address space holds
+        (
+            ((1 << 40, 1 << 40), np.float32),
+            ValueError,
+            r"at most \d+ bytes \(got shape \(1099511627776, 1099511627776\) of float32",
+        ),
     ],
 )
 def test_empty_pinned_checks_its_arguments_first(args, error, match):
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         interop.empty_pinned(*args)
+    assert isinstance(info.value, interop.InteropError)
+    assert not isinstance(info.value, interop.NoDeviceError)
+
+
+def test_empty_pinned_takes_any_integral_size():
+    """``numpy.int64`` sizes and a bare int pass the checks (then, without a
+    device, NoDeviceError; with one, the array)."""
+    for shape in ((np.int64(2), 3), np.int32(6), 6):
+        try:
+            a = interop.empty_pinned(shape, np.float32)
+        except interop.NoDeviceError:
+            assert gpu_count() == 0
+        else:
+            assert a.size == 6
 
 
 @pytest.mark.parametrize(
@@ -39,11 +65,15 @@ def test_empty_pinned_checks_its_arguments_first(args, error, match):
         (lambda: np.zeros(8)[::2], ValueError, r"a contiguous array \(got strides \(16,\)\)"),
         (lambda: np.broadcast_to(np.zeros(1), (8,)), ValueError, r"a writable array"),
         (lambda: np.zeros(0), ValueError, r"an array with data"),
+        (lambda: np.array([None, 1]), ValueError, r"without Python objects \(got object\)"),
+        (lambda: np.zeros(8, dtype="i4,O"), ValueError, r"without Python objects"),
     ],
 )
 def test_pin_checks_its_argument_first(make, error, match):
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         interop.pin(make())
+    assert isinstance(info.value, interop.InteropError)
+    assert not isinstance(info.value, interop.NoDeviceError)
 
 
 @no_gpu

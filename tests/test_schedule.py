@@ -359,6 +359,41 @@ def test_cancel_reports_the_complete_prefix_stops_before_returning_and_frees_the
         assert cached_rings() == (memory == "pageable")  # the staged copy gave its ring back
 
 
+@pytest.mark.parametrize("direction", ["d2h", "h2d"])
+def test_a_cancel_after_the_last_chunk_is_still_true_and_result_raises(device_kind, direction):
+    """``cancel()`` from the last progress call (every chunk copied, none left
+    to skip): True, so result() raises the cancellation, with every byte
+    complete; every stream and buffer is released as on success."""
+    a = sample((256, 256), np.float64)  # 512 KiB: 8 chunks
+    holder, given, answers = {}, threading.Event(), []
+
+    def progress(done, total):
+        if done == total:
+            given.wait(30)
+            answers.append(holder["t"].cancel())
+
+    with opened(device_kind, delay=0.001) as device:
+        if direction == "d2h":
+            host = np.zeros_like(a)
+            t = interop.copy_to_host_async(
+                device.asarray(a), host, chunk_bytes=CHUNK, progress=progress
+            )
+            written = lambda: raw(host)  # noqa: E731
+        else:
+            out = device.asarray(np.zeros_like(a))
+            t = interop.copy_to_device_async(a, out, chunk_bytes=CHUNK, progress=progress)
+            written = lambda: raw(device.to_numpy(out))  # noqa: E731
+        holder["t"] = t
+        given.set()
+        with pytest.raises(interop.TransferError, match="cancelled") as info:
+            t.result(timeout=60)  # today: returned out
+        assert answers == [True]
+        assert info.value.bytes_done == info.value.nbytes == a.nbytes
+        assert written() == raw(a)
+        assert t.cancel() is False
+        device.check_released()
+
+
 def _chunked_copy(device, a, direction, layout):
     """A copy of ``a`` in chunks of ``CHUNK``, to the host from ``device`` ("d2h") or
     onto it ("h2d"), "contiguous" or "transposed" (packed or unpacked on the device):

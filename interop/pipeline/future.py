@@ -8,11 +8,15 @@ bar, and re-raises the engine's error in the caller as a
 
 At interpreter exit every transfer still running is cancelled and joined
 (``atexit``), so no transfer thread outlives the interpreter's finalisation.
+In a child forked while a transfer ran, that transfer's thread does not exist:
+there it counts as done, and :meth:`Transfer.result` says so at once.
 """
 
 from __future__ import annotations
 
 import atexit
+import math
+import numbers
 import os
 import threading
 import traceback
@@ -20,7 +24,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import TransferError, TransferTimeoutError
+from ..errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    TransferError,
+    TransferTimeoutError,
+    UsageError,
+)
 from .progress import Progress
 
 __all__ = ["Cancelled", "Transfer"]
@@ -67,6 +77,11 @@ class Transfer:
         self._bytes_done = 0
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()  # the process whose thread runs the engine
+        self._runner: int | None = None  # that thread's ident, once it runs
+        # Under _lock: the engine has returned or raised; from then on cancel()
+        # can change nothing and answers False.
+        self._settled = False
 
     # -- used by the engines, from the transfer's own thread only
     def chunk_done(self, i: int) -> None:
@@ -97,6 +112,7 @@ class Transfer:
 
         def target() -> None:
             nonlocal run
+            self._runner = threading.get_ident()
             try:
                 if not self.nbytes:
                     self._progress.add(0)  # a callback still sees (0, 0): it ends at the total
@@ -109,6 +125,12 @@ class Transfer:
                 # the thread is still counted as running: never after it
                 # reported finished, when the interpreter may be finalising.
                 run = _finished_engine
+                with self._lock:
+                    self._settled = True
+                    if self._error is None and self._cancelled.is_set():
+                        # cancel() answered True after the last chunk: the
+                        # copy counts as stopped, and result() raises
+                        self._error = Cancelled()
                 try:
                     self._progress.close()
                 finally:
@@ -138,22 +160,37 @@ class Transfer:
             return self._bytes_done
 
     def done(self) -> bool:
-        """True once the transfer has finished, failed or been cancelled."""
-        return self._finished.is_set()
+        """True once the transfer has finished, failed or been cancelled (and in
+        a child forked while it ran, where it never finishes)."""
+        return self._finished.is_set() or self._pid != os.getpid()
 
     def cancel(self) -> bool:
-        """Ask the transfer to stop after the chunks in flight.
+        """Stop the transfer after the chunks in flight.
 
         Returns
         -------
         bool
-            False if it had already finished.
+            True: the transfer stops and :meth:`result` raises a
+            :class:`~interop.errors.TransferError` saying it was cancelled
+            (if the last chunk was already complete, the whole destination is
+            written, and still :meth:`result` raises). False: too late, it
+            has finished (or failed), and :meth:`result` gives its outcome; in
+            a forked child, there is nothing to stop.
         """
-        self._cancelled.set()
-        return not self._finished.is_set()
+        with self._lock:
+            if self._settled or self._pid != os.getpid():
+                return False
+            self._cancelled.set()
+            return True
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the transfer and return its destination (``out``).
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait at most (a negative one: none); None or ``inf``
+            to wait until the transfer ends.
 
         Raises
         ------
@@ -164,13 +201,30 @@ class Transfer:
             A chunk failed or the transfer was cancelled; the message says
             which byte range is complete. Every staging buffer, stream and
             thread has been released. The error holds no reference to the
-            source or the destination.
+            source or the destination. Also in a child forked while the
+            transfer ran: its thread is the parent's, so here it never ends.
+        UsageError
+            Called by the transfer's own progress callback, which runs on the
+            transfer's thread: it would wait for itself (a ``RuntimeError``).
+        InvalidTypeError, InvalidValueError
+            ``timeout`` is not None or a number, or is NaN.
         KeyboardInterrupt
             Interrupted while waiting: the transfer is cancelled and its
             resources released before this is re-raised.
         """
+        seconds = _seconds(timeout)
+        if not self._finished.is_set():
+            if self._pid != os.getpid():
+                raise self._lost_at_fork()
+            if self._runner == threading.get_ident():
+                raise UsageError(
+                    f"expected {self._func}'s result() to be called from another thread (got "
+                    "a call from its own progress callback, on the transfer's thread: it would "
+                    "wait for itself); use the callback's bytes_done argument, and call "
+                    "result() where the transfer was started"
+                )
         try:
-            if not self._finished.wait(timeout):
+            if not self._finished.wait(seconds):
                 raise TransferTimeoutError(
                     f"{self._func} not finished after {timeout} s "
                     f"({self.bytes_done} of {self.nbytes} bytes done)"
@@ -189,6 +243,8 @@ class Transfer:
     def __repr__(self) -> str:
         if not self._finished.is_set():
             state = "cancelling" if self._cancelled.is_set() else "running"
+            if self._pid != os.getpid():
+                state = f"running in process {self._pid}"
         elif self._error is None:
             state = "done"
         else:
@@ -201,6 +257,17 @@ class Transfer:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    def _lost_at_fork(self) -> TransferError:
+        done = self._bytes_done  # not under _lock: a thread of the parent may have held it
+        return TransferError(
+            f"{self._func} was running in process {self._pid} when this process was forked "
+            "from it; its thread exists in that process only, so here it never finishes: "
+            f"call result() in the process that started it (bytes [0, {done}) of "
+            f"{self.nbytes} (in {self._order}) were complete at the fork)",
+            bytes_done=done,
+            nbytes=self.nbytes,
+        )
 
     def _failure(self, exc: BaseException) -> BaseException:
         if isinstance(exc, TransferError | KeyboardInterrupt):
@@ -220,6 +287,23 @@ class Transfer:
         )
         err.__cause__ = None if isinstance(exc, Cancelled) else exc
         return err
+
+
+def _seconds(timeout: object) -> float | None:
+    """``result``'s ``timeout`` checked: seconds, or None to wait until the end."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidTypeError(
+            f"expected timeout to be None or a number of seconds (got {timeout!r})"
+        )
+    seconds = float(timeout)
+    if math.isnan(seconds):
+        raise InvalidValueError(
+            f"expected timeout to be a number of seconds (got {timeout!r}); pass None to wait "
+            "until the transfer ends"
+        )
+    return None if seconds > threading.TIMEOUT_MAX else seconds  # inf: no end, as None
 
 
 def _finished_engine(transfer: Transfer) -> None:
@@ -273,9 +357,12 @@ def cancel_running() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The transfer threads of the parent do not exist in the child.
+    # The transfer threads of the parent do not exist in the child: a lock one
+    # of them held would never be released.
     global _running_lock
     _running_lock = threading.Lock()
+    for transfer in list(_running):
+        transfer._lock = threading.Lock()
     _running.clear()
 
 
