@@ -1355,6 +1355,7 @@ class InvertedArray:
 
     shape = property(lambda self: self.base.shape)
     dtype = property(lambda self: self.base.dtype)
+    strides = property(lambda self: self.base.strides)  # as a tensor with the negative bit has
     size = property(lambda self: self.base.size)
     nbytes = property(lambda self: self.base.nbytes)
     ndim = property(lambda self: self.base.ndim)
