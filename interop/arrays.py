@@ -269,6 +269,39 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
         return True
 
 
+def check_elements_apart(out: Any, func: str, where: str = "") -> None:
+    """Refuse an ``out`` (any array kind) two of whose elements may share memory.
+
+    Apart for certain: sorted by stride, each axis steps past the extent of
+    the axes inside it, as in every view NumPy, PyTorch and CuPy make but a
+    broadcast (a stride of 0) or an ``as_strided`` one; the rare other
+    layouts whose elements happen to be apart are refused as well.
+
+    Raises
+    ------
+    InvalidValueError
+        Two elements of ``out`` may share memory (a ``ValueError``).
+    """
+    if _backends.is_torch_tensor(out):
+        itemsize = out.element_size()
+        strides = tuple(s * itemsize for s in out.stride())
+    else:
+        itemsize, strides = np.dtype(out.dtype).itemsize, tuple(out.strides)
+    shape = tuple(out.shape)
+    if 0 in shape:
+        return
+    extent = itemsize
+    for stride, n in sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1):
+        if stride < extent:
+            raise InvalidValueError(
+                f"{func} expected an out{where} whose elements are apart (got shape {shape} "
+                f"with strides {strides}, whose elements may share memory: each write would "
+                "overwrite others and the values come out wrong); pass an array of its own, "
+                "e.g. numpy.empty(shape, dtype)"
+            )
+        extent += stride * (n - 1)
+
+
 def bits(a: np.ndarray) -> np.ndarray:
     """``a`` viewed with a same-sized integer dtype for ml_dtypes types."""
     view = dtypes.int_view_of_numpy(a.dtype)
@@ -430,8 +463,8 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
     InvalidTypeError
         ``out`` is not a NumPy array (a ``TypeError``).
     InvalidValueError
-        Wrong shape or dtype, read-only, or overlapping a host source (a
-        ``ValueError``).
+        Wrong shape or dtype, read-only, overlapping a host source, or with
+        elements that share memory (a ``ValueError``).
     """
     if not isinstance(out, np.ndarray):
         raise InvalidTypeError(
@@ -445,6 +478,7 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
         )
     if not out.flags.writeable:
         raise InvalidValueError(f"{func} expected a writable out (got a read-only array)")
+    check_elements_apart(out, func)
     if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
         raise InvalidValueError(
             f"{func} expected out not to overlap the source (got overlapping memory); copy "

@@ -53,7 +53,7 @@ from .errors import (
     TransferError,
     path_error,
 )
-from .npy import _header_bytes, _write_all, read_npy_header
+from .npy import _header_bytes, _write_all, open_unchanged, read_npy_header
 from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
 from .pipeline.schedule import HostTask
 from .pipeline.start import HostStep, device_to_host, host_to_device
@@ -221,6 +221,18 @@ def _host_pieces(src: Any, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]
         position += n
 
 
+def _refuse_masked(x: Any, what: str) -> None:
+    """Refuse masked blocks (a ``numpy.ma.MaskedArray`` meta or block): a
+    ``.npy`` file has no room for the mask."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise InvalidTypeError(
+            f"{what} expected blocks without a mask (got numpy.ma.MaskedArray blocks: a .npy "
+            "file holds no mask, and numpy.save refuses masked arrays too); save "
+            "da.ma.filled(darr, fill_value) for the values with the masked ones replaced, or "
+            "da.ma.getdata(darr) and da.ma.getmaskarray(darr) as two files"
+        )
+
+
 def _lock_shared(fd: int) -> None:
     """Hold a shared lock on the temporary file while this task writes it: the
     caller, giving the save up, takes the exclusive lock to know that no task
@@ -301,6 +313,7 @@ def _write_block(
     shape = tuple(hi - lo for lo, hi in location)
     index = tuple(info["chunk-location"])
     what = f"interop.dask.save_npy: block {index} of {layout.path!r} on {_where()}"
+    _refuse_masked(block, what)  # a mask its array's meta did not show
     described = array_source(block, "interop.dask.save_npy")
     got_shape, got_dtype = tuple(int(n) for n in described.shape), described.dtype
     if got_shape != shape or got_dtype != layout.dtype:
@@ -587,12 +600,17 @@ def save_npy(
     Raises
     ------
     TypeError
-        ``darr`` is not a dask array, or holds Python objects.
+        ``darr`` is not a dask array, holds Python objects, or is a masked
+        array (a ``.npy`` file has no room for the mask: save
+        ``da.ma.filled(darr, fill_value)``, or ``da.ma.getdata`` and
+        ``da.ma.getmaskarray`` as two files); masked blocks under an
+        unmasked meta are refused by their tasks (a :class:`SaveError`).
     ValueError
         Unknown chunk sizes (``darr.compute_chunk_sizes()`` first), a bad
-        ``chunk_bytes``, or ``path`` is a FIFO or a character device (the
-        blocks are written at their offsets, which needs a regular file:
-        save to a file, or use ``interop.save_npy``).
+        ``chunk_bytes``, a ``path`` with a NUL byte, or ``path`` is a FIFO
+        or a character device (the blocks are written at their offsets,
+        which needs a regular file: save to a file, or use
+        ``interop.save_npy``).
     IsADirectoryError, PermissionError, FileNotFoundError, OSError
         ``path`` is a directory, may not be written (or its directory may
         not), its directory does not exist, or it is a socket or block
@@ -620,6 +638,7 @@ def save_npy(
             f"{func} expected a dask.array.Array (got {type(darr).__module__}."
             f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
+    _refuse_masked(darr._meta, func)
     dtype = np.dtype(darr.dtype)
     if dtype.hasobject:
         raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
@@ -677,24 +696,12 @@ def save_npy(
 
 @dataclass(frozen=True)
 class _Source:
-    """What the read tasks need to know about the file (checked again by each)."""
+    """What the read tasks need to know about the file (its identity checked by each)."""
 
     layout: _Layout  # in file order (a Fortran-order file: the transposed shape)
     fortran: bool
-    size: int
-    mtime_ns: int
-
-
-def _check_source(source: _Source, what: str) -> None:
-    header = read_npy_header(source.layout.path)
-    now = (header.shape, header.dtype, header.offset, header.fortran_order)
-    fortran_shape = source.layout.shape[::-1] if source.fortran else source.layout.shape
-    then = (fortran_shape, source.layout.dtype, source.layout.offset, source.fortran)
-    if now != then:
-        raise InvalidValueError(
-            f"{what}: expected the file load_npy described (shape {then[0]}, dtype {then[1]}) "
-            f"(got shape {now[0]}, dtype {now[1]}); it was replaced: call load_npy again"
-        )
+    identity: tuple[int, int, int, int]  # npy.file_identity when the header was read
+    host: str  # the machine that read the header (where the device number holds)
 
 
 def _read_to_host(fd: int, runs: _Runs, shape: tuple[int, ...], dtype: np.dtype, what: str):
@@ -759,10 +766,12 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
         f"interop.dask.load_npy: block {tuple(info['chunk-location'])} of "
         f"{layout.path!r} on {_where()}"
     )
-    _check_source(source, what)
+    # Every task checks that the file is still the one load_npy described: a
+    # file replaced in between would give blocks of two files, silently.
+    same_machine = source.host == socket.gethostname()
+    fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
     on_device = device is not None and device[0] == "cuda"
     empty = 0 in shape
-    fd = -1 if empty else os.open(layout.path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         if on_device:
             if empty:
@@ -776,8 +785,7 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
         else:
             block = _read_to_host(fd, layout.runs(start, shape), shape, layout.dtype, what)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
     return block.T if source.fortran else block
 
 
@@ -819,11 +827,14 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     Copy semantics: every block is a new array, read from the file by the task
     that makes it; no block is read on the caller, which reads only the
     header (and checks the file's size). Each task opens the file, checks
-    that the header has not changed, and reads the block's runs with
-    ``os.preadv``: straight into a new NumPy block, or into the pinned
-    staging ring of ``interop.config.num_buffers`` slots of at most the
-    worker's ``interop.config.chunk_bytes``, copied to a new CuPy block on a
-    dedicated stream; a task returns once its block is on the device. A
+    that it is still the file whose header was read (its device, inode,
+    size and modification time; the device only on the caller's machine,
+    since a shared file system numbers its device per machine), and reads
+    the block's runs with ``os.preadv``: straight into a new NumPy block, or
+    into the pinned staging ring of ``interop.config.num_buffers`` slots of
+    at most the worker's ``interop.config.chunk_bytes``, copied to a new
+    CuPy block on a dedicated stream; a task returns once its block is on
+    the device. A
     Fortran-order file gives Fortran-ordered blocks (as ``numpy.load``).
     Extra host memory per running task: none for NumPy blocks, the staging
     ring for CuPy blocks. The caller needs a CUDA device for
@@ -833,10 +844,11 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     ------
     ValueError
         Not a readable ``.npy`` file (corrupt, truncated, object dtype), a
-        bad ``chunks`` or ``device``; and, from a task, a file that changed
-        since this call.
-    FileNotFoundError
-        No such file.
+        bad ``chunks`` or ``device``, a ``path`` with a NUL byte; and, from a
+        task, a file replaced (``os.replace``) or written since this call:
+        the compute fails rather than mix blocks of two files.
+    FileNotFoundError, OSError
+        No such file; a directory, a FIFO or a device (refused, nothing read).
     NoDeviceError, BackendUnavailableError, UnsupportedDtypeError
         ``device="cuda"`` without a usable CUDA device or CuPy, or a dtype
         CuPy cannot hold (float8).
@@ -862,13 +874,12 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     dtype = header.dtype.newbyteorder("=") if on_device else header.dtype
     meta = _meta(len(header.shape), dtype, target)
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
-    resolved = str(Path(os.fspath(path)).resolve())
-    st = os.stat(resolved)
+    resolved = str(header.path.resolve())
     source = _Source(
         _Layout(resolved, file_shape, header.dtype, header.offset),
         header.fortran_order,
-        st.st_size,
-        st.st_mtime_ns,
+        header.identity,
+        socket.gethostname(),
     )
     name = f"interop-load-npy-{tokenize(source, normalized, target)}"
     return da.map_blocks(

@@ -115,7 +115,7 @@ def _temporary_name(target: Path) -> Path:
     return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO"),
@@ -327,7 +327,7 @@ class Destination:
                     raise path_error(
                         errno.EEXIST,
                         f"{self.func} will not replace {str(self.target)!r}: it became "
-                        f"{_kind(st.st_mode)} while the data was written; nothing was changed",
+                        f"{file_kind(st.st_mode)} while the data was written; nothing was changed",
                         str(self.target),
                     )
                 _copy_owner_and_mode(self.temporary, st)
@@ -558,6 +558,23 @@ def _with_suffix(path: Path, given: str) -> Path:
     return Path(given + _SUFFIX)
 
 
+def checked_path(path: object, func: str) -> str:
+    """``path`` as a str; an :class:`InvalidTypeError` for what is no path, an
+    :class:`InvalidValueError` for a NUL byte (no file name holds one)."""
+    try:
+        given = os.fsdecode(os.fspath(path))  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTypeError(
+            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
+        ) from None
+    if "\0" in given:
+        raise InvalidValueError(
+            f"{func} expected a path without a NUL byte (got {given!r}); no file name can "
+            "hold one: remove it"
+        )
+    return given
+
+
 def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
     """Check where ``path`` leads and how a file written there must be made.
 
@@ -584,7 +601,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
     TypeError
         ``path`` is not a str or ``os.PathLike``.
     ValueError
-        ``path`` is empty.
+        ``path`` is empty or holds a NUL byte.
     IsADirectoryError
         ``path`` is a directory, or ends with a path separator.
     FileNotFoundError, NotADirectoryError
@@ -598,14 +615,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
         replaced), its name is too long for the file system, or symlinks
         loop.
     """
-    try:
-        given = os.fspath(path)
-    except TypeError:
-        raise InvalidTypeError(
-            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
-        ) from None
-    if isinstance(given, bytes):
-        given = os.fsdecode(given)
+    given = checked_path(path, func)
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
     if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)):
@@ -651,7 +661,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise path_error(
             errno.EINVAL,
-            f"{func} will not write {shown!r}: it is {_kind(st.st_mode)}; save to a regular "
+            f"{func} will not write {shown!r}: it is {file_kind(st.st_mode)}; save to a regular "
             "file (or a FIFO or character device to stream the data)",
             shown,
         )

@@ -17,6 +17,7 @@ itself writes such arrays as opaque ``'<V2'`` records and loses the dtype.)
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import os
@@ -35,13 +36,14 @@ from . import _backends, dtypes
 from .arrays import (
     Source,
     array_source,
+    check_elements_apart,
     host_values,
     is_device_array,
     numpy_view_of_cpu_tensor,
     parse_device,
 )
 from .config import chunk_bytes_or_default, config
-from .destination import Destination, prepare_destination
+from .destination import Destination, checked_path, file_kind, prepare_destination
 from .errors import (
     BackendUnavailableError,
     InteropError,
@@ -83,6 +85,10 @@ class NpyHeader:
         Byte offset of the data in the file.
     nbytes : int
         Size of the data in bytes.
+    identity : tuple of int
+        The file's device, inode, size and modification time (``st_mtime_ns``)
+        when the header was read: a reader that finds another identity is
+        reading a file replaced or changed since.
     """
 
     path: Path
@@ -91,6 +97,45 @@ class NpyHeader:
     fortran_order: bool
     offset: int
     nbytes: int
+    identity: tuple[int, int, int, int]
+
+
+# numpy.load's default max_header_size: a longer header is not parsed (its
+# literal_eval could take unbounded memory and time on an untrusted file).
+_MAX_HEADER_SIZE = 10_000
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """Device, inode, size and ``st_mtime_ns``: what changes when a file is replaced or written."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def open_unchanged(
+    path: str | os.PathLike[str], identity: tuple[int, ...], what: str, *, same_machine: bool = True
+) -> int:
+    """Open ``path`` for reading; refuse it if it is not the file of
+    ``identity`` (:func:`file_identity`) any more: replaced (``os.replace``)
+    or written since. On another machine than the one that took ``identity``
+    a shared file has another device number, so the rest is compared."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    now = file_identity(os.fstat(fd))
+    first = 0 if same_machine else 1  # the device number holds on one machine only
+    if now[first:] != tuple(identity)[first:]:
+        os.close(fd)
+        raise InvalidValueError(
+            f"{what}: expected the file whose header was read, (device, inode, size, mtime_ns) "
+            f"{tuple(identity)} (got {now}); it was replaced or changed since: call load_npy "
+            "again"
+        )
+    return fd
+
+
+def _header_length(f: BinaryIO, version: tuple[int, int]) -> int:
+    """The header length a file of ``version`` states (``f`` left where it was)."""
+    size = "<H" if version == (1, 0) else "<I"
+    raw = f.read(struct.calcsize(size))
+    f.seek(-len(raw), os.SEEK_CUR)
+    return struct.unpack(size, raw)[0] if len(raw) == struct.calcsize(size) else 0
 
 
 def _descr(dtype: np.dtype) -> Any:
@@ -133,17 +178,16 @@ def _read_array_header_3_0(f: BinaryIO) -> tuple[Any, bool, np.dtype]:
     if len(text) < size:
         raise ValueError(f"EOF while reading a header of {size} bytes")
     escaped = text.decode("utf-8").encode("ascii", "backslashreplace")
-    return npformat.read_array_header_2_0(io.BytesIO(struct.pack("<I", len(escaped)) + escaped))
+    return npformat.read_array_header_2_0(
+        io.BytesIO(struct.pack("<I", len(escaped)) + escaped), max_header_size=len(escaped)
+    )
 
 
-def _path_of(path: object, func: str) -> Path:
-    """``path`` as a ``Path``, or an :class:`~interop.errors.InvalidTypeError`."""
-    try:
-        return Path(os.fsdecode(os.fspath(path)))  # type: ignore[call-overload]
-    except TypeError:
-        raise InvalidTypeError(
-            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
-        ) from None
+_HEADER_READERS: dict[tuple[int, int], Callable[[BinaryIO], tuple[Any, bool, np.dtype]]] = {
+    (1, 0): npformat.read_array_header_1_0,
+    (2, 0): npformat.read_array_header_2_0,
+    (3, 0): _read_array_header_3_0,
+}
 
 
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
@@ -154,45 +198,79 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
     Raises
     ------
     NpyFormatError
-        The file is not a ``.npy`` file, its header is corrupt or gives an
-        impossible shape (a negative dimension, or more bytes than this
-        machine can address), it holds Python objects (never unpickled), or
-        its size does not match the header (truncated or with trailing
-        bytes). The message names the file. A ``ValueError``.
+        The file is not a ``.npy`` file, its header is corrupt, longer than
+        the 10000 bytes ``numpy.load`` parses by default (the message says
+        how to map such a file with ``numpy.load`` if it is trusted), or gives
+        an impossible shape (a dimension that is negative, not an int, a
+        bool, or more bytes than this machine can address), it holds Python
+        objects (never unpickled), or its size does not match the header
+        (truncated or with trailing bytes). The message names the file. A
+        ``ValueError``.
     PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
-        No such file, a file this process may not read, a directory, or
-        another reason the file cannot be opened (also ``FileNotFoundError``,
-        ``PermissionError``, ``IsADirectoryError``, ``OSError``).
+        No such file, a file this process may not read, a directory, a FIFO,
+        socket or device (refused without reading from it: the data is read
+        at offsets), or another reason the file cannot be opened (also
+        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``,
+        ``OSError``).
     InvalidTypeError
         ``path`` is not a str or ``os.PathLike`` (a ``TypeError``).
+    InvalidValueError
+        ``path`` holds a NUL byte (a ``ValueError``).
     """
-    path = _path_of(path, "load_npy")
+    path = Path(checked_path(path, "load_npy"))
+    shown = repr(str(path))
     try:
-        f = open(path, "rb")  # noqa: SIM115 (closed by the with block below)
+        # O_NONBLOCK: opening a FIFO without a writer would wait for one
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         where = ""
         if not path.is_absolute() and isinstance(exc, FileNotFoundError):
             where = f" (relative to the current directory {os.getcwd()!r})"
         raise path_error(
-            exc.errno, f"load_npy cannot read {str(path)!r}{where}: {exc.strerror}", str(path)
+            exc.errno, f"load_npy cannot read {shown}{where}: {exc.strerror}", str(path)
         ) from exc
-    with f:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            why, code = "pass the path of a .npy file in it", errno.EISDIR
+        else:
+            why = (
+                "load_npy reads a regular file at offsets (nothing was read from it): save "
+                "the data to a regular file first and load that"
+            )
+            code = errno.ESPIPE
+        raise path_error(
+            code, f"load_npy cannot read {shown}: it is {file_kind(st.st_mode)}; {why}", str(path)
+        )
+    with open(fd, "rb") as f:
         try:
             version = npformat.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = npformat.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = npformat.read_array_header_2_0(f)
-            elif version == (3, 0):
-                shape, fortran, dtype = _read_array_header_3_0(f)
-            else:
+            if version not in _HEADER_READERS:
                 raise ValueError(
                     f"unsupported .npy format version {version[0]}.{version[1]} "
                     "(expected 1.0, 2.0 or 3.0)"
                 )
+            length = _header_length(f, version)
+            if length <= _MAX_HEADER_SIZE:
+                shape, fortran, dtype = _HEADER_READERS[version](f)
         except (ValueError, SyntaxError, OSError, UnicodeDecodeError) as exc:
-            raise NpyFormatError(f"{str(path)!r} is not a readable .npy file: {exc}") from exc
+            raise NpyFormatError(f"{shown} is not a readable .npy file: {exc}") from exc
         offset = f.tell()
+    if length > _MAX_HEADER_SIZE:
+        raise NpyFormatError(
+            f"{shown} is not read by load_npy: its header is {length} bytes, more than the "
+            f"{_MAX_HEADER_SIZE} bytes numpy.load parses unless told to (a long header is slow "
+            "or unsafe to parse). If you trust the file, map it with numpy.load(path, "
+            f"mmap_mode='r', max_header_size={length}) and copy from the map: "
+            "interop.copy_to_device(mapped) or interop.copy_to_host(mapped, out) streams it "
+            "in chunks"
+        )
+    if any(type(n) is not int for n in shape):  # numpy's reader lets True and False through
+        raise NpyFormatError(
+            f"{shown} is not a readable .npy file: its header gives shape {shape!r} (expected "
+            "a tuple of ints)"
+        )
     dtype = np.dtype(dtype)
     shape = tuple(shape)
     if dtype.hasobject:
@@ -213,14 +291,14 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
             f"{dtype}, more than the {sys.maxsize} bytes an array can have on this machine"
         )
     nbytes = math.prod(shape) * dtype.itemsize
-    size = path.stat().st_size
+    size = st.st_size
     if size != offset + nbytes:
         state = "truncated" if size < offset + nbytes else "longer than its header says"
         raise NpyFormatError(
             f"{str(path)!r} is {state}: expected {offset + nbytes} bytes "
             f"({offset} header + {nbytes} data for shape {shape} {dtype}), got {size}"
         )
-    return NpyHeader(path, shape, dtype, bool(fortran), offset, nbytes)
+    return NpyHeader(path, shape, dtype, bool(fortran), offset, nbytes, file_identity(st))
 
 
 # ----------------------------------------------------------------------- helpers
@@ -416,8 +494,9 @@ def save_npy(
         apart), a nested or sparse tensor, object data; or ``path`` is not a
         path. A ``TypeError``, raised before any data moves.
     InvalidValueError
-        A meta tensor, an empty ``path``, or a ``chunk_bytes`` out of bounds
-        (a ``ValueError``, before any data moves).
+        A meta tensor, an empty ``path`` or one with a NUL byte, or a
+        ``chunk_bytes`` out of bounds (a ``ValueError``, before any data
+        moves).
     UnsupportedDtypeError
         ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
     PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
@@ -588,16 +667,36 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
                 "out decides where the data goes: pass out or device, not both"
             )
     want = header.dtype if host else header.dtype.newbyteorder("=")
-    if tuple(shape) != header.shape or np.dtype(dtype) != want:
+    got = np.dtype(dtype)
+    if tuple(shape) != header.shape or got != want:
+        if (
+            host
+            and tuple(shape) == header.shape
+            and got.newbyteorder("=") == want.newbyteorder("=")
+        ):
+            raise _byte_order_error(where, want, got, isinstance(out, np.ndarray))
         raise InvalidValueError(
             f"expected out {where} with shape {header.shape} and dtype {want} "
-            f"(got shape {tuple(shape)} and dtype {np.dtype(dtype)})"
+            f"(got shape {tuple(shape)} and dtype {got})"
         )
+    check_elements_apart(out, "load_npy", f" {where}")
     if host and not isinstance(out, np.ndarray):
         out = numpy_view_of_cpu_tensor(out)  # a CPU tensor: write through a NumPy view
     if host:
         _refuse_a_map_of_the_file(header, out)
     return out, host
+
+
+def _byte_order_error(where: str, want: np.dtype, got: np.dtype, numpy: bool) -> InvalidValueError:
+    """A host out whose dtype is the file's in the other byte order."""
+    target = "out" if numpy else "out.numpy()"
+    return InvalidValueError(
+        f"expected out {where} in the file's byte order, dtype {want.str!r} (got {got.str!r}): "
+        "load_npy copies the bytes as stored into host memory, it does not swap them; copy "
+        f"through a memory map of the file, which converts them, numpy.copyto({target}, "
+        "numpy.load(path, mmap_mode='r')), or load into new memory, interop.load_npy(path), "
+        f"and convert with .astype({got.str!r})"
+    )
 
 
 # ----------------------------------------------------------------------- an out that maps the file
@@ -735,7 +834,7 @@ def _load_to_host(header: NpyHeader, target: np.ndarray, chunk: int, progress: A
     itemsize = header.dtype.itemsize
     bar = Progress(progress, header.nbytes, "load_npy")
     done = 0
-    fd = os.open(header.path, os.O_RDONLY)
+    fd = open_unchanged(header.path, header.identity, "load_npy")
     try:
         buf = np.empty(max(chunk, itemsize), np.uint8)
         for idx in c_order_chunks(tuple(target.shape), itemsize, chunk):
@@ -791,7 +890,7 @@ def _load_to_device(header: NpyHeader, result: Any, chunk: int, progress: Any) -
     """Read the file straight into the pinned staging slots (host threads,
     ``os.preadv``) while earlier slots are copied to the device."""
     target = _c_order_view(result, header.fortran_order)
-    fd = os.open(header.path, os.O_RDONLY)
+    fd = open_unchanged(header.path, header.identity, "load_npy")
     try:
         host_to_device(
             array_source(target, "load_npy"),
@@ -868,27 +967,35 @@ def load_npy(
     Raises
     ------
     NpyFormatError
-        Corrupt, truncated or object-dtype file, or a header with an
-        impossible shape (the message names the file). A ``ValueError``;
-        nothing is written.
+        Corrupt, truncated or object-dtype file, a header with an impossible
+        shape, or one longer than ``numpy.load`` parses by default (see
+        :func:`read_npy_header`; the message names the file). A
+        ``ValueError``; nothing is written.
     InvalidValueError
         An ``out`` of the wrong shape/dtype or read-only, or a ``device`` that
         is not where ``out`` is; a ``device`` string that is not ``"cpu"``,
-        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass); an
-        ``out`` that is a shared memory map of the file being read (a
-        ``numpy.memmap`` or ``numpy.load(path, mmap_mode="r+")`` of it, any
-        view of one, a tensor over one: writing it would change bytes still
-        to be read; load into new memory and copy, ``out[...] =
-        load_npy(path)``). A ``ValueError``; nothing is written.
+        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass); a host
+        ``out`` in the other byte order than the file's (the bytes are not
+        swapped into host memory; the message says how to convert); an
+        ``out`` whose elements may share memory (a stride of 0, an
+        ``as_strided`` view); an ``out`` that is a shared memory map of the
+        file being read (a ``numpy.memmap`` or ``numpy.load(path,
+        mmap_mode="r+")`` of it, any view of one, a tensor over one: writing
+        it would change bytes still to be read; load into new memory and
+        copy, ``out[...] = load_npy(path)``); a file replaced or written
+        between reading its header and its data; a ``path`` with a NUL byte.
+        A ``ValueError``; nothing is written.
     InvalidTypeError
         ``out`` is not an array, ``device`` is not a device, or ``path`` is
         not a path (a ``TypeError``).
     BackendUnavailableError, NoDeviceError
         A CUDA ``device`` without CuPy or without a visible GPU; the message
         says that ``device="cpu"`` (or no ``device``) reads into NumPy.
-    PathNotFoundError, PathPermissionError, PathIsADirectoryError
-        No such file, a file this process may not read, or a directory (also
-        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``).
+    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
+        No such file, a file this process may not read, a directory (also
+        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``),
+        or a FIFO, socket or device (a ``PathError``, an ``OSError``; nothing
+        is read from it).
     TransferError
         Reading or copying failed part-way; the message says which byte range
         of ``out`` (in file order) is complete. The call never reports a

@@ -18,6 +18,7 @@ from . import _backends, dtypes
 from .arrays import (
     Source,
     array_source,
+    check_elements_apart,
     check_host_out,
     is_device_array,
     numpy_view_of_cpu_tensor,
@@ -75,6 +76,7 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
         raise InvalidValueError(f"{func} expected out of shape {tuple(shape)} (got {dst.shape})")
     if dst.dtype != dtype:
         raise InvalidValueError(dtypes.mismatch_message(func, dtype, dst.dtype))
+    check_elements_apart(out, func)
     return dst
 
 
@@ -156,8 +158,9 @@ def copy_to_host_async(
     ------
     InvalidTypeError, InvalidValueError
         ``x`` is not an array (or a nested, sparse or meta tensor), or ``out``
-        has the wrong type, shape or dtype, is read-only or overlaps the
-        source, or ``dtype``, ``chunk_bytes`` or ``progress`` are refused (a
+        has the wrong type, shape or dtype, is read-only, overlaps the
+        source or has elements that may share memory (a stride of 0, an
+        ``as_strided`` view), or ``dtype``, ``chunk_bytes`` or ``progress`` are refused (a
         cast between other than floating dtypes). A ``TypeError`` or
         ``ValueError``, raised here, before anything is written.
     UnsupportedDtypeError
@@ -432,8 +435,8 @@ def copy_to_device(
     Raises
     ------
     InvalidValueError, InvalidTypeError
-        Wrong ``out`` (type, shape, dtype) or ``device`` (a ``ValueError`` or
-        ``TypeError``); nothing is written.
+        Wrong ``out`` (type, shape, dtype, elements that may share memory)
+        or ``device`` (a ``ValueError`` or ``TypeError``); nothing is written.
     NoDeviceError, BackendUnavailableError
         No CUDA device, or CuPy missing (:class:`~interop.CudaAfterForkError`
         in a process forked after its parent initialised CUDA).

@@ -96,6 +96,10 @@ class Emulated:
         """``x``'s values on the host, after every stream of the device is done."""
         return self.emulated.to_numpy(x)
 
+    def as_strided(self, x: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        """A writable view of ``x``'s memory with ``strides`` in bytes (overlapping ones too)."""
+        return x.as_strided(shape, strides)
+
     def ptr(self, x: Any) -> int:
         return int(x.data.ctypes.data)
 
@@ -336,6 +340,12 @@ class Cuda:
                 )  # fmt: skip
             self._uploads.add(staged)  # until the device was synchronised
         return out
+
+    def as_strided(self, x: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        """A writable view of ``x``'s memory with ``strides`` in bytes (overlapping ones too)."""
+        if isinstance(x, self.cp.ndarray):
+            return self.cp.lib.stride_tricks.as_strided(x, shape, strides)
+        return x.as_strided(shape, [s // x.element_size() for s in strides])
 
     def to_numpy(self, x: Any) -> np.ndarray:
         """``x``'s values on the host, after every stream of the device is done

@@ -213,3 +213,16 @@ def inverted_bytes(a: np.ndarray) -> bytes:
     """``a``'s bytes in C order, each XOR 0xFF: the values of an emulated
     device's lazily inverted view of ``a``."""
     return (np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8) ^ 0xFF).tobytes()
+
+
+def self_overlapping_outs(torch):
+    """Writable outs of shape (3, 4) float64 whose elements share memory, over
+    the 4 or 6 float64 of ``base`` (zeros): a stride of 0, rows 2 elements apart."""
+    strided = np.lib.stride_tricks.as_strided
+    row, rows = np.zeros(4), np.zeros(6)
+    t = torch.zeros(4, dtype=torch.float64)
+    return [
+        (row, strided(row, (3, 4), (0, 8))),
+        (rows, strided(rows, (3, 4), (16, 8))),
+        (t, t.expand(3, 4).numpy()),
+    ]

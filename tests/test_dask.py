@@ -491,8 +491,17 @@ def test_file_replaced_after_load_npy_is_detected(tmp_path, threads):
     np.save(tmp_path / "a.npy", np.ones((4, 4)))
     lazy = idask.load_npy(tmp_path / "a.npy", chunks=2)
     np.save(tmp_path / "a.npy", np.ones((4, 5)))
-    with pytest.raises(ValueError, match="it was replaced: call load_npy again"):
+    with pytest.raises(ValueError, match="it was replaced or changed since: call load_npy again"):
         lazy.compute()
+
+
+def test_a_nul_byte_in_a_path_is_refused(tmp_path):
+    bad = str(tmp_path / "a\0b.npy")
+    with pytest.raises(interop.InvalidValueError, match="without a NUL byte"):
+        idask.save_npy(da.arange(4, chunks=2), bad)
+    with pytest.raises(interop.InvalidValueError, match="without a NUL byte"):
+        idask.load_npy(bad, chunks=2)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_import_interop_does_not_import_dask():
@@ -568,6 +577,39 @@ def test_block_raising_on_the_cluster(tmp_path, client):
     assert (1, 2) not in err.blocks_done
     assert set(err.blocks_done) <= {(i, j) for i in range(2) for j in range(3)}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_replaced_before_compute_is_refused_by_every_block(tmp_path, client):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((8, 4)))
+    lazy = idask.load_npy(path, chunks=(2, 4))
+    np.save(tmp_path / "new.npy", np.ones((8, 4)))  # same shape and dtype
+    os.replace(tmp_path / "new.npy", path)
+    with pytest.raises(interop.InvalidValueError, match="it was replaced or changed since"):
+        lazy.compute()
+    for block in lazy.to_delayed().ravel():
+        with pytest.raises(interop.InvalidValueError, match="it was replaced or changed since"):
+            client.compute(block).result()
+    _same(np.load(path), np.ones((8, 4)))  # the new file is untouched
+    _same(idask.load_npy(path, chunks=(2, 4)).compute(), np.ones((8, 4)))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float64])
+def test_a_masked_dask_array_is_refused_and_nothing_is_written(tmp_path, client, dtype):
+    path = tmp_path / "m.npy"
+    np.save(path, np.arange(3))  # an existing file: kept as it is
+    before = path.read_bytes()
+    data = da.arange(6, chunks=3).astype(dtype)
+    masked = da.ma.masked_array(data, mask=np.array([0, 1, 0, 1, 0, 0], bool))
+    with pytest.raises(interop.InvalidTypeError, match=r"without a mask.*da\.ma\.filled"):
+        idask.save_npy(masked, path)
+    # masked blocks under a plain array's meta are refused by their tasks
+    hidden = data.map_blocks(np.ma.masked_less, 2, meta=np.empty(0, dtype))
+    with pytest.raises(SaveError) as info:
+        idask.save_npy(hidden, path)
+    assert isinstance(info.value.__cause__, interop.InvalidTypeError)
+    assert path.read_bytes() == before
+    assert _leftovers(tmp_path) == []
 
 
 def test_worker_killed_mid_save_leaves_no_file(tmp_path, cluster, client, monkeypatch):

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import stat
+import struct
 import threading
 
 import ml_dtypes
@@ -16,7 +17,14 @@ import pytest
 import interop
 from interop.npy import read_npy_header
 
-from .helpers import NUMPY_DTYPES, Producer, reading_fifo, run_python, sample
+from .helpers import (
+    NUMPY_DTYPES,
+    Producer,
+    reading_fifo,
+    run_python,
+    sample,
+    self_overlapping_outs,
+)
 
 
 def _same(a, b):
@@ -246,6 +254,134 @@ def test_read_only_out_is_refused(tmp_path):
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         interop.load_npy(tmp_path / "a.npy", out)
+
+
+def test_an_out_whose_elements_share_memory_is_refused_before_writing(tmp_path, torch):
+    np.save(tmp_path / "a.npy", np.arange(12.0).reshape(3, 4))
+    t = torch.zeros(4, dtype=torch.float64)
+    outs = [*self_overlapping_outs(torch), (t, t.expand(3, 4))]
+    for base, out in outs:
+        with pytest.raises(interop.InvalidValueError, match="elements may share memory"):
+            interop.load_npy(tmp_path / "a.npy", out)
+        assert not np.asarray(base).any()  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("file", "given", "tensor"),
+    [(">f8", "<f8", False), (">f8", "<f8", True), ("<f8", ">f8", False)],  # tensors: native only
+)
+def test_an_out_in_the_other_byte_order_is_refused_with_what_to_do(
+    tmp_path, torch, file, given, tensor
+):
+    a = np.arange(12.0).reshape(3, 4)
+    np.save(tmp_path / "a.npy", a.astype(file))
+    out = torch.full((3, 4), 7.0, dtype=torch.float64) if tensor else np.full((3, 4), 7.0, given)
+    with pytest.raises(interop.InvalidValueError, match="byte order") as info:
+        interop.load_npy(tmp_path / "a.npy", out)
+    assert (np.asarray(out) == 7.0).all()  # nothing written
+    message = str(info.value)
+    assert f"dtype {np.dtype(file).str!r}" in message
+    target = "out.numpy()" if tensor else "out"
+    assert f"numpy.copyto({target}, numpy.load(path, mmap_mode='r'))" in message
+    # the advice works
+    target = out.numpy() if tensor else out
+    np.copyto(target, np.load(tmp_path / "a.npy", mmap_mode="r"))
+    np.testing.assert_array_equal(target, a)
+
+
+def _header_file(path, header: str, data: bytes, version=(1, 0)):
+    """A .npy file with ``header`` as its header text, as it is."""
+    text = header.encode("latin1")
+    size = "<H" if version == (1, 0) else "<I"
+    text += b" " * (-(8 + struct.calcsize(size) + len(text) + 1) % 64) + b"\n"
+    path.write_bytes(b"\x93NUMPY" + bytes(version) + struct.pack(size, len(text)) + text + data)
+    return path
+
+
+@pytest.mark.parametrize(("shape", "count"), [("(True,)", 1), ("(2, False)", 0), ("(1.0,)", 1)])
+def test_a_header_whose_shape_is_not_integers_is_refused(tmp_path, shape, count):
+    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}"
+    path = _header_file(tmp_path / "b.npy", header, np.ones(count).tobytes())
+    out = np.full(1, 7.0)
+    with pytest.raises(interop.NpyFormatError, match=r"b\.npy' is not a readable \.npy file"):
+        interop.load_npy(path, out)
+    assert out.tolist() == [7.0]
+    with pytest.raises(interop.NpyFormatError, match="shape"):
+        interop.load_npy(path)
+
+
+def test_a_huge_header_gives_advice_load_npy_can_follow(tmp_path):
+    pad = " " * 20_000
+    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }}{pad}"
+    path = _header_file(tmp_path / "h.npy", header, np.arange(3.0).tobytes(), version=(2, 0))
+    before = path.read_bytes()
+    with pytest.raises(interop.NpyFormatError, match=r"its header is \d+ bytes") as info:
+        interop.load_npy(path)
+    message = str(info.value)
+    assert "allow_pickle" not in message
+    assert "numpy.load(path, mmap_mode='r', max_header_size=" in message
+    assert path.read_bytes() == before
+    size = int(message.split("max_header_size=")[1].split(")")[0])
+    np.testing.assert_array_equal(np.load(path, mmap_mode="r", max_header_size=size), [0, 1, 2])
+
+
+def test_a_fifo_is_refused_and_nothing_is_read_from_it(tmp_path):
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    data = io.BytesIO()
+    np.save(data, np.arange(5.0))
+    # a reader and a writer at once: opening the FIFO never waits, and what
+    # load_npy would read stays in the pipe for this test to read back
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(fd, data.getvalue())
+        with pytest.raises(interop.PathError, match=r"pipe\.npy': it is a FIFO.*regular file"):
+            interop.load_npy(fifo)
+        assert os.read(fd, 1 << 16) == data.getvalue()  # nothing was read from it
+    finally:
+        os.close(fd)
+
+
+def test_a_nul_byte_in_a_path_is_refused(tmp_path):
+    a = np.arange(3.0)
+    bad = str(tmp_path / "a\0b.npy")
+    with pytest.raises(interop.InvalidValueError, match="NUL"):
+        interop.save_npy(a, bad)
+    with pytest.raises(interop.InvalidValueError, match="NUL"):
+        interop.load_npy(bad)
+    with pytest.raises(interop.InvalidValueError, match="NUL"):
+        interop.load_npy(os.fsencode(bad))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_replaced_after_its_header_was_read_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(4))
+    np.save(tmp_path / "new.npy", np.ones(4))
+    read = interop.npy.read_npy_header
+
+    def then_replaced(p):
+        header = read(p)
+        os.replace(tmp_path / "new.npy", path)
+        return header
+
+    monkeypatch.setattr(interop.npy, "read_npy_header", then_replaced)
+    out = np.full(4, 7.0)
+    with pytest.raises(interop.InvalidValueError, match="replaced"):
+        interop.load_npy(path, out)
+    assert out.tolist() == [7.0] * 4
+
+
+def test_another_machine_compares_a_files_identity_without_its_device(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros(2))
+    header = read_npy_header(tmp_path / "a.npy")
+    elsewhere = (header.identity[0] + 1, *header.identity[1:])  # a shared file's other number
+    os.close(interop.npy.open_unchanged(header.path, elsewhere, "x", same_machine=False))
+    with pytest.raises(interop.InvalidValueError, match="x: expected the file whose header"):
+        interop.npy.open_unchanged(header.path, elsewhere, "x")
+    moved = (header.identity[0], header.identity[1] + 1, *header.identity[2:])  # another inode
+    with pytest.raises(interop.InvalidValueError, match="replaced or changed since"):
+        interop.npy.open_unchanged(header.path, moved, "x", same_machine=False)
 
 
 def test_missing_file(tmp_path):

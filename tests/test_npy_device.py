@@ -51,6 +51,20 @@ def test_load_into_a_strided_device_out(device, tmp_path):
     assert not device.to_numpy(base).T[1::2].any()  # the gaps are untouched
 
 
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_a_device_out_whose_elements_share_memory_is_refused(device, tmp_path, lib):
+    a = np.arange(12.0).reshape(3, 4)
+    np.save(tmp_path / "a.npy", a)
+    rows = device.asarray(np.zeros(6), lib)
+    for strides in ((0, 8), (16, 8)):  # every row the same memory; rows 2 elements apart
+        out = device.as_strided(rows, (3, 4), strides)
+        with pytest.raises(interop.InvalidValueError, match="elements may share memory"):
+            interop.load_npy(tmp_path / "a.npy", out)
+        with pytest.raises(interop.InvalidValueError, match="elements may share memory"):
+            interop.copy_to_device(a, out)
+        assert not device.to_numpy(rows).any()  # nothing written
+
+
 def test_save_with_many_host_threads_writes_each_chunk_at_its_offset(device, tmp_path):
     a = sample((1024, 1024), np.float32)  # 4 MiB: chunks of 1 MiB split across threads
     with interop.config.set(host_threads=4, num_buffers=3):

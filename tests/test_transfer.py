@@ -15,7 +15,14 @@ import pytest
 
 import interop
 
-from .helpers import ALL_NAMES, NUMPY_DTYPES, in_threads, run_python, sample
+from .helpers import (
+    ALL_NAMES,
+    NUMPY_DTYPES,
+    in_threads,
+    run_python,
+    sample,
+    self_overlapping_outs,
+)
 
 
 def bits(a):
@@ -151,6 +158,16 @@ def test_overlapping_out_is_refused():
     assert a.tolist() == list(np.arange(10.0))
     interop.copy_to_host(a[0::2], a[1::2])  # interleaved, disjoint: allowed
     assert a[1::2].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_an_out_whose_elements_share_memory_is_refused_before_writing(torch):
+    a = np.arange(12.0).reshape(3, 4)
+    for base, out in self_overlapping_outs(torch):
+        assert out.flags.writeable
+        with pytest.raises(interop.InvalidValueError, match="elements may share memory") as info:
+            interop.copy_to_host(a, out)
+        assert f"strides {out.strides}" in str(info.value)
+        assert not np.asarray(base).any()  # nothing written
 
 
 def test_lazy_conj_and_neg_sources_overlapping_out_are_refused(torch):

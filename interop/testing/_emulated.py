@@ -1323,6 +1323,11 @@ class DeviceArray:
     def T(self) -> DeviceArray:
         return DeviceArray(self._owner, self.data.T)
 
+    def as_strided(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> DeviceArray:
+        """A view with ``strides`` in bytes, unchecked (elements may overlap), as
+        ``cupy.lib.stride_tricks.as_strided`` and ``torch.as_strided`` make."""
+        return DeviceArray(self._owner, np.lib.stride_tricks.as_strided(self.data, shape, strides))
+
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)
     strides = property(lambda self: self.data.strides)
@@ -1350,6 +1355,7 @@ class InvertedArray:
 
     shape = property(lambda self: self.base.shape)
     dtype = property(lambda self: self.base.dtype)
+    strides = property(lambda self: self.base.strides)  # as a tensor with the negative bit has
     size = property(lambda self: self.base.size)
     nbytes = property(lambda self: self.base.nbytes)
     ndim = property(lambda self: self.base.ndim)
