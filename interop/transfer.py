@@ -23,7 +23,6 @@ from .arrays import (
     is_device_array,
     numpy_view_of_cpu_tensor,
     parse_device,
-    plain_cpu_tensor_view,
 )
 from .config import chunk_bytes_or_default, config, host_copy_threads
 from .errors import InvalidTypeError, InvalidValueError
