@@ -24,6 +24,7 @@ from interop.bench import ROWS, collect_results
 from interop.bench.measure import BenchSizes
 from interop.bench.results import Ratio
 from interop.bench.rows import RowSpec
+from interop.info import install_command
 
 from .runs import full_host_run, quick_bench, run_lab
 
@@ -425,7 +426,7 @@ def test_gpu_rows_run_with_their_diagnoses(tmp_path):
     assert data["device"] != "no CUDA device"
     rows = {row["name"]: row for row in data["rows"]}
     if rows["dask_save_npy_cupy"]["status"] == "not available":  # no dask on the runner
-        assert "torch-cupy-interop[dask]" in rows["dask_save_npy_cupy"]["reason"]
+        assert install_command("dask") in rows["dask_save_npy_cupy"]["reason"]
         rows.pop("dask_save_npy_cupy")
     for name in GPU_ROWS & set(rows):
         assert rows[name]["status"] == "ok", rows[name]
