@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks.diagnostics import DeviceGrowth
-from interop._backends import DISTRIBUTION
 from interop.bench.measure import (
     GiB,
     Measured,
@@ -45,6 +44,7 @@ from interop.bench.measure import (
 from interop.bench.results import Ratio
 from interop.bench.rows import BenchContext, ring_bytes
 from interop.config import config
+from interop.info import install_command
 
 __all__ = [
     "WORKERS",
@@ -94,10 +94,7 @@ def cluster_unavailable() -> str | None:
     try:
         importlib.import_module("distributed")
     except Exception as exc:  # ImportError, or a broken install
-        return (
-            f"distributed cannot be imported ({exc}); "
-            f"install it with: pip install '{DISTRIBUTION}[dask]'"
-        )
+        return f"distributed cannot be imported ({exc}); install it with: {install_command('dask')}"
     return None
 
 

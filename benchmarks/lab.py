@@ -29,6 +29,7 @@ from benchmarks.targets import RunJudge
 from interop.bench.results import Ratio, gpu_unavailable
 from interop.bench.rows import ROWS, BenchContext, RowSpec
 from interop.bench.run import run_bench
+from interop.info import install_command
 
 #: The module that measures ``torch_op_us``, and the call it compares with.
 TORCH_OP_MODULE = "benchmarks.torch_op_overhead"
@@ -38,7 +39,7 @@ HAND = "a hand-written torch.library.custom_op"
 def torch_op_unavailable() -> str | None:
     """Why ``torch_op_us`` cannot run: PyTorch, or its measuring module, is missing."""
     if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed: pip install 'torch-cupy-interop[torch]'"
+        return f"PyTorch is not installed: {install_command('torch')}"
     if importlib.util.find_spec(TORCH_OP_MODULE) is None:
         return "benchmarks/torch_op_overhead.py is not in this checkout"
     return None

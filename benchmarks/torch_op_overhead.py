@@ -36,13 +36,14 @@ from typing import Any
 import numpy as np
 
 import interop
+from interop.info import install_command
 
 try:
     import torch
 except ImportError as exc:  # an optional dependency: say what to install
     sys.stderr.write(
         f"{__file__}: this benchmark needs PyTorch ({exc}).\n"
-        "Install it with: pip install 'torch-cupy-interop[torch]'\n"
+        f"Install it with: {install_command('torch')}\n"
     )
     raise SystemExit(2) from None
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import interop
+from interop.info import install_command
 from interop.npy import read_npy_header
 
 try:
@@ -36,7 +37,7 @@ try:
 except ImportError as exc:  # an optional dependency: say what to install
     sys.stderr.write(
         f"{__file__}: this example needs dask ({exc}).\n"
-        "Install it with: pip install 'torch-cupy-interop[dask]'\n"
+        f"Install it with: {install_command('dask')}\n"
     )
     raise SystemExit(2) from None
 
@@ -65,7 +66,7 @@ def _scheduler(workers: int) -> contextlib.AbstractContextManager[Any]:
     except ImportError as exc:  # an optional dependency: say what to install
         sys.stderr.write(
             f"{__file__}: worker processes need distributed ({exc}).\n"
-            "Install it with: pip install 'torch-cupy-interop[dask]', "
+            f"Install it with: {install_command('dask')}, "
             "or run on threads: --workers 0\n"
         )
         raise SystemExit(2) from None

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 import interop
+from interop.info import install_command
 
 try:
     import torch
@@ -49,7 +50,7 @@ try:
 except ImportError as exc:  # an optional dependency: say what to install
     sys.stderr.write(
         f"{__file__}: this example needs PyTorch ({exc}).\n"
-        "Install it with: pip install 'torch-cupy-interop[examples]'\n"
+        f"Install it with: {install_command('examples')}\n"
     )
     raise SystemExit(2) from None
 

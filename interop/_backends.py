@@ -24,13 +24,36 @@ __all__: list[str] = []
 # package (Illumina's InterOp) that also imports as ``interop``.
 DISTRIBUTION = "torch-cupy-interop"
 
-_EXTRAS = {
-    "torch": f"pip install '{DISTRIBUTION}[torch]' (or follow pytorch.org for a CUDA build)",
-    "cupy": (
-        f"pip install '{DISTRIBUTION}[cuda12]' or '{DISTRIBUTION}[cuda13]' "
-        "(matching your CUDA driver)"
-    ),
-}
+
+def install_command(extra: str) -> str:
+    """The pip command that adds ``extra`` (``"torch"``, ``"dask"``, ...) to this installation:
+    ``pip install -e '/path/to/tree[extra]'`` where interop was installed from a source tree
+    that still exists (PEP 610's ``direct_url.json``; ``-e`` where the install was editable),
+    else ``pip install 'torch-cupy-interop[extra]'``."""
+    import shlex  # not at import: only error messages need it
+
+    tree, editable = _source_tree()
+    if tree is None:
+        return f"pip install {shlex.quote(f'{DISTRIBUTION}[{extra}]')}"
+    return f"pip install {'-e ' * editable}{shlex.quote(f'{tree}[{extra}]')}"
+
+
+def _source_tree() -> tuple[str | None, bool]:
+    """(the directory interop was installed from, or None; whether the install is editable)."""
+    import importlib.metadata
+    import json
+    import urllib.parse
+    import urllib.request
+
+    try:
+        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+        direct = json.loads(text or "{}")  # none: installed from an index
+        url = urllib.parse.urlparse(direct.get("url", ""))
+        tree = urllib.request.url2pathname(url.path) if url.scheme == "file" else ""
+        editable = bool(direct["dir_info"].get("editable", False))  # KeyError: from a wheel
+    except (importlib.metadata.PackageNotFoundError, ValueError, KeyError, AttributeError):
+        return None, False
+    return (tree, editable) if os.path.isdir(tree) else (None, False)
 
 
 def _import(name: str) -> ModuleType:
@@ -40,9 +63,14 @@ def _import(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
+        hint = (
+            f"{install_command('torch')} (or follow pytorch.org for a CUDA build)"
+            if name == "torch"
+            else f"{install_command('cuda12')} or {install_command('cuda13')} "
+            "(matching your CUDA driver)"
+        )
         raise BackendUnavailableError(
-            f"this call needs {name}, which cannot be imported ({exc}); "
-            f"install it with: {_EXTRAS[name]}"
+            f"this call needs {name}, which cannot be imported ({exc}); install it with: {hint}"
         ) from exc
 
 

@@ -2,7 +2,7 @@
 
 ``interop.dask`` is imported explicitly (``import interop.dask``); ``import
 interop`` never imports dask or distributed. It needs the ``dask`` extra
-(``pip install 'torch-cupy-interop[dask]'``: ``dask[array]`` and ``distributed``).
+(``pip install -e '.[dask]'`` in a clone: ``dask[array]`` and ``distributed``).
 
 Dask schedules everything; interop adds one task per block:
 
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
-from ._backends import DISTRIBUTION
+from ._backends import install_command
 from .arrays import array_source, host_values, parse_device
 from .config import chunk_bytes_or_default, config
 from .destination import Destination, prepare_destination
@@ -72,7 +72,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the test environment installs dask
     raise BackendUnavailableError(
         f"interop.dask needs dask, which cannot be imported ({exc}); "
-        f"install it with: pip install '{DISTRIBUTION}[dask]'"
+        f"install it with: {install_command('dask')}"
     ) from exc
 
 __all__ = ["SaveError", "load_npy", "save_npy"]

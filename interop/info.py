@@ -12,7 +12,9 @@ import numpy as np
 from . import _backends
 from .errors import BackendUnavailableError
 
-__all__ = ["collect_info", "format_info"]
+__all__ = ["collect_info", "format_info", "install_command"]
+
+install_command = _backends.install_command
 
 
 def _version(dist: str) -> str | None:
@@ -107,7 +109,7 @@ def format_info(info: dict[str, Any]) -> str:
         build = f"CUDA {th['cuda_build']}" if th["cuda_build"] else "CPU-only build"
         lines.append(f"torch      {th['version']} ({build}; CUDA usable: {th['cuda_available']})")
     else:
-        lines.append(f"torch      not installed: pip install '{_backends.DISTRIBUTION}[torch]'")
+        lines.append(f"torch      not installed: {_backends.install_command('torch')}")
     cp = info["cupy"]
     if cp["available"]:
         bf16 = "yes" if cp["bfloat16"] else "no, needs CuPy >= 14"
@@ -123,8 +125,8 @@ def format_info(info: dict[str, Any]) -> str:
             lines.append("devices    no CUDA device")
     else:
         lines.append(
-            f"cupy       not installed: pip install '{_backends.DISTRIBUTION}[cuda12]' "
-            f"or '{_backends.DISTRIBUTION}[cuda13]'"
+            f"cupy       not installed: {_backends.install_command('cuda12')} "
+            f"or {_backends.install_command('cuda13')}"
         )
         lines.append("devices    no CUDA device visible to CuPy")
     return "\n".join(lines)

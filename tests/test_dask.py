@@ -28,6 +28,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import interop  # noqa: E402
 import interop.dask as idask  # noqa: E402
+from interop import _backends  # noqa: E402
 from interop.dask import SaveError  # noqa: E402
 
 from .helpers import NO_GPU, NUMPY_DTYPES, run_python, sample  # noqa: E402
@@ -529,7 +530,7 @@ def test_missing_dask_names_the_extra():
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert "interop[dask]" in proc.stdout
+    assert f"install it with: {_backends.install_command('dask')}" in proc.stdout
 
 
 # ------------------------------------------------------------------ distributed cluster

@@ -153,7 +153,7 @@ def test_the_home_page_opens_with_the_install_line_and_the_speed_table(site):
     article = page[page.index("<article") :]
     article = article[: article.index("<h2")]  # what comes before the first section
     table = article.index("<table")
-    assert "pip install torch-cupy-interop" in html.unescape(_TAG.sub("", article[:table]))
+    assert "pip install -e '.[torch,cuda12]'" in html.unescape(_TAG.sub("", article[:table]))
     assert "copy_to_host(x, out)" in article[table:]
 
 
@@ -230,6 +230,26 @@ def test_the_speed_table_gives_the_newest_h100_run(page):
 
 
 # -------------------------------------------------------------- install hints
+
+
+def _extras() -> set[str]:
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    table = text.split("\n[project.optional-dependencies]\n", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^([a-z0-9]+) = \[", table, flags=re.MULTILINE))
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_first_install_line_works_in_a_fresh_clone(page):
+    """``pip install torch-cupy-interop`` fails: the distribution is not on PyPI yet. The
+    first line a newcomer copies installs the clone; the published name follows, marked."""
+    lines = [line for line in (REPO_ROOT / page).read_text().splitlines()]
+    first, second = [line for line in lines if line.startswith("pip install")][:2]
+    command, comment = first.split("  #")
+    assert command.split() == ["pip", "install", "-e", "'.[torch,cuda12]'"]
+    assert "clone" in comment
+    assert set(re.search(r"\[(.*)\]", command)[1].split(",")) <= _extras()
+    assert second.startswith("pip install 'torch-cupy-interop[torch,cuda12]'")
+    assert "once released" in second
 
 
 _WRONG_INSTALL = re.compile(r"(?<![\w.-])interop\[")

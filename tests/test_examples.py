@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import interop
+from interop.info import install_command
 
 from .helpers import REPO_ROOT, child_env, run_python
 
@@ -387,7 +388,7 @@ def test_an_example_without_its_package_says_which_extra_to_install(tmp_path, na
     proc = _run_example(name, _without(tmp_path, package), tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{package} is hidden by the test" in proc.stderr  # the reason, as Python gave it
-    assert f"pip install 'torch-cupy-interop[{NEEDS[name][package]}]'" in proc.stderr
+    assert f"Install it with: {install_command(NEEDS[name][package])}" in proc.stderr
     assert "Traceback" not in proc.stderr
     # it stopped before measuring anything (the dask example says first what it uses) ...
     assert proc.stdout in ("", "NumPy blocks: --cpu was given\n")

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from interop import _backends
+
 from .helpers import child_env, run_python
 
 
@@ -55,6 +57,7 @@ def test_info_without_torch_and_cupy():
         """
     )
     assert proc.returncode == 0, proc.stderr
-    assert "torch      not installed: pip install 'torch-cupy-interop[torch]'" in proc.stdout
-    assert "cupy       not installed" in proc.stdout
+    assert f"torch      not installed: {_backends.install_command('torch')}\n" in proc.stdout
+    cupy = f"{_backends.install_command('cuda12')} or {_backends.install_command('cuda13')}"
+    assert f"cupy       not installed: {cupy}\n" in proc.stdout
     assert "no CUDA device" in proc.stdout

@@ -5,6 +5,7 @@ device and CUDA; the few tests at the end of this file need CUDA itself."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from typing import ClassVar
@@ -595,3 +596,34 @@ def test_a_small_fresh_copy_is_an_independent_c_ordered_array(make, torch):
         np.testing.assert_array_equal(out.astype(np.float32), expect)
     out[...] = 0
     assert t.detach().abs().sum().item() != 0  # the source is untouched
+
+
+def _calls_made(fn):
+    """``fn()`` and the names of the functions it called on this thread (Python and C)."""
+    names: list[str] = []
+
+    def watch(frame, event, arg):
+        if event == "c_call":
+            names.append(getattr(arg, "__qualname__", getattr(arg, "__name__", repr(arg))))
+        elif event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(watch)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, names
+
+
+@pytest.mark.parametrize("mib", [1, 16])
+def test_a_small_fresh_copy_waits_on_no_other_thread(mib, torch):
+    """A fresh copy of at most one default chunk is NumPy's, made on the calling thread:
+    not PyTorch's ``copy_`` (its intra-op threads wait for each other: milliseconds a copy
+    on a machine whose cores other processes keep busy) nor a hand-off to the host pool."""
+    t = torch.rand(mib << 18)
+    out, names = _calls_made(lambda: interop.copy_to_host(t))
+    np.testing.assert_array_equal(out, t.numpy())
+    assert not np.shares_memory(out, t.numpy())
+    assert [n for n in names if n.endswith("copy_") or n in ("submit", "host_pool")] == []
+    assert "ndarray.copy" in names  # the profile saw the copy itself

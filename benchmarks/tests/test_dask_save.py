@@ -25,6 +25,7 @@ from interop.bench import collect_results
 from interop.bench.measure import BenchSizes, WrongResultError
 from interop.bench.report import format_bytes
 from interop.bench.rows import BenchContext, RowSpec
+from interop.info import install_command
 from tests.helpers import run_python
 
 from .runs import full_host_run, quick_bench
@@ -158,7 +159,7 @@ def test_rows_without_dask_or_distributed_are_not_available(blocked):
     assert cluster["status"] == "not available"
     assert cluster["met"] is None
     assert "gbps" not in cluster
-    assert "pip install 'torch-cupy-interop[dask]'" in cluster["reason"]
+    assert f"install it with: {install_command('dask')}" in cluster["reason"]
     if blocked == "dask":
         assert cluster["reason"].startswith("interop.dask needs dask")
         assert cupy["status"] == "not available"

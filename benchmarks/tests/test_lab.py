@@ -24,6 +24,7 @@ from interop.bench import ROWS, collect_results
 from interop.bench.measure import BenchSizes
 from interop.bench.results import Ratio
 from interop.bench.rows import RowSpec
+from interop.info import install_command
 
 from .runs import full_host_run, quick_bench, run_lab
 
@@ -224,6 +225,24 @@ def test_a_target_no_ratio_matches_is_missed():
     )
 
 
+def test_host_fresh_is_judged_idle_and_busy():
+    """Both conditions carry the target; a row that lost its busy half misses it."""
+    idle = Ratio.between("copy_to_host(t) 1 MiB", "throughput", "t.numpy().copy() 1 MiB", 1.1, 1.0)
+    busy = Ratio.between(
+        "copy_to_host(t) 1 MiB busy", "throughput", "t.numpy().copy() 1 MiB busy", 0.5, 1.0
+    )
+    row = judge(_row("host_fresh", idle, busy))
+    assert [(r["of"], r["target"], r["met"]) for r in row["ratios"]] == [
+        ("copy_to_host(t) 1 MiB", ">= 1x", True),
+        ("copy_to_host(t) 1 MiB busy", ">= 1x", False),
+    ]
+    assert row["met"] is False
+    without_busy = judge(_row("host_fresh", idle))
+    assert without_busy["met"] is False
+    assert without_busy["ratios"][-1]["of"] == "copy_to_host(t) * busy"
+    assert without_busy["ratios"][-1]["value"] is None
+
+
 def _results(rows: list[dict]) -> dict:
     return {
         "quick": False,
@@ -407,7 +426,7 @@ def test_gpu_rows_run_with_their_diagnoses(tmp_path):
     assert data["device"] != "no CUDA device"
     rows = {row["name"]: row for row in data["rows"]}
     if rows["dask_save_npy_cupy"]["status"] == "not available":  # no dask on the runner
-        assert "torch-cupy-interop[dask]" in rows["dask_save_npy_cupy"]["reason"]
+        assert install_command("dask") in rows["dask_save_npy_cupy"]["reason"]
         rows.pop("dask_save_npy_cupy")
     for name in GPU_ROWS & set(rows):
         assert rows[name]["status"] == "ok", rows[name]

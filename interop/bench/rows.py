@@ -4,17 +4,20 @@ other forms (``variants``), ``ratios``, ``memory`` and ``samples``."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import gc
 import math
 import multiprocessing
+import os
+import subprocess
 import sys
 import tempfile
 import time
 import timeit
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -236,32 +239,49 @@ def _numpy_copy(t: Any) -> np.ndarray:
     return t.numpy().copy()
 
 
+_SPIN = "import os\np = os.getppid()\nprint(flush=True)\nwhile os.getppid() == p: pass"
+
+
+@contextlib.contextmanager
+def busy_machine(processes: int) -> Iterator[None]:
+    """``processes`` processes spinning at this one's niceness while the block runs (each running
+    before it starts), killed when it ends, however it ends (or when this process dies)."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(processes):
+            cmd = [sys.executable, "-I", "-S", "-c", _SPIN]
+            p = stack.enter_context(subprocess.Popen(cmd, stdout=subprocess.PIPE))
+            stack.callback(p.kill)  # before Popen's exit, which closes the pipe and waits
+            if not (p.stdout and p.stdout.read(1)):
+                raise RuntimeError("expected a spinning process (got one that exited)")
+        yield
+
+
 def host_fresh(ctx: BenchContext) -> dict[str, Any]:
-    """``copy_to_host(t)`` allocating ``out``, against ``t.numpy().copy()``, at 1 MiB,
-    16 MiB and the ``host_copy`` size (256 MiB at scale 1); the figure is the largest's."""
+    """``copy_to_host(t)`` allocating ``out``, against ``t.numpy().copy()``, at 1 MiB, 16 MiB and
+    the ``host_copy`` size (256 MiB at scale 1), then again ``busy``: a process per CPU spinning
+    (:func:`busy_machine`). The figure is the largest's, not busy."""
     sizes = sorted({MiB, min(16 * MiB, ctx.sizes.host_bytes), ctx.sizes.host_bytes})
-    at = [f"{n / MiB:.0f} MiB" for n in sizes]
+    tensors = {f"{n / MiB:.0f} MiB": _backends.torch().rand(n // 4) for n in sizes}
+    at = [size + busy for busy in ("", " busy") for size in tensors]
+    pairs = {a: (f"copy_to_host(t) {a}", f"t.numpy().copy() {a}") for a in at}
     got: dict[str, Measured] = {}
-    for nbytes, size in zip(sizes, at, strict=True):
-        t = _backends.torch().rand(nbytes // 4)
-        check = expect_equal(t.numpy(), "copy_to_host(t)")
-        cases = {
-            f"copy_to_host(t) {size}": Case(partial(interop.copy_to_host, t), nbytes, check),
-            f"t.numpy().copy() {size}": Case(partial(_numpy_copy, t), nbytes),
-        }
-        got |= measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)
-    ours = {a: got[f"copy_to_host(t) {a}"].gbps for a in at}
-    anchor = {a: got[f"t.numpy().copy() {a}"].gbps for a in at}
+    for busy, spinners in (("", 0), (" busy", os.cpu_count() or 1)):
+        with busy_machine(spinners):
+            for size, t in tensors.items():
+                ours, anchor = pairs[size + busy]
+                check = expect_equal(t.numpy(), ours)
+                cases = {ours: Case(partial(interop.copy_to_host, t), t.nbytes, check)}
+                cases[anchor] = Case(partial(_numpy_copy, t), t.nbytes)
+                got |= measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)
+    gbps = {label: m.gbps for label, m in got.items()}
     return {
-        "size": ", ".join(at) + " float32",
-        "gbps": ours[at[-1]],
-        "by_size_gbps": ours,
-        "anchors": {f"t.numpy().copy() {a} GB/s": anchor[a] for a in at},
-        "ratios": [
-            Ratio.between(f"copy_to_host(t) {a}", "throughput", f"t.numpy().copy() {a}", o, n)
-            for a, o, n in ((a, ours[a], anchor[a]) for a in at)
-        ],
-        "memory": {"extra_host_rss_bytes": got[f"copy_to_host(t) {at[-1]}"].extra_host_bytes},
+        "size": ", ".join(tensors) + " float32",
+        "gbps": gbps[pairs[at[len(tensors) - 1]][0]],
+        "by_size_gbps": {a: gbps[ours] for a, (ours, _) in pairs.items()},
+        "busy": {"processes": spinners, "nice": os.getpriority(os.PRIO_PROCESS, 0)},
+        "anchors": {f"{anchor} GB/s": gbps[anchor] for _, anchor in pairs.values()},
+        "ratios": [Ratio.between(o, "throughput", a, gbps[o], gbps[a]) for o, a in pairs.values()],
+        "memory": {"extra_host_rss_bytes": got[pairs[at[len(tensors) - 1]][0]].extra_host_bytes},
         "samples": {label: m.record() for label, m in got.items()},
     }
 
