@@ -178,6 +178,7 @@ class _Machine:
         self.local = threading.local()  # .device: the thread's current device
         self.devices: list[EmulatedDevice] = []
         self.captures: list[_Capture] = []
+        self.registered: dict[int, tuple[int, int]] = {}  # host_register: address -> pages
 
     def current_device(self) -> int:
         return int(getattr(self.local, "device", 0))
@@ -407,6 +408,30 @@ class EmulatedDevice:
         with self._lock:
             del self.host_buffers[ptr]
             self._slots.pop(ptr).freed = True
+
+    def host_register(self, ptr: int, nbytes: int) -> None:
+        """Page-lock host memory in place (``cudaHostRegister``). The driver locks
+        whole pages: a range sharing a page with a registration is refused, as
+        CUDA refuses it (error 712, ``cudaErrorHostMemoryAlreadyRegistered``)."""
+        self._check_alive()
+        first, end = ptr // _PAGE, -(-(ptr + nbytes) // _PAGE)
+        with self._lock:
+            for lo, hi in self.machine.registered.values():
+                if lo < end and first < hi:
+                    raise EmulatedDeviceError(
+                        f"host memory at {ptr:#x} ({nbytes} bytes) shares a page with a "
+                        "registration already made (cudaErrorHostMemoryAlreadyRegistered, 712)"
+                    )
+            self.machine.registered[ptr] = (first, end)
+
+    def host_unregister(self, ptr: int) -> None:
+        """Unlock what :meth:`host_register` locked at ``ptr`` (``cudaHostUnregister``)."""
+        self._check_alive()
+        with self._lock:
+            if self.machine.registered.pop(ptr, None) is None:
+                raise EmulatedDeviceError(
+                    f"host memory at {ptr:#x} is not registered (cudaErrorHostMemoryNotRegistered)"
+                )
 
     @contextlib.contextmanager
     def host_access(self, ring: Any, k: int) -> Iterator[None]:
