@@ -27,6 +27,8 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
 * with several devices (``EmulatedDevice(devices=2)``): device work is queued
   only while its device is current, and an event is recorded only on a
   stream of its own device;
+* in a child forked from the process that made the device, every call fails,
+  as CUDA's do after a fork;
 * while a stream captures into a graph (:meth:`EmulatedDevice.capture`), its
   work is recorded, not run, and what CUDA's global capture mode forbids
   (synchronising, querying events, pinned allocation...) fails and
@@ -43,6 +45,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import os
 import queue
 import threading
 import time
@@ -179,6 +182,7 @@ class _Machine:
         self.devices: list[EmulatedDevice] = []
         self.captures: list[_Capture] = []
         self.registered: dict[int, tuple[int, int]] = {}  # host_register: address -> pages
+        self.pid = os.getpid()  # a child forked from this process cannot use the device
 
     def current_device(self) -> int:
         return int(getattr(self.local, "device", 0))
@@ -303,6 +307,11 @@ class EmulatedDevice:
             return self.faults.get(kind) == self.counts[kind]
 
     def _check_alive(self) -> None:
+        if os.getpid() != self.machine.pid:
+            raise EmulatedDeviceError(
+                "initialization error (cudaErrorInitializationError): CUDA cannot be used in "
+                f"process {os.getpid()}, forked from process {self.machine.pid} that used it"
+            )
         if self._sticky is not None:
             raise EmulatedDeviceError(
                 f"the device failed earlier: {self._sticky}"
