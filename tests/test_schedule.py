@@ -735,6 +735,23 @@ def test_device_data_is_cast_on_the_device_chunk_by_chunk(device, view, memory):
     assert 0 < peak.bytes <= 2 * interop.config.num_buffers * CHUNK < expect.nbytes
 
 
+def test_a_cast_in_the_transfers_thread_comes_from_the_librarys_own_pool(device):
+    """``copy_to_host_async(x, dtype=...)`` of a CuPy array made on a stream of its own,
+    with CuPy allocating from PyTorch's pool in every thread: the transfer's thread
+    casts each chunk on that stream, where PyTorch's current stream is another one.
+    The temporaries come from CuPy's own pool (as the staging rows do), so no
+    StreamMismatchError: the cast values come back."""
+    a = sample((512, 256), np.float16)  # 512 KiB as float32: 8 chunks
+    s = device.stream()
+    with device.use_stream(s):
+        d = device.asarray(a)
+        with device.torch_allocator():
+            transfer = interop.copy_to_host_async(d, dtype=np.float32, chunk_bytes=CHUNK)
+            got = transfer.result(timeout=60)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, a.astype(np.float32))
+
+
 def test_a_strided_float16_array_is_cast_on_the_way(device):
     a = np.linspace(-3, 3, 1 << 20, dtype=np.float16).reshape(1024, 1024)
     d = device.asarray(a)

@@ -182,7 +182,11 @@ class _Run:
             assert self.ring is not None
             host = self.ring.ptrs[k]
         backend, stream = self.backend, self.stream
-        chunk = self.job.data.chunk(self.plan.chunks[i])
+        # a chunk made now (cast, resolved) is interop's temporary: from the library's own
+        # pool, ordered on its producer's stream (an allocator the user installed would order
+        # it on this thread's current stream of the other library: PyTorch's default here)
+        with backend.own_pool():
+            chunk = self.job.data.chunk(self.plan.chunks[i])
         self.held[k] = chunk.view
         if chunk.produced_on is not None:
             ready = backend.event()

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..allocator import StreamMismatchError
 from ..arrays import register_device_type
 from ..errors import InvalidValueError
 from ..pipeline.backend import DeviceChunk, DeviceData
@@ -183,6 +184,7 @@ class _Machine:
         self.captures: list[_Capture] = []
         self.registered: dict[int, tuple[int, int]] = {}  # host_register: address -> pages
         self.pid = os.getpid()  # a child forked from this process cannot use the device
+        self.torch_pool = False  # CuPy allocates from PyTorch's pool (torch_allocator)
 
     def current_device(self) -> int:
         return int(getattr(self.local, "device", 0))
@@ -627,14 +629,54 @@ class EmulatedDevice:
         """Uninitialised device memory (256-byte aligned) of library ``lib``,
         from the pool on that library's current stream: using it on another
         stream needs an event. This device must be current."""
-        return self._array(shape, dtype, lib, self.current_stream(lib))
+        return self._array(shape, dtype, lib, self._pool_stream(lib))
+
+    def _pool_stream(self, lib: str) -> EmulatedStream:
+        """The stream a new allocation of ``lib`` is ordered on: its current one. Under
+        :meth:`torch_allocator` (outside :meth:`own_pool`) CuPy's are PyTorch's, refused
+        as ``interop.use_torch_allocator`` refuses them unless PyTorch's is the same."""
+        stream = self.current_stream(lib)
+        machine = self.machine
+        if lib == "cupy" and machine.torch_pool and not getattr(machine.local, "own", False):
+            torch = self.current_stream("torch")
+            if torch is not stream:
+                raise StreamMismatchError(
+                    f"expected CuPy and PyTorch to share the current stream on device "
+                    f"{self.index} while CuPy allocates from PyTorch's pool (got CuPy stream "
+                    f"{stream.id}, PyTorch stream {torch.id})"
+                )
+        return stream
+
+    @contextlib.contextmanager
+    def torch_allocator(self) -> Iterator[None]:
+        """CuPy allocates from PyTorch's pool on the whole machine inside the block
+        (``interop.use_torch_allocator()``, process-wide): a CuPy allocation in a
+        thread whose CuPy and PyTorch current streams differ raises
+        :class:`~interop.StreamMismatchError`."""
+        self.machine.torch_pool = True
+        try:
+            yield
+        finally:
+            self.machine.torch_pool = False
+
+    @contextlib.contextmanager
+    def own_pool(self) -> Iterator[None]:
+        """CuPy's allocations in this thread come from its own pool inside the block,
+        whatever allocator is installed."""
+        local = self.machine.local
+        previous = getattr(local, "own", False)
+        local.own = True
+        try:
+            yield
+        finally:
+            local.own = previous
 
     def asarray(self, host: np.ndarray, lib: str = "cupy") -> DeviceArray:
         """A device copy of ``host`` (of library ``lib``), written on that
         library's current stream. Its shape is ``host``'s, a 0-d array's
         included, and its dtype too (a non-native byte order is kept)."""
         host = np.array(host, order="C", copy=True)  # ascontiguousarray would make 0-d 1-d
-        stream = self.current_stream(lib)
+        stream = self._pool_stream(lib)
         out = self._array(host.shape, host.dtype, lib, stream)
         data = out.data
         stream.enqueue("upload", lambda: np.copyto(data, host), writes=[out.region])
@@ -693,7 +735,8 @@ class EmulatedDevice:
         def chunk(idx: tuple) -> DeviceChunk:
             # a chunk-sized temporary with the transform applied, made on the producer stream
             part = base[idx]
-            temp = self._array(part.shape, out_dtype, base.lib, producer)
+            with self.use_stream(producer, base.lib):  # as CuPy's astype allocates: there
+                temp = self.empty(part.shape, out_dtype, base.lib)
             into, values = temp.data, part.data
 
             def materialise() -> None:
