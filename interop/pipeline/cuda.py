@@ -134,6 +134,9 @@ class CudaBackend:
     def activate(self) -> Any:
         return self._cp.cuda.Device(self.index)
 
+    def use(self) -> None:
+        self._cp.cuda.runtime.setDevice(self.index)
+
     def own_pool(self) -> Any:
         cp = self._cp
         return cp.cuda.using_allocator(cp.get_default_memory_pool().malloc)

@@ -143,7 +143,7 @@ class _Run:
     # -- steps
     def submit(self, i: int, k: int, after: Event | None) -> None:
         """Submit the host pieces of chunk ``i`` (slot ``k``), each waiting ``after``."""
-        ring, pool = self.ring, self.pool
+        ring, pool, backend = self.ring, self.pool, self.backend
         assert ring is not None
         assert pool is not None
         n = self.plan.sizes[i]
@@ -151,6 +151,7 @@ class _Run:
 
         def piece(tasks: list[HostTask]) -> None:
             submitted = trace.now()
+            backend.use()  # a thread of the process's pool: it waits on this device's event
             if after is not None:
                 after.synchronize()
             waited = trace.now()

@@ -26,7 +26,9 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
   was recorded;
 * with several devices (``EmulatedDevice(devices=2)``): device work is queued
   only while its device is current, and an event is recorded only on a
-  stream of its own device;
+  stream of its own device; the devices a context was made on are kept
+  (:attr:`EmulatedDevice.contexts`), as CUDA makes one on the calling
+  thread's current device (0 unless one was chosen) at its first call;
 * in a child forked from the process that made the device, every call fails,
   as CUDA's do after a fork;
 * while a stream captures into a graph (:meth:`EmulatedDevice.capture`), its
@@ -185,9 +187,15 @@ class _Machine:
         self.registered: dict[int, tuple[int, int]] = {}  # host_register: address -> pages
         self.pid = os.getpid()  # a child forked from this process cannot use the device
         self.torch_pool = False  # CuPy allocates from PyTorch's pool (torch_allocator)
+        self.contexts: set[int] = set()  # devices with a context (see EmulatedDevice.contexts)
 
     def current_device(self) -> int:
         return int(getattr(self.local, "device", 0))
+
+    def select(self, index: int) -> None:
+        """``cudaSetDevice``: since CUDA 12 it makes the device's context at once."""
+        self.local.device = index
+        self.contexts.add(index)
 
 
 def _check_lib(lib: str) -> str:
@@ -309,7 +317,10 @@ class EmulatedDevice:
             return self.faults.get(kind) == self.counts[kind]
 
     def _check_alive(self) -> None:
-        if os.getpid() != self.machine.pid:
+        """Every host call on the device starts here."""
+        machine = self.machine
+        machine.contexts.add(machine.current_device())
+        if os.getpid() != machine.pid:
             raise EmulatedDeviceError(
                 "initialization error (cudaErrorInitializationError): CUDA cannot be used in "
                 f"process {os.getpid()}, forked from process {self.machine.pid} that used it"
@@ -379,13 +390,24 @@ class EmulatedDevice:
     def activate(self) -> Iterator[EmulatedDevice]:
         """Make this device the calling thread's current device inside the
         block (the previous one is current again after it)."""
-        local = self.machine.local
-        previous = getattr(local, "device", 0)
-        local.device = self.index
+        machine = self.machine
+        previous = machine.current_device()
+        machine.select(self.index)
         try:
             yield self
         finally:
-            local.device = previous
+            machine.select(previous)
+
+    def use(self) -> None:
+        """Make this device the calling thread's current device, for good."""
+        self.machine.select(self.index)
+
+    @property
+    def contexts(self) -> set[int]:
+        """The devices of the machine that have a context: made current once, or
+        current in a thread that made a device call (CUDA's runtime makes the
+        current device's context then; a thread that never chose one is on 0)."""
+        return set(self.machine.contexts)
 
     def stream(self) -> EmulatedStream:
         self._check_alive()
@@ -1180,6 +1202,8 @@ class EmulatedEvent:
         if point is None:
             raise self.backend.violation("host queries an event that was never recorded")
         self.backend._refuse_in_capture("an event queried (cudaEventQuery)")
+        machine = self.backend.machine
+        machine.contexts.add(machine.current_device())
         stream, seq, _, _ = point
         return stream._done >= seq
 
