@@ -656,9 +656,10 @@ class _Call:
             set_allocator(_TorchMemory(th, cp, index, stream.ptr))
             try:
                 with stream:
-                    result = self._run(args, kwargs, values, to_cupy, index)
-                    _plans_to_own_pool(cp, th)
-                    return result
+                    try:
+                        return self._run(args, kwargs, values, to_cupy, index)
+                    finally:  # a function that failed may have cached a plan first
+                        _plans_to_own_pool(cp, th)
             finally:
                 set_allocator(previous)
         finally:
