@@ -21,6 +21,8 @@ busy (pageable->pageable without a GPU).
 
 from __future__ import annotations
 
+import itertools
+import mmap
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,7 @@ from interop.bench.rows import BenchContext, GpuArrays
 from interop.config import chunk_bytes_or_default
 
 THREADS = (1, 2, 4, 8, 16)
+PAGE = mmap.PAGESIZE
 
 
 def threaded_copies(
@@ -133,26 +136,35 @@ def _copies(ctx: BenchContext, g: GpuArrays | None, repeats: int) -> dict[str, A
     return {"bytes": nbytes, "chunk_bytes": chunk, "gbps": gbps, "samples": samples}
 
 
+def register_spans(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
+    """``[base, base + nbytes)`` as ``(address, bytes)`` spans of about ``chunk`` bytes,
+    to register one by one, meeting at page boundaries: ``cudaHostRegister`` locks
+    whole pages, and refuses a span sharing a page with one registered already (712)."""
+    end = base + nbytes
+    cuts = {min(end, -(-(base + off) // PAGE) * PAGE) for off in range(chunk, nbytes, chunk)}
+    bounds = [base, *sorted(cuts), end]
+    return [(lo, hi - lo) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
+
 def _registration(g: GpuArrays, nbytes: int, repeats: int) -> dict[str, Any]:
     """``cudaHostRegister`` + ``cudaHostUnregister`` of a pageable array: whole, by
     chunks, and by chunks from N threads; GB/s of the array's bytes."""
     runtime = g.cp.cuda.runtime
-    chunk = chunk_bytes_or_default(None)
     host = np.ones(nbytes, np.uint8)  # pageable, touched
     base = host.ctypes.data
-    offsets = list(range(0, nbytes, chunk))
+    spans = register_spans(base, nbytes, chunk_bytes_or_default(None))
 
-    def pin(off: int, n: int) -> None:
-        runtime.hostRegister(base + off, n, 0)
-        runtime.hostUnregister(base + off)
+    def pin(span: tuple[int, int]) -> None:
+        runtime.hostRegister(*span, 0)
+        runtime.hostUnregister(span[0])
 
-    cases = {"whole": Case(lambda: pin(0, nbytes), nbytes)}
+    cases = {"whole": Case(lambda: pin((base, nbytes)), nbytes)}
     pools = {n: ThreadPoolExecutor(n) for n in THREADS}
     try:
         for n, pool in pools.items():
 
             def chunks(pool: ThreadPoolExecutor = pool) -> None:
-                list(pool.map(lambda off: pin(off, min(chunk, nbytes - off)), offsets))
+                list(pool.map(pin, spans))
 
             cases[f"chunks, {n} threads"] = Case(chunks, nbytes)
         got = measure(cases, repeats)

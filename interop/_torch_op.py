@@ -407,6 +407,51 @@ class _TorchMemory:
         return cp.cuda.MemoryPointer(memory, 0)
 
 
+_graph_plans: list[Any] = []  # cuFFT plans first made in a graph capture: the graph replays them
+
+
+def _plans_to_own_pool(cp: Any, th: Any) -> None:
+    """After a call on the current device: the cuFFT plans CuPy cached during it, whose
+    work areas came from the call's PyTorch-backed allocator, leave CuPy's plan cache
+    (a cache outlives the call; PyTorch's pool, or a graph's, must not hold it). Outside
+    a capture each is made again from CuPy's own pool under its key, so later calls find
+    it; the one made here goes back to PyTorch's pool on the call's stream, as any
+    temporary. In a capture it is kept for the process's life instead: the graph replays
+    it, and destroying it now would break the capture."""
+    cufft = sys.modules.get("cupy.cuda.cufft")
+    if cufft is None:  # no plan was ever made in this process
+        return
+    cache = cp.fft.config.get_plan_cache()
+    if not cache.get_curr_size():
+        return
+    ours = [(key, node.plan) for key, node in cache if _torch_backed(node.plan.work_area)]
+    if not ours:
+        return
+    for key, _ in ours:
+        del cache[key]
+    if th.cuda.is_current_stream_capturing():
+        _graph_plans.extend(plan for _, plan in ours)
+        return
+    try:
+        with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+            for key, plan in ours:
+                if type(plan) is cufft.Plan1d and len(key) == 4:  # cupy.fft's key: no callbacks
+                    cache[key] = cufft.Plan1d(*key[:3], devices=key[3])
+                elif type(plan) is cufft.PlanNd and len(key) == 12:
+                    cache[key] = cufft.PlanNd(*key)
+    except cp.cuda.memory.OutOfMemoryError:
+        pass  # no room to cache them: the op's result stands, the next call plans again
+
+
+def _torch_backed(area: Any) -> bool:
+    """A plan's work area (a MemoryPointer, a list of them, or None) holds memory of
+    the call's allocator."""
+    areas = area if isinstance(area, list) else [area]
+    return any(
+        isinstance(getattr(a.mem, "_owner", None), _TorchBlock) for a in areas if a is not None
+    )
+
+
 _STREAMS: dict[tuple[int, int], Any] = {}  # (device, handle) -> CuPy stream object
 _STREAMS_LOCK = threading.Lock()
 
@@ -611,7 +656,10 @@ class _Call:
             set_allocator(_TorchMemory(th, cp, index, stream.ptr))
             try:
                 with stream:
-                    return self._run(args, kwargs, values, to_cupy, index)
+                    try:
+                        return self._run(args, kwargs, values, to_cupy, index)
+                    finally:  # a function that failed may have cached a plan first
+                        _plans_to_own_pool(cp, th)
             finally:
                 set_allocator(previous)
         finally:

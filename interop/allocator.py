@@ -408,7 +408,8 @@ def use_torch_allocator() -> Any:
     before the free has completed. During a CUDA graph capture no event is
     recorded or queried: such a block waits, unused, until a later
     allocation or free through the pool after the capture. interop's own
-    staging memory always comes from CuPy's pool. When PyTorch's pool cannot
+    temporaries (staging rows, a transfer's cast chunks) always come from
+    CuPy's pool. When PyTorch's pool cannot
     serve an allocation, CuPy raises its own
     ``cupy.cuda.memory.OutOfMemoryError`` (chained to PyTorch's).
 

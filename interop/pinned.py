@@ -13,18 +13,22 @@ import contextlib
 import ctypes
 import math
 import operator
+import os
 import weakref
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _backends
 from .errors import InvalidTypeError, InvalidValueError
 
+if TYPE_CHECKING:
+    from .pipeline.backend import Backend
+
 __all__ = ["Pinned", "empty_pinned", "pin"]
 
-_PORTABLE = 1  # cudaHostAllocPortable / cudaHostRegisterPortable: usable from every device
+_PORTABLE = 1  # cudaHostRegisterPortable: usable from every device
 _ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
@@ -41,7 +45,9 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
     -------
     numpy.ndarray
         C-contiguous, writable. Its memory (``cudaHostAlloc``, portable: every
-        device's DMAs reach it) is freed when the last array using it is gone.
+        device's DMAs reach it) is freed when the last array using it is gone
+        (in a child forked since, dropping it frees nothing, silently: the
+        pages are the parent's).
         ``interop.copy_to_host(x, out=a)`` and ``interop.copy_to_device(a)``
         copy it by DMA alone, with no staging ring.
 
@@ -79,15 +85,30 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
             f"of {dt}: {nbytes} bytes)"
         )
     cp = _backends.require_cupy_device()
-    runtime = cp.cuda.runtime
-    ptr = int(runtime.hostAlloc(max(nbytes, 1), _PORTABLE))
+    from .pipeline.cuda import cuda_backend
+
+    return pinned_array(cuda_backend(int(cp.cuda.runtime.getDevice())), shape, dt)
+
+
+def pinned_array(backend: Backend, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A C-contiguous array in ``backend``'s page-locked memory (:func:`empty_pinned`'s),
+    freed when the last array using it is gone (in this process only)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    ptr, _ = backend.host_alloc(max(nbytes, 1))
     try:
         raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr)
-        weakref.finalize(raw, runtime.freeHost, ptr)
-        return np.frombuffer(raw, np.uint8, nbytes).view(dt).reshape(shape)
+        weakref.finalize(raw, _free_pinned, backend, ptr, os.getpid())
+        return np.frombuffer(memoryview(raw), np.uint8, nbytes).view(dtype).reshape(shape)
     except BaseException:
-        runtime.freeHost(ptr)
+        backend.host_free(ptr)
         raise
+
+
+def _free_pinned(backend: Backend, ptr: int, pid: int) -> None:
+    # In a child forked since, the parent's pages are not the child's to free (and
+    # every CUDA call fails there): the child's copy of them goes with its exit.
+    if os.getpid() == pid:
+        backend.host_free(ptr)
 
 
 class Pinned:

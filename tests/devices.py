@@ -144,6 +144,11 @@ class Emulated:
     def activate(self) -> Any:
         return self.emulated.activate()
 
+    def torch_allocator(self) -> Any:
+        """CuPy allocating from PyTorch's pool in every thread, in the block
+        (``interop.use_torch_allocator()``)."""
+        return self.emulated.torch_allocator()
+
     def hold(self, stream: Any, seconds: float = 0.3) -> Callable[[], None]:
         """Keep ``stream`` busy: work queued on it after this waits about
         ``seconds``, or until the returned function is called."""
@@ -292,6 +297,19 @@ class Cuda:
     def activate(self) -> Iterator[Cuda]:
         with self.cp.cuda.Device(self.index), self.torch.cuda.device(self.index):
             yield self
+
+    @contextlib.contextmanager
+    def torch_allocator(self) -> Iterator[None]:
+        """``interop.use_torch_allocator()`` (every thread) in the block; CuPy's
+        previous process-wide allocator after it."""
+        import interop
+
+        before = self.cp.cuda.get_allocator()
+        interop.use_torch_allocator()  # the plain call: process-wide
+        try:
+            yield
+        finally:
+            self.cp.cuda.set_allocator(before)
 
     # -- arrays
     def _check_lib(self, lib: str) -> None:

@@ -261,3 +261,42 @@ def test_gpu_a_child_forked_after_cupy_alone_used_cuda_is_refused():
     proc = run_python(_GPU_CUPY_ONLY_SCRIPT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["child", "refused", "refused", "False", "parent", "True", "45.0"]
+
+
+# Page-locked buffers made before a fork: the child inherits the parent's pages, not the
+# right to free them (CUDA fails every call there). One dropped in the child, one kept to
+# its exit (weakref.finalize's atexit); the parent's values stay.
+_PINNED_SCRIPT = """
+import gc, os, sys
+import numpy as np
+import interop
+
+if {kind!r} == "emulated":
+    from interop.pinned import pinned_array
+    from interop.testing import EmulatedDevice
+
+    device = EmulatedDevice()
+    empty = lambda n: pinned_array(device, (n,), np.dtype(np.float32))
+else:
+    empty = lambda n: interop.empty_pinned(n, np.float32)  # initialises CUDA here
+kept, dropped = empty(1024), empty(1024)
+kept[:], dropped[:] = 1, 2
+sys.stdout.flush()
+sys.stderr.flush()
+pid = os.fork()
+if pid == 0:
+    del dropped
+    gc.collect()
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+print("parent", float(kept.sum() + dropped.sum()))
+"""
+
+
+@pytest.mark.parametrize("kind", ["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_forked_child_leaves_the_parents_pinned_buffers_alone_silently(kind):
+    proc = run_python(_PINNED_SCRIPT.format(kind=kind), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["child", "0", "parent", "3072.0"]
+    assert proc.stderr == ""  # no "Exception ignored in: <finalize object ...>"

@@ -28,6 +28,7 @@ from .helpers import (
     NUMPY_DTYPES,
     cancel_on_progress,
     in_threads,
+    run_python,
     sample,
     transfer_threads,
 )
@@ -690,6 +691,62 @@ def test_device_to_device_across_devices_is_ordered_after_the_producer(device_ki
         np.testing.assert_array_equal(d0.to_numpy(out), a[:, ::2])
 
 
+def copies_on_one_device(upload):
+    """Both directions, blocking and asynchronous (the transfer's own thread), with
+    the host pool's threads, on the device ``upload`` puts arrays on (the test's
+    current one); values checked."""
+    a = sample((512, 256), np.float32)  # 8 chunks: every slot, several host threads
+    x = upload(a)
+    np.testing.assert_array_equal(interop.copy_to_host(x, chunk_bytes=CHUNK), a)
+    got = interop.copy_to_host_async(x, chunk_bytes=CHUNK).result(timeout=60)
+    np.testing.assert_array_equal(got, a)
+    y = upload(np.zeros_like(a))
+    interop.copy_to_device_async(a, y, chunk_bytes=CHUNK).result(timeout=60)
+    np.testing.assert_array_equal(interop.copy_to_host(y, chunk_bytes=CHUNK), a)
+
+
+def test_transfers_on_the_second_device_make_no_context_on_the_first():
+    """The host pool's threads and a transfer's own thread select the transfer's
+    device before any device call: CUDA would make a context (hundreds of MiB)
+    on device 0, the current device of a thread that never chose one."""
+    with opened("emulated", devices=2) as d0:
+        one = d0.peer(1)
+        with one.activate():
+            copies_on_one_device(one.asarray)
+            assert d0.emulated.contexts == {1}
+
+
+# The [cuda] half: a process that uses GPU 1 alone (pytest's own has a context on GPU 0).
+_SECOND_GPU_ONLY = """
+import ctypes
+import cupy
+
+cupy.cuda.Device(1).use()
+from tests.test_schedule import copies_on_one_device
+
+copies_on_one_device(cupy.asarray)
+driver = ctypes.CDLL("libcuda.so.1")
+
+
+def has_context(index):
+    device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    assert driver.cuDeviceGet(ctypes.byref(device), index) == 0
+    assert driver.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)) == 0
+    return bool(active.value)
+
+
+print("contexts", has_context(0), has_context(1))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_gpu_transfers_on_the_second_device_make_no_context_on_the_first():
+    proc = run_python(_SECOND_GPU_ONLY, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["contexts", "False", "True"]
+
+
 def test_a_transposed_source_needs_no_more_device_memory_than_the_ring(device):
     """Packing on the device takes one staging row per slot, nothing of the source's size."""
     a = np.ones((2048, 4096), np.float32)  # 32 MiB
@@ -733,6 +790,23 @@ def test_device_data_is_cast_on_the_device_chunk_by_chunk(device, view, memory):
             assert device.staged() == 0
     # chunk-sized float32 temporaries (and packing rows), never a full-size one
     assert 0 < peak.bytes <= 2 * interop.config.num_buffers * CHUNK < expect.nbytes
+
+
+def test_a_cast_in_the_transfers_thread_comes_from_the_librarys_own_pool(device):
+    """``copy_to_host_async(x, dtype=...)`` of a CuPy array made on a stream of its own,
+    with CuPy allocating from PyTorch's pool in every thread: the transfer's thread
+    casts each chunk on that stream, where PyTorch's current stream is another one.
+    The temporaries come from CuPy's own pool (as the staging rows do), so no
+    StreamMismatchError: the cast values come back."""
+    a = sample((512, 256), np.float16)  # 512 KiB as float32: 8 chunks
+    s = device.stream()
+    with device.use_stream(s):
+        d = device.asarray(a)
+        with device.torch_allocator():
+            transfer = interop.copy_to_host_async(d, dtype=np.float32, chunk_bytes=CHUNK)
+            got = transfer.result(timeout=60)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, a.astype(np.float32))
 
 
 def test_a_strided_float16_array_is_cast_on_the_way(device):

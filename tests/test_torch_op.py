@@ -7,10 +7,13 @@ Operators register for the whole process, so each test makes its own names.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import re
 import shutil
+import sys
+import types
 from typing import Optional
 
 import ml_dtypes
@@ -18,6 +21,7 @@ import numpy as np
 import pytest
 
 import interop
+from interop import _torch_op
 
 from .helpers import REPO_ROOT, run_python
 
@@ -932,3 +936,77 @@ def test_the_overhead_benchmark_runs():
     assert result["ratio"] == result["interop_us"] / result["custom_op_us"]
     with pytest.raises(ValueError, match="n_calls >= 1"):
         module.measure(0)
+
+
+# ----------------------------------------------------------------- cuFFT plans made in a call
+# CuPy's plan cache outlives a call: the plans made while the op ran (their work areas
+# from the call's PyTorch-backed allocator) leave it after the call. Real plans need
+# cuFFT (tests/test_torch_op_gpu.py); here the cache and the plans are stand-ins.
+
+
+class _FakePlan:
+    def __init__(self, *key, devices=None):
+        self.key = (*key, devices) if len(key) == 3 else key
+        owner = None if _FAKE_ALLOCATOR else _torch_op._TorchBlock(None)
+        self.work_area = types.SimpleNamespace(mem=types.SimpleNamespace(_owner=owner))
+
+
+class _Plan1d(_FakePlan):
+    pass
+
+
+class _PlanNd(_FakePlan):
+    pass
+
+
+_FAKE_ALLOCATOR: list[object] = []  # CuPy's own pool's malloc while using_allocator runs
+
+
+class _FakeCache(dict):
+    def __iter__(self):  # CuPy's PlanCache yields (key, node)
+        return iter([(k, types.SimpleNamespace(plan=p)) for k, p in self.items()])
+
+    def get_curr_size(self):
+        return len(self)
+
+
+@contextlib.contextmanager
+def _using_allocator(malloc):
+    _FAKE_ALLOCATOR.append(malloc)
+    yield
+    _FAKE_ALLOCATOR.pop()
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_plans_made_in_a_call_leave_the_cache_and_are_made_again_from_cupys_pool(
+    monkeypatch, capturing
+):
+    monkeypatch.setitem(sys.modules, "cupy.cuda.cufft", types.SimpleNamespace(
+        Plan1d=_Plan1d, PlanNd=_PlanNd))  # fmt: skip
+    monkeypatch.setattr(_torch_op, "_graph_plans", [])
+    one, nd, callback = (8, 41, 1, None), tuple(range(12)), (8, 41, 1, None, "cb", 0, 0, 0)
+    cache = _FakeCache({one: _Plan1d(*one[:3]), nd: _PlanNd(*nd), callback: _Plan1d(*one[:3])})
+    with _using_allocator("pool"):
+        kept = cache[(9, 41, 1, None)] = _Plan1d(9, 41, 1)  # made outside any call
+    made = dict(cache)
+    cp = types.SimpleNamespace(
+        fft=types.SimpleNamespace(config=types.SimpleNamespace(get_plan_cache=lambda: cache)),
+        cuda=types.SimpleNamespace(using_allocator=_using_allocator),
+        get_default_memory_pool=lambda: types.SimpleNamespace(malloc="pool"),
+    )
+    th = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: capturing)
+    )
+    _torch_op._plans_to_own_pool(cp, th)
+    assert cache[(9, 41, 1, None)] is kept
+    if capturing:  # out of the cache, alive for the graph; nothing made during the capture
+        assert set(cache.keys()) == {(9, 41, 1, None)}
+        assert _torch_op._graph_plans == [made[one], made[nd], made[callback]]
+        return
+    assert set(cache.keys()) == {one, nd, (9, 41, 1, None)}  # a callback plan is not remade
+    for key in (one, nd):
+        assert cache[key] is not made[key]
+        assert type(cache[key]) is type(made[key])
+        assert cache[key].key == key
+        assert cache[key].work_area.mem._owner is None  # from CuPy's pool
+    assert _torch_op._graph_plans == []

@@ -124,6 +124,42 @@ def test_gpu_cupy_allocates_from_pytorch_s_pool_during_the_call_only(cp, torch):
     del a
 
 
+def fft_abs_op(cp):
+    """``|fft(x)|`` of a real ``x``: CuPy plans (and caches) a cuFFT plan for its length."""
+
+    @interop.torch_op(name("fft_abs"), like=0)
+    def fft_abs(x):
+        return cp.abs(cp.fft.fft(x)).astype(x.dtype)
+
+    return fft_abs
+
+
+def cached_plans(cp, n):
+    """The cuFFT plans CuPy's cache (this thread, the current device) holds for length ``n``."""
+    return [node.plan for key, node in cp.fft.config.get_plan_cache() if key[0] == n]
+
+
+def test_gpu_a_cufft_plan_made_in_a_call_is_cached_from_cupys_own_pool(cp, torch):
+    """CUDA only (PyTorch's and CuPy's pools, cuFFT): the plan CuPy caches while the
+    op runs outlives the call, so its work area comes from CuPy's own pool; nothing
+    of the call stays in PyTorch's pool once its output is gone."""
+    n = 3 * 5 * 7 * 61  # a length no other test plans
+    op = fft_abs_op(cp)
+    x = torch.randn(n, device="cuda")
+    expect = torch.fft.fft(x).abs()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    y = op(x)
+    assert torch.allclose(y, expect, rtol=1e-4, atol=1e-3)
+    [plan] = cached_plans(cp, n)
+    assert type(plan.work_area.mem).__name__ == "PooledMemory"  # CuPy's pool, not PyTorch's
+    del y
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    assert torch.allclose(op(x), expect, rtol=1e-4, atol=1e-3)
+    assert cached_plans(cp, n) == [plan]  # found again: not planned anew
+
+
 def test_gpu_torch_compile_reduce_overhead(cp, torch):
     from torch._dynamo.utils import counters
 

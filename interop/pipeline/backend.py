@@ -93,6 +93,17 @@ class Backend(Protocol):
     def activate(self) -> AbstractContextManager[Any]:
         """Make this device current for the calling thread."""
 
+    def use(self) -> None:
+        """Make this device the calling thread's current one, for good: in threads
+        interop owns, before any device call there (CUDA makes a context on a
+        thread's current device, 0 unless chosen; restoring one makes it too)."""
+
+    def own_pool(self) -> AbstractContextManager[Any]:
+        """Inside the block, the device library's allocations in this thread come
+        from its own pool, never from an allocator the user installed (interop's
+        temporaries: they are ordered on the stream they are made on, whatever
+        the other library's current stream is in this thread)."""
+
     def peer(self, index: int | None) -> Backend:
         """Device ``index`` of this kind (None: the calling thread's current one)."""
 

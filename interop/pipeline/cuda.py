@@ -6,9 +6,9 @@ sleeps instead of spinning a core the host copies need), staging slots are
 portable pinned memory from ``cudaHostAlloc`` (exact size, usable from every
 device), DMAs are ``cudaMemcpyAsync`` (to a slot, or to the caller's memory
 where the driver calls it page-locked), and pack/unpack are CuPy element-wise
-copies on the copy stream. Device staging rows come from CuPy's own memory
-pool (never from an allocator the user installed) on the allocating thread's
-current stream; the schedule makes the copy stream wait on an event recorded
+copies on the copy stream. Device staging rows and a cast's chunks come from
+CuPy's own memory pool (never from an allocator the user installed) on the
+allocating thread's current stream; the schedule makes the copy stream wait on an event recorded
 there, so memory the pool hands back while earlier work on that stream still
 runs is never written too early.
 """
@@ -133,6 +133,13 @@ class CudaBackend:
 
     def activate(self) -> Any:
         return self._cp.cuda.Device(self.index)
+
+    def use(self) -> None:
+        self._cp.cuda.runtime.setDevice(self.index)
+
+    def own_pool(self) -> Any:
+        cp = self._cp
+        return cp.cuda.using_allocator(cp.get_default_memory_pool().malloc)
 
     def peer(self, index: int | None) -> CudaBackend:
         """The backend of CUDA device ``index`` (None: the current device)."""

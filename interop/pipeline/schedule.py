@@ -143,7 +143,7 @@ class _Run:
     # -- steps
     def submit(self, i: int, k: int, after: Event | None) -> None:
         """Submit the host pieces of chunk ``i`` (slot ``k``), each waiting ``after``."""
-        ring, pool = self.ring, self.pool
+        ring, pool, backend = self.ring, self.pool, self.backend
         assert ring is not None
         assert pool is not None
         n = self.plan.sizes[i]
@@ -151,6 +151,7 @@ class _Run:
 
         def piece(tasks: list[HostTask]) -> None:
             submitted = trace.now()
+            backend.use()  # a thread of the process's pool: it waits on this device's event
             if after is not None:
                 after.synchronize()
             waited = trace.now()
@@ -182,7 +183,11 @@ class _Run:
             assert self.ring is not None
             host = self.ring.ptrs[k]
         backend, stream = self.backend, self.stream
-        chunk = self.job.data.chunk(self.plan.chunks[i])
+        # a chunk made now (cast, resolved) is interop's temporary: from the library's own
+        # pool, ordered on its producer's stream (an allocator the user installed would order
+        # it on this thread's current stream of the other library: PyTorch's default here)
+        with backend.own_pool():
+            chunk = self.job.data.chunk(self.plan.chunks[i])
         self.held[k] = chunk.view
         if chunk.produced_on is not None:
             ready = backend.event()

@@ -169,7 +169,13 @@ def _start(
         config.host_threads if threads is None else threads,
         pinned=pinned,
     )
-    return transfer.start(lambda t: run_slots(t, job), inline=inline)
+
+    def engine(t: Transfer) -> None:
+        if not inline:  # the transfer's own thread: run_slots' activate must restore nothing
+            backend.use()
+        run_slots(t, job)
+
+    return transfer.start(engine, inline=inline)
 
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:

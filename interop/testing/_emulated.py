@@ -26,7 +26,11 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
   was recorded;
 * with several devices (``EmulatedDevice(devices=2)``): device work is queued
   only while its device is current, and an event is recorded only on a
-  stream of its own device;
+  stream of its own device; the devices a context was made on are kept
+  (:attr:`EmulatedDevice.contexts`), as CUDA makes one on the calling
+  thread's current device (0 unless one was chosen) at its first call;
+* in a child forked from the process that made the device, every call fails,
+  as CUDA's do after a fork;
 * while a stream captures into a graph (:meth:`EmulatedDevice.capture`), its
   work is recorded, not run, and what CUDA's global capture mode forbids
   (synchronising, querying events, pinned allocation...) fails and
@@ -43,6 +47,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import os
 import queue
 import threading
 import time
@@ -55,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..allocator import StreamMismatchError
 from ..arrays import register_device_type
 from ..errors import InvalidValueError
 from ..pipeline.backend import DeviceChunk, DeviceData
@@ -178,9 +184,18 @@ class _Machine:
         self.local = threading.local()  # .device: the thread's current device
         self.devices: list[EmulatedDevice] = []
         self.captures: list[_Capture] = []
+        self.registered: dict[int, tuple[int, int]] = {}  # host_register: address -> pages
+        self.pid = os.getpid()  # a child forked from this process cannot use the device
+        self.torch_pool = False  # CuPy allocates from PyTorch's pool (torch_allocator)
+        self.contexts: set[int] = set()  # devices with a context (see EmulatedDevice.contexts)
 
     def current_device(self) -> int:
         return int(getattr(self.local, "device", 0))
+
+    def select(self, index: int) -> None:
+        """``cudaSetDevice``: since CUDA 12 it makes the device's context at once."""
+        self.local.device = index
+        self.contexts.add(index)
 
 
 def _check_lib(lib: str) -> str:
@@ -302,6 +317,14 @@ class EmulatedDevice:
             return self.faults.get(kind) == self.counts[kind]
 
     def _check_alive(self) -> None:
+        """Every host call on the device starts here."""
+        machine = self.machine
+        machine.contexts.add(machine.current_device())
+        if os.getpid() != machine.pid:
+            raise EmulatedDeviceError(
+                "initialization error (cudaErrorInitializationError): CUDA cannot be used in "
+                f"process {os.getpid()}, forked from process {self.machine.pid} that used it"
+            )
         if self._sticky is not None:
             raise EmulatedDeviceError(
                 f"the device failed earlier: {self._sticky}"
@@ -367,13 +390,24 @@ class EmulatedDevice:
     def activate(self) -> Iterator[EmulatedDevice]:
         """Make this device the calling thread's current device inside the
         block (the previous one is current again after it)."""
-        local = self.machine.local
-        previous = getattr(local, "device", 0)
-        local.device = self.index
+        machine = self.machine
+        previous = machine.current_device()
+        machine.select(self.index)
         try:
             yield self
         finally:
-            local.device = previous
+            machine.select(previous)
+
+    def use(self) -> None:
+        """Make this device the calling thread's current device, for good."""
+        self.machine.select(self.index)
+
+    @property
+    def contexts(self) -> set[int]:
+        """The devices of the machine that have a context: made current once, or
+        current in a thread that made a device call (CUDA's runtime makes the
+        current device's context then; a thread that never chose one is on 0)."""
+        return set(self.machine.contexts)
 
     def stream(self) -> EmulatedStream:
         self._check_alive()
@@ -407,6 +441,30 @@ class EmulatedDevice:
         with self._lock:
             del self.host_buffers[ptr]
             self._slots.pop(ptr).freed = True
+
+    def host_register(self, ptr: int, nbytes: int) -> None:
+        """Page-lock host memory in place (``cudaHostRegister``). The driver locks
+        whole pages: a range sharing a page with a registration is refused, as
+        CUDA refuses it (error 712, ``cudaErrorHostMemoryAlreadyRegistered``)."""
+        self._check_alive()
+        first, end = ptr // _PAGE, -(-(ptr + nbytes) // _PAGE)
+        with self._lock:
+            for lo, hi in self.machine.registered.values():
+                if lo < end and first < hi:
+                    raise EmulatedDeviceError(
+                        f"host memory at {ptr:#x} ({nbytes} bytes) shares a page with a "
+                        "registration already made (cudaErrorHostMemoryAlreadyRegistered, 712)"
+                    )
+            self.machine.registered[ptr] = (first, end)
+
+    def host_unregister(self, ptr: int) -> None:
+        """Unlock what :meth:`host_register` locked at ``ptr`` (``cudaHostUnregister``)."""
+        self._check_alive()
+        with self._lock:
+            if self.machine.registered.pop(ptr, None) is None:
+                raise EmulatedDeviceError(
+                    f"host memory at {ptr:#x} is not registered (cudaErrorHostMemoryNotRegistered)"
+                )
 
     @contextlib.contextmanager
     def host_access(self, ring: Any, k: int) -> Iterator[None]:
@@ -593,14 +651,54 @@ class EmulatedDevice:
         """Uninitialised device memory (256-byte aligned) of library ``lib``,
         from the pool on that library's current stream: using it on another
         stream needs an event. This device must be current."""
-        return self._array(shape, dtype, lib, self.current_stream(lib))
+        return self._array(shape, dtype, lib, self._pool_stream(lib))
+
+    def _pool_stream(self, lib: str) -> EmulatedStream:
+        """The stream a new allocation of ``lib`` is ordered on: its current one. Under
+        :meth:`torch_allocator` (outside :meth:`own_pool`) CuPy's are PyTorch's, refused
+        as ``interop.use_torch_allocator`` refuses them unless PyTorch's is the same."""
+        stream = self.current_stream(lib)
+        machine = self.machine
+        if lib == "cupy" and machine.torch_pool and not getattr(machine.local, "own", False):
+            torch = self.current_stream("torch")
+            if torch is not stream:
+                raise StreamMismatchError(
+                    f"expected CuPy and PyTorch to share the current stream on device "
+                    f"{self.index} while CuPy allocates from PyTorch's pool (got CuPy stream "
+                    f"{stream.id}, PyTorch stream {torch.id})"
+                )
+        return stream
+
+    @contextlib.contextmanager
+    def torch_allocator(self) -> Iterator[None]:
+        """CuPy allocates from PyTorch's pool on the whole machine inside the block
+        (``interop.use_torch_allocator()``, process-wide): a CuPy allocation in a
+        thread whose CuPy and PyTorch current streams differ raises
+        :class:`~interop.StreamMismatchError`."""
+        self.machine.torch_pool = True
+        try:
+            yield
+        finally:
+            self.machine.torch_pool = False
+
+    @contextlib.contextmanager
+    def own_pool(self) -> Iterator[None]:
+        """CuPy's allocations in this thread come from its own pool inside the block,
+        whatever allocator is installed."""
+        local = self.machine.local
+        previous = getattr(local, "own", False)
+        local.own = True
+        try:
+            yield
+        finally:
+            local.own = previous
 
     def asarray(self, host: np.ndarray, lib: str = "cupy") -> DeviceArray:
         """A device copy of ``host`` (of library ``lib``), written on that
         library's current stream. Its shape is ``host``'s, a 0-d array's
         included, and its dtype too (a non-native byte order is kept)."""
         host = np.array(host, order="C", copy=True)  # ascontiguousarray would make 0-d 1-d
-        stream = self.current_stream(lib)
+        stream = self._pool_stream(lib)
         out = self._array(host.shape, host.dtype, lib, stream)
         data = out.data
         stream.enqueue("upload", lambda: np.copyto(data, host), writes=[out.region])
@@ -659,7 +757,8 @@ class EmulatedDevice:
         def chunk(idx: tuple) -> DeviceChunk:
             # a chunk-sized temporary with the transform applied, made on the producer stream
             part = base[idx]
-            temp = self._array(part.shape, out_dtype, base.lib, producer)
+            with self.use_stream(producer, base.lib):  # as CuPy's astype allocates: there
+                temp = self.empty(part.shape, out_dtype, base.lib)
             into, values = temp.data, part.data
 
             def materialise() -> None:
@@ -1103,6 +1202,8 @@ class EmulatedEvent:
         if point is None:
             raise self.backend.violation("host queries an event that was never recorded")
         self.backend._refuse_in_capture("an event queried (cudaEventQuery)")
+        machine = self.backend.machine
+        machine.contexts.add(machine.current_device())
         stream, seq, _, _ = point
         return stream._done >= seq
 
