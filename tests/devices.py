@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from interop.pipeline.ring import free_cached_rings
+from interop.streams import cupy_stream
 from interop.testing import EmulatedDevice
 
 from . import helpers
@@ -393,10 +394,10 @@ class Cuda:
 
     def current_stream(self, lib: str = "cupy") -> Any:
         self._check_lib(lib)
-        ptr = self._current_ptr(lib)
         if lib == "cupy":
             return self.cp.cuda.get_current_stream()
-        return self.cp.cuda.Stream.null if ptr == 0 else self.cp.cuda.ExternalStream(ptr)
+        with self.activate():  # Stream.from_external takes the current device as the stream's
+            return cupy_stream(self._current_ptr(lib), self.index)
 
     def _torch_stream(self, stream: Any) -> Any:
         th = self.torch
@@ -496,7 +497,7 @@ class Cuda:
         graph = th.cuda.CUDAGraph()
         with self.activate(), th.cuda.graph(graph):
             ptr = th.cuda.current_stream(self.index).cuda_stream
-            with self.cp.cuda.ExternalStream(ptr):
+            with cupy_stream(ptr, self.index):
                 yield _CudaCapture(th, graph)
 
     # -- devices
