@@ -61,6 +61,7 @@ from .pipeline.start import device_to_device
 from .streams import (
     PER_THREAD_DEFAULT,
     Unsynchronised,
+    capturing,
     cupy_consumer_handle,
     cupy_stream,
     same_stream,
@@ -681,11 +682,7 @@ def _refuse_split_capture(func: str, cupy_current: Any) -> None:
         A capture is under way on either stream.
     """
     th = _backends.torch()
-    try:
-        capturing = bool(cupy_current.is_capturing()) or th.cuda.is_current_stream_capturing()
-    except _backends.cupy().cuda.runtime.CUDARuntimeError:
-        capturing = True  # the legacy stream while a blocking stream of the device is captured
-    if capturing:
+    if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
             "two different current streams; ordering one after the other would break the "

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _backends
@@ -149,6 +149,16 @@ def _not_a_stream(s: Any) -> InvalidTypeError:
         "expected a torch.cuda.Stream, a cupy.cuda.Stream, an object with __cuda_stream__ "
         f"or a raw stream handle (int) (got {type(s).__module__}.{type(s).__qualname__}: {s!r})"
     )
+
+
+def capturing(query: Callable[[], Any]) -> bool:
+    """``query()``'s answer to "does this stream capture into a CUDA graph?"
+    (``cudaStreamIsCapturing``); a query the runtime refuses (the legacy
+    default stream while a blocking stream captures) counts as yes."""
+    try:
+        return bool(query())
+    except _backends.cupy().cuda.runtime.CUDARuntimeError:
+        return True
 
 
 def cupy_stream(handle: int, device: int) -> Any:

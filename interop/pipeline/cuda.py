@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import _backends, dtypes
 from ..errors import InvalidValueError
-from ..streams import Unsynchronised, cupy_stream, same_stream
+from ..streams import Unsynchronised, capturing, cupy_stream, same_stream
 from .backend import DeviceChunk, DeviceData
 from .plan import STAGING_ALIGN, round_up
 
@@ -204,12 +204,8 @@ class CudaBackend:
         (``cudaStreamIsCapturing``). A stream the runtime refuses to answer for
         (the legacy default stream while a blocking stream of the device is
         captured) counts as capturing: work on it would break the capture."""
-        cp = self._cp
         with self.activate():
-            try:
-                return bool(stream.cupy.is_capturing())
-            except cp.cuda.runtime.CUDARuntimeError:
-                return True
+            return capturing(stream.cupy.is_capturing)
 
     def capture_under_way(self, stream: CudaStream) -> bool:
         """True if ``stream``, or the calling thread's current stream of PyTorch
@@ -217,19 +213,15 @@ class CudaBackend:
         pinned allocation, a synchronisation) would break that capture. (The
         runtime cannot list every capture of the process; these are the streams
         a caller inside ``torch.cuda.graph`` or a CuPy capture is on.)"""
-        cp = self._cp
         if self.is_capturing(stream):
             return True
         with self.activate():
-            try:
-                if cp.cuda.get_current_stream().is_capturing():
-                    return True
-            except cp.cuda.runtime.CUDARuntimeError:
+            if capturing(self._cp.cuda.get_current_stream().is_capturing):
                 return True
             th = sys.modules.get("torch")  # no capture of PyTorch's without it
             if th is not None and th.cuda.is_initialized():
                 with th.cuda.device(self.index):
-                    return bool(th.cuda.is_current_stream_capturing())
+                    return capturing(th.cuda.is_current_stream_capturing)
         return False
 
     def host_access(self, ring: Any, k: int) -> Any:
