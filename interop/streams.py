@@ -153,11 +153,13 @@ def _not_a_stream(s: Any) -> InvalidTypeError:
 
 def capturing(query: Callable[[], Any]) -> bool:
     """``query()``'s answer to "does this stream capture into a CUDA graph?"
-    (``cudaStreamIsCapturing``); a query the runtime refuses (the legacy
-    default stream while a blocking stream captures) counts as yes."""
+    (``cudaStreamIsCapturing``). A query the runtime refuses counts as yes:
+    for an invalidated capture (CuPy raises a plain ``RuntimeError``), and for
+    the legacy default stream while a blocking stream captures (CuPy's
+    ``CUDARuntimeError``, PyTorch's ``RuntimeError``); work there would fail."""
     try:
         return bool(query())
-    except _backends.cupy().cuda.runtime.CUDARuntimeError:
+    except RuntimeError:
         return True
 
 

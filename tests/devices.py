@@ -28,7 +28,7 @@ import pytest
 
 from interop.pipeline.ring import free_cached_rings
 from interop.streams import cupy_stream
-from interop.testing import EmulatedDevice
+from interop.testing import EmulatedCaptureError, EmulatedDevice
 
 from . import helpers
 
@@ -178,9 +178,11 @@ class Emulated:
 
     # -- graph capture
     @contextlib.contextmanager
-    def capturing(self) -> Iterator[_EmulatedCapture]:
+    def capturing(self, lib: str = "torch") -> Iterator[_EmulatedCapture]:
         """A capture into a graph on a new stream, current for both libraries
-        in the block (on CUDA: ``torch.cuda.graph``, its stream CuPy's too)."""
+        in the block (on CUDA: ``torch.cuda.graph``, or CuPy's capture for
+        ``lib="cupy"``; see :meth:`Cuda.capturing`)."""
+        _check_lib(lib)
         s = self.stream()
         with self.use_stream(s), self.emulated.capture(s) as graph:
             yield _EmulatedCapture(s, graph)
@@ -291,10 +293,6 @@ class Cuda:
             yield self
 
     # -- arrays
-    def _check_lib(self, lib: str) -> None:
-        if lib not in LIBS:
-            raise ValueError(f"expected lib 'cupy' or 'torch' (got {lib!r})")
-
     def _current_ptr(self, lib: str) -> int:
         if lib == "cupy":
             return int(self.cp.cuda.get_current_stream().ptr)
@@ -303,7 +301,7 @@ class Cuda:
     def empty(self, shape: Any, dtype: Any, lib: str = "cupy") -> Any:
         """Uninitialised memory of ``lib`` from its pool on its current stream.
         A dtype CuPy cannot hold skips the test (for ``lib="cupy"``)."""
-        self._check_lib(lib)
+        _check_lib(lib)
         dtype = np.dtype(dtype)
         with self.activate():
             if lib == "cupy":
@@ -393,7 +391,7 @@ class Cuda:
             return self.cp.cuda.Stream(non_blocking=True)
 
     def current_stream(self, lib: str = "cupy") -> Any:
-        self._check_lib(lib)
+        _check_lib(lib)
         if lib == "cupy":
             return self.cp.cuda.get_current_stream()
         with self.activate():  # Stream.from_external takes the current device as the stream's
@@ -490,15 +488,34 @@ class Cuda:
 
     # -- graph capture
     @contextlib.contextmanager
-    def capturing(self) -> Iterator[_CudaCapture]:
-        """A capture into a graph (``torch.cuda.graph``, on its own stream),
-        that stream CuPy's current one too in the block."""
+    def capturing(self, lib: str = "torch") -> Iterator[_CudaCapture]:
+        """A capture into a graph on its own stream, CUDA's global capture mode,
+        that stream both libraries' current one in the block:
+        ``torch.cuda.graph``, or for ``lib="cupy"`` CuPy's
+        ``Stream.begin_capture``. Only the latter may end invalidated
+        (:meth:`_CudaCapture.invalidate`): PyTorch's ``capture_end`` raises
+        before it restores its current stream and its allocator's bookkeeping."""
+        _check_lib(lib)
         th = self.torch
-        graph = th.cuda.CUDAGraph()
-        with self.activate(), th.cuda.graph(graph):
-            ptr = th.cuda.current_stream(self.index).cuda_stream
-            with cupy_stream(ptr, self.index):
-                yield _CudaCapture(th, graph)
+        if lib == "torch":
+            graph = th.cuda.CUDAGraph()
+            with self.activate(), th.cuda.graph(graph):
+                s = cupy_stream(th.cuda.current_stream(self.index).cuda_stream, self.index)
+                with s:
+                    yield _CudaCapture(self, s, lib, graph.replay)
+            return
+        s = self.stream()
+        with self.activate(), self.use_stream(s):
+            s.begin_capture(self.cp.cuda.runtime.streamCaptureModeGlobal)
+            capture = _CudaCapture(self, s, lib)
+            try:
+                yield capture
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # the error in flight is the one to see
+                    s.end_capture()
+                raise
+            graph = s.end_capture()  # raises if the capture was invalidated
+        capture._replay = lambda: graph.launch(s)
 
     # -- devices
     def need_devices(self, n: int) -> None:
@@ -544,16 +561,29 @@ class _EmulatedCapture:
     def replay(self) -> None:
         self.graph.replay()
 
+    def invalidate(self) -> None:
+        """Invalidate the capture as a forbidden call does (its stream synchronised)."""
+        with pytest.raises(EmulatedCaptureError):
+            self.stream.synchronize()
+
 
 class _CudaCapture:
-    """A capture under way in ``torch.cuda.graph`` (see Cuda.capturing)."""
+    """A capture under way on CUDA (see Cuda.capturing)."""
 
-    def __init__(self, torch: Any, graph: Any) -> None:
-        self._torch = torch
-        self.graph = graph
+    def __init__(
+        self, device: Cuda, stream: Any, lib: str, replay: Callable[[], None] | None = None
+    ) -> None:
+        self._device = device
+        self.stream = stream  # a CuPy stream: the capturing one
+        self.lib = lib  # whose capture it is
+        self._replay = replay  # CuPy's: set when the capture ended
 
     def active(self) -> bool:
-        return bool(self._torch.cuda.is_current_stream_capturing())
+        """The capture goes on, not invalidated (CuPy's query raises then)."""
+        try:
+            return bool(self._device.cp.cuda.runtime.streamIsCapturing(self.stream.ptr))
+        except RuntimeError:
+            return False
 
     def operations(self) -> None:
         """Not known on CUDA: None."""
@@ -564,7 +594,20 @@ class _CudaCapture:
         y.add_(1)
 
     def replay(self) -> None:
-        self.graph.replay()
+        assert self._replay is not None, "a graph is replayed after its capture ended"
+        self._replay()
+
+    def invalidate(self) -> None:
+        """Invalidate the capture as a forbidden call does (its stream
+        synchronised); only a capture of ``capturing(lib="cupy")``."""
+        assert self.lib == "cupy", "PyTorch's capture cannot end invalidated: use lib='cupy'"
+        with pytest.raises(RuntimeError):
+            self.stream.synchronize()
+
+
+def _check_lib(lib: str) -> None:
+    if lib not in LIBS:
+        raise ValueError(f"expected lib 'cupy' or 'torch' (got {lib!r})")
 
 
 def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:

@@ -218,6 +218,43 @@ def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(device
     np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
 
 
+def test_an_invalidated_capture_is_refused_with_capture_error(device):
+    """A capture that a forbidden call invalidated is under way until it ends,
+    and CuPy's query of its stream then raises a plain RuntimeError (so does
+    the emulated device's): interop counts it as a capture and refuses with
+    CaptureError, instead of letting the query's error out. (CuPy's capture on
+    CUDA: PyTorch's cannot end invalidated without breaking its allocator.)"""
+    a = np.arange(N, dtype=np.float32)
+    other = device.stream()
+    with device.use_stream(other, lib="torch"):
+        x = device.asarray(a, lib="torch")
+    out = device.asarray(np.zeros_like(a))
+    device.synchronize()
+
+    def into_the_capture():  # a device copy into the capturing stream from PyTorch's, outside it
+        with device.use_stream(other, lib="torch"):
+            interop.copy_to_device(x, out)
+
+    calls = {"copy_to_host": lambda: interop.copy_to_host(x), "copy_to_device": into_the_capture}
+    got = {}
+
+    def capture_and_call():
+        with device.capturing(lib="cupy") as capture:
+            capture.invalidate()
+            for name, call in calls.items():
+                try:
+                    call()
+                except Exception as exc:  # checked after the capture ended
+                    got[name] = exc
+
+    with pytest.raises(RuntimeError, match="StreamCaptureInvalidated"):
+        capture_and_call()
+    assert {name: type(exc) for name, exc in got.items()} == dict.fromkeys(
+        calls, interop.CaptureError
+    ), got
+    np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
+
+
 # ----------------------------------------------------------------- CUDA only: the exchange calls
 # to_cupy / to_torch / interop.stream take CuPy arrays and CUDA tensors only (the
 # emulated device's arrays are no DLPack producers); the copies they make are the
@@ -461,3 +498,36 @@ def test_gpu_exchange_across_streams_refuses_capture(cp, torch):
     g.replay()
     torch.cuda.synchronize()
     assert x.tolist() == [2.0] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_pytorchs_refused_query_beside_a_blocking_capture_counts_as_capturing(cp, torch):
+    """CUDA only (the emulated device has no blocking streams): while a blocking
+    stream captures, the legacy default stream cannot be queried
+    (cudaErrorStreamCaptureImplicit), and PyTorch's is_current_stream_capturing()
+    raises when its current stream is that one. An exchange between CuPy's and
+    PyTorch's current streams, and a host copy, count that as a capture: they
+    raise CaptureError before queuing anything, and the capture ends valid."""
+    t = torch.arange(8, dtype=torch.float32, device="cuda")
+    c = cp.arange(8, dtype=cp.float32)
+    y = cp.zeros(8, dtype=cp.float32)
+    y += 1  # the captured kernel, compiled before the capture
+    torch.cuda.synchronize()
+    blocking = cp.cuda.Stream()  # not non_blocking: it synchronises with the legacy stream
+    side = cp.cuda.Stream(non_blocking=True)
+    assert torch.cuda.current_stream().cuda_stream == 0  # PyTorch on the legacy stream
+    with blocking:
+        blocking.begin_capture()
+        try:
+            with pytest.raises(RuntimeError):
+                torch.cuda.is_current_stream_capturing()  # the premise
+            with side:  # CuPy's current stream: neither capturing nor PyTorch's
+                for call in (lambda: interop.to_cupy(t), lambda: interop.copy_to_host(c)):
+                    with pytest.raises(interop.CaptureError, match="capture"):
+                        call()
+            y += 1  # captured
+        finally:
+            graph = blocking.end_capture()  # raises if the capture was invalidated
+    graph.launch(blocking)
+    blocking.synchronize()
+    assert y.tolist() == [3.0] * 8

@@ -59,6 +59,7 @@ from ..arrays import register_device_type
 from ..errors import InvalidValueError
 from ..pipeline.backend import DeviceChunk, DeviceData
 from ..pipeline.plan import STAGING_ALIGN, round_up
+from ..streams import capturing
 
 __all__ = [
     "EmulatedCaptureError",
@@ -552,13 +553,15 @@ class EmulatedDevice:
 
     def is_capturing(self, stream: EmulatedStream) -> bool:
         """True while ``stream`` is in a capture (its own, or one it joined by
-        waiting on an event recorded in it), invalidated or not, until it ends."""
-        return stream.capture is not None
+        waiting on an event recorded in it), invalidated or not, until it ends:
+        its raw query (:meth:`EmulatedStream.is_capturing`) read as the CUDA
+        backend reads CuPy's."""
+        return capturing(stream.is_capturing)
 
     def capture_under_way(self, stream: EmulatedStream) -> bool:
-        """True while any capture is under way on the machine (CUDA's global
-        capture mode: a host call now would invalidate it)."""
-        return bool(self.machine.captures) or self.is_capturing(stream)
+        """True while ``stream`` captures, or any capture is under way on the
+        machine (CUDA's global capture mode: a host call now would invalidate it)."""
+        return self.is_capturing(stream) or bool(self.machine.captures)
 
     # -- device memory and data, for callers and tests
     def current_stream(self, lib: str = "cupy") -> EmulatedStream:
@@ -977,6 +980,16 @@ class EmulatedStream:
     def same(self, other: Any) -> bool:
         """True if ``other`` is this stream."""
         return other is self
+
+    def is_capturing(self) -> bool:
+        """``cudaStreamIsCapturing`` as CuPy's ``Stream.is_capturing`` asks it:
+        raises a plain ``RuntimeError`` while its capture is invalidated."""
+        capture = self.capture
+        if capture is not None and capture.invalid:
+            raise RuntimeError(
+                "the stream was capturing, but an error has invalidated the capture sequence"
+            )
+        return capture is not None
 
     def wait(self, event: EmulatedEvent) -> None:
         b = self.backend
