@@ -218,6 +218,32 @@ def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(device
     np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
 
 
+def test_a_device_copy_out_of_a_capture_onto_the_legacy_stream_is_refused(device):
+    """The source's stream captures and the destination's is the legacy default
+    stream (CuPy's null stream inside torch.cuda.graph without interop.stream,
+    as in to_cupy(t, copy=True)): that stream cannot join the capture (CUDA
+    fails its wait on the capture's event and invalidates the capture), so the
+    copy is refused before anything is queued, and the capture stays valid."""
+    a = np.arange(N, dtype=np.float32)
+    x = device.asarray(a, lib="torch")
+    out = device.asarray(np.zeros_like(a))
+    y = device.asarray(np.zeros(8), lib="torch")
+    device.synchronize()
+    with device.capturing() as capture:
+        with (
+            device.use_stream(device.default_stream, lib="cupy"),
+            pytest.raises(interop.CaptureError, match="legacy default stream"),
+        ):
+            interop.copy_to_device(x, out)
+        assert capture.active()
+        if device.emulated:
+            assert capture.operations() == []
+        capture.add_one(y)
+    capture.replay()
+    np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
+    np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
+
+
 def test_an_invalidated_capture_is_refused_with_capture_error(device):
     """A capture that a forbidden call invalidated is under way until it ends,
     and CuPy's query of its stream then raises a plain RuntimeError (so does
@@ -530,4 +556,30 @@ def test_gpu_pytorchs_refused_query_beside_a_blocking_capture_counts_as_capturin
             graph = blocking.end_capture()  # raises if the capture was invalidated
     graph.launch(blocking)
     blocking.synchronize()
+    assert y.tolist() == [3.0] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_to_torch_copy_out_of_a_cupy_capture_onto_the_legacy_stream_is_refused(cp, torch):
+    """CUDA only (the exchange calls take CuPy arrays and CUDA tensors; the
+    copy itself is test_a_device_copy_out_of_a_capture_onto_the_legacy_stream_…):
+    to_torch(c, copy=True) inside CuPy's capture, with PyTorch on its default
+    (legacy) stream, is refused before anything is queued; the capture ends valid."""
+    c = cp.arange(N, dtype=cp.float32)
+    torch.empty(N, device="cuda")  # freed at once: cached, PyTorch's result needs no cudaMalloc
+    y = cp.zeros(8, dtype=cp.float32)
+    y += 1  # the captured kernel, compiled before the capture
+    torch.cuda.synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    with s:
+        s.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+        try:
+            with pytest.raises(interop.CaptureError, match="legacy default stream"):
+                interop.to_torch(c, copy=True)
+            y += 1  # captured
+        finally:
+            graph = s.end_capture()  # raises if the capture was invalidated
+    graph.launch(s)
+    s.synchronize()
     assert y.tolist() == [3.0] * 8

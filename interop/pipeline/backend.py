@@ -23,6 +23,10 @@ __all__ = ["Backend", "DeviceChunk", "DeviceData", "Event", "Staging", "Stream",
 class Stream(Protocol):
     """An in-order queue of device work."""
 
+    @property
+    def legacy(self) -> bool:
+        """True for the legacy default stream (CUDA's 0 or 1): it joins no capture."""
+
     def wait(self, event: Any) -> None:
         """Work queued on this stream from now on starts after ``event``."""
 

@@ -48,6 +48,10 @@ class CudaStream:
     def ptr(self) -> int:
         return int(self.cupy.ptr)
 
+    @property
+    def legacy(self) -> bool:
+        return same_stream(self.ptr, 0)
+
     def same(self, other: Any) -> bool:
         """True if ``other`` is this stream (the same handle on the same device;
         0 and 1 both name the legacy default stream)."""

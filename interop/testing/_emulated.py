@@ -981,6 +981,11 @@ class EmulatedStream:
         """True if ``other`` is this stream."""
         return other is self
 
+    @property
+    def legacy(self) -> bool:
+        """True for the device's default stream, CUDA's legacy one (never in a capture)."""
+        return self is self.backend.default_stream
+
     def is_capturing(self) -> bool:
         """``cudaStreamIsCapturing`` as CuPy's ``Stream.is_capturing`` asks it:
         raises a plain ``RuntimeError`` while its capture is invalidated."""
@@ -1006,6 +1011,13 @@ class EmulatedStream:
                     "before the capture begins"
                 )
             if mine is None and recorded_in is not None and recorded_in.under_way:
+                if self.legacy:
+                    recorded_in.invalidate(f"the legacy default stream {self.id} waited on it")
+                    raise EmulatedCaptureError(
+                        f"the legacy default stream {self.id} waits on an event recorded in a "
+                        "capture: it cannot join one (CUDA fails the wait and invalidates the "
+                        "capture); wait on a stream of backend.stream()"
+                    )
                 self.capture = recorded_in  # joins the capture
                 recorded_in.streams.append(self)
             for s, n in clock.items():
