@@ -295,6 +295,12 @@ def _torch_malloc() -> Any:
     return _allocator.malloc
 
 
+def serves_cupy() -> bool:
+    """True if CuPy's allocations in the calling thread come from PyTorch's
+    pool (:func:`use_torch_allocator`)."""
+    return _allocator is not None and _backends.cupy().cuda.get_allocator() == _allocator.malloc
+
+
 def _thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     """CuPy's getter and setter of the calling thread's own allocator (what
     ``cupy.cuda.using_allocator`` sets)."""

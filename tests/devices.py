@@ -494,9 +494,13 @@ class Cuda:
         ``torch.cuda.graph``, or for ``lib="cupy"`` CuPy's
         ``Stream.begin_capture``. Only the latter may end invalidated
         (:meth:`_CudaCapture.invalidate`): PyTorch's ``capture_end`` raises
-        before it restores its current stream and its allocator's bookkeeping."""
+        before it restores its current stream and its allocator's bookkeeping.
+        CuPy's pool starts with no cached block, so an allocation from it in
+        the capture needs ``cudaMalloc``."""
         _check_lib(lib)
         th = self.torch
+        with self.activate():  # CuPy's pool must grow (cudaMalloc) to serve it in the capture
+            self.cp.get_default_memory_pool().free_all_blocks()
         if lib == "torch":
             graph = th.cuda.CUDAGraph()
             with self.activate(), th.cuda.graph(graph):

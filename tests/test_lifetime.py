@@ -218,6 +218,29 @@ def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(device
     np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
 
 
+def test_a_result_is_not_allocated_from_cupys_pool_inside_a_capture(device):
+    """copy_to_device(x) of device data without out allocates its result from
+    CuPy's pool, as to_cupy(t, copy=True) does; the pool grows with cudaMalloc,
+    which CUDA's global capture mode (torch.cuda.graph's) forbids: the capture
+    was invalidated with a raw error, depending on the pool's state. It is
+    refused first, before anything is allocated or queued."""
+    a = np.arange(N, dtype=np.float32)
+    x = device.asarray(a, lib="torch")
+    y = device.asarray(np.zeros(8), lib="torch")
+    device.synchronize()
+    with device.capturing() as capture:
+        allocs = device.emulated.counts["device_alloc"] if device.emulated else None
+        with pytest.raises(interop.CaptureError, match="allocates its result"):
+            interop.copy_to_device(x)
+        assert capture.active()
+        if device.emulated:
+            assert device.emulated.counts["device_alloc"] == allocs
+            assert capture.operations() == []
+        capture.add_one(y)
+    capture.replay()
+    np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
+
+
 def test_a_device_copy_out_of_a_capture_onto_the_legacy_stream_is_refused(device):
     """The source's stream captures and the destination's is the legacy default
     stream (CuPy's null stream inside torch.cuda.graph without interop.stream,
@@ -464,12 +487,17 @@ def test_gpu_one_stream_needs_no_events(cp, torch):
 
 
 @pytest.mark.gpu
-def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, torch):
+def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, torch, tmp_path):
     """to_numpy of a CUDA tensor, a host array to a new CUDA array or tensor:
-    each copies through the host, refused inside a capture that stays valid."""
+    each copies through the host, refused inside a capture that stays valid.
+    Those that make a CuPy array refuse before allocating it: CuPy's pool grows
+    with cudaMalloc, which the capture forbids (CUDA only: the result is a CuPy
+    array; the emulated device's copy is test_a_result_is_not_allocated_…)."""
     x = torch.arange(N, dtype=torch.float32, device="cuda")
     y = torch.zeros(8, device="cuda")
     host = np.arange(8, dtype=np.float32)
+    np.save(tmp_path / "h.npy", host)
+    cp.get_default_memory_pool().free_all_blocks()  # a CuPy allocation must grow the pool
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -477,6 +505,10 @@ def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, tor
             "to_numpy": lambda: interop.to_numpy(x),
             "copy_to_device": lambda: interop.copy_to_device(host),
             "to_torch_cuda": lambda: interop.to_torch(host, device="cuda"),
+            "to_cupy": lambda: interop.to_cupy(host),
+            "load_npy": lambda: interop.load_npy(tmp_path / "h.npy", device="cuda"),
+            # a device copy, its result from CuPy's pool (CuPy on its null stream)
+            "to_cupy_copy": lambda: interop.to_cupy(x, copy=True),
         }
         for name, call in calls.items():
             with pytest.raises(interop.CaptureError, match="capture"):
@@ -583,3 +615,26 @@ def test_gpu_to_torch_copy_out_of_a_cupy_capture_onto_the_legacy_stream_is_refus
     graph.launch(s)
     s.synchronize()
     assert y.tolist() == [3.0] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_a_copy_inside_a_capture_may_allocate_from_pytorchs_graph_pool(cp, torch):
+    """Under use_torch_allocator CuPy's result comes from PyTorch's pool, which
+    serves a capture from the graph's private pool (no cudaMalloc the capture
+    forbids): to_cupy(t, copy=True) inside torch.cuda.graph is captured and
+    replayed."""
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    with interop.use_torch_allocator():
+        interop.to_cupy(x, copy=True)  # the copy kernel, compiled before the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with (
+        torch.cuda.graph(g),
+        interop.stream(torch.cuda.current_stream()),
+        interop.use_torch_allocator(),
+    ):
+        c = interop.to_cupy(x, copy=True)
+    x.add_(1.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert cp.asnumpy(c).tolist() == (np.arange(8) + 1.0).tolist()

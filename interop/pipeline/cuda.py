@@ -211,13 +211,14 @@ class CudaBackend:
         with self.activate():
             return capturing(stream.cupy.is_capturing)
 
-    def capture_under_way(self, stream: CudaStream) -> bool:
-        """True if ``stream``, or the calling thread's current stream of PyTorch
-        or CuPy on this device, captures into a CUDA graph: a host call now (a
-        pinned allocation, a synchronisation) would break that capture. (The
-        runtime cannot list every capture of the process; these are the streams
-        a caller inside ``torch.cuda.graph`` or a CuPy capture is on.)"""
-        if self.is_capturing(stream):
+    def capture_under_way(self, stream: CudaStream | None) -> bool:
+        """True if ``stream`` (if not None), or the calling thread's current
+        stream of PyTorch or CuPy on this device, captures into a CUDA graph: a
+        host call now (a pinned allocation, a synchronisation) would break that
+        capture. (The runtime cannot list every capture of the process; these
+        are the streams a caller inside ``torch.cuda.graph`` or a CuPy capture
+        is on.)"""
+        if stream is not None and self.is_capturing(stream):
             return True
         with self.activate():
             if capturing(self._cp.cuda.get_current_stream().is_capturing):
@@ -227,6 +228,15 @@ class CudaBackend:
                 with th.cuda.device(self.index):
                     return capturing(th.cuda.is_current_stream_capturing)
         return False
+
+    def capture_forbids_allocation(self) -> bool:
+        """True while a capture is under way (:meth:`capture_under_way`) and
+        CuPy allocates from its own pool, which grows with ``cudaMalloc``; not
+        from PyTorch's (``use_torch_allocator``): that one serves a capture
+        from the graph's private pool."""
+        from ..allocator import serves_cupy
+
+        return not serves_cupy() and self.capture_under_way(None)
 
     def host_access(self, ring: Any, k: int) -> Any:
         return contextlib.nullcontext()

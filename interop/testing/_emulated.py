@@ -19,6 +19,8 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
   queued on another stream when the last reference went (with no event the
   allocating stream waited on, and no ``record_stream``) is a use-after-free,
   caught when the block is handed out again and again when that work runs;
+  while a capture is under way the pool grows (``cudaMalloc``) only for
+  PyTorch's allocations on the capturing stream (its graph's private pool);
 * a host thread touches a staging slot only after an event or stream
   synchronisation showed the device copies of that slot complete, and no
   device copy is queued on a slot while a host thread uses it;
@@ -558,10 +560,16 @@ class EmulatedDevice:
         backend reads CuPy's."""
         return capturing(stream.is_capturing)
 
-    def capture_under_way(self, stream: EmulatedStream) -> bool:
-        """True while ``stream`` captures, or any capture is under way on the
-        machine (CUDA's global capture mode: a host call now would invalidate it)."""
-        return self.is_capturing(stream) or bool(self.machine.captures)
+    def capture_under_way(self, stream: EmulatedStream | None) -> bool:
+        """True while ``stream`` (if not None) captures, or any capture is under
+        way on the machine (CUDA's global capture mode: a host call now would
+        invalidate it)."""
+        return (stream is not None and self.is_capturing(stream)) or bool(self.machine.captures)
+
+    def capture_forbids_allocation(self) -> bool:
+        """True while any capture is under way: :meth:`empty` (CuPy's pool) may
+        not grow then."""
+        return bool(self.machine.captures)
 
     # -- device memory and data, for callers and tests
     def current_stream(self, lib: str = "cupy") -> EmulatedStream:
@@ -706,10 +714,12 @@ class EmulatedDevice:
         Illegal then, raising :class:`EmulatedCaptureError` and invalidating every
         capture under way: synchronising a capturing stream, synchronising or
         querying any event, ``host_alloc`` / ``host_free``, :meth:`synchronize`,
-        and a capturing stream waiting on an event recorded outside its
-        capture. Leaving the block raises :class:`EmulatedCaptureError` when the
-        capture was invalidated or a stream that joined it was not joined back
-        (the capturing stream waited on an event recorded on it after its last
+        a new block from the pool (but PyTorch's on a capturing stream), a
+        capturing stream waiting on an event recorded outside its capture, and
+        the default (legacy) stream waiting on one recorded in it. Leaving the
+        block raises :class:`EmulatedCaptureError` when the capture was
+        invalidated or a stream that joined it was not joined back (the
+        capturing stream waited on an event recorded on it after its last
         captured work); otherwise ``graph.replay()`` queues the work again.
         """
         return _CaptureBlock(self, stream)
@@ -757,6 +767,8 @@ class EmulatedDevice:
                     del self._pool[stream.id][k]
                     self.counts["device_reuse"] += 1
             if block is None:
+                if lib == "cupy" or capture is None:  # PyTorch's graph pool: the capture's own
+                    self._refuse_in_capture(f"cudaMalloc (the {lib} pool growing)")
                 block = _Block(next(self.machine.blocks), size)
                 self.counts["device_alloc"] += 1
             self.bytes_in_use += block.size
