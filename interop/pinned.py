@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import weakref
 from types import TracebackType
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from . import _backends
 from .errors import InvalidTypeError, InvalidValueError
+from .pipeline.ring import free_pinned
 
 __all__ = ["Pinned", "empty_pinned", "pin"]
 
@@ -46,7 +48,9 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
     Notes
     -----
     Freeing page-locked memory (``cudaFreeHost``) waits for the whole device:
-    allocate such buffers once and reuse them, do not make one per step.
+    allocate such buffers once and reuse them, do not make one per step. While
+    a CUDA graph capture is under way (one interop can see: see
+    :func:`interop.stream`) the free waits for it to end.
 
     Raises
     ------
@@ -68,12 +72,16 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
     if dt.hasobject:
         raise InvalidValueError(f"empty_pinned expected a dtype without Python objects (got {dt})")
     cp = _backends.require_cupy_device()
+    from .pipeline.cuda import cuda_backend
+
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     runtime = cp.cuda.runtime
+    backend = cuda_backend(int(runtime.getDevice()))
     ptr = int(runtime.hostAlloc(max(nbytes, 1), _PORTABLE))
     try:
         raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr)
-        weakref.finalize(raw, runtime.freeHost, ptr)
+        # freed once no capture under way forbids it (a cudaFreeHost would break it)
+        weakref.finalize(raw, free_pinned, backend, functools.partial(runtime.freeHost, ptr))
         return np.frombuffer(raw, np.uint8, nbytes).view(dt).reshape(shape)
     except BaseException:
         runtime.freeHost(ptr)
@@ -93,9 +101,11 @@ class Pinned:
         The registered array (None once unpinned).
     """
 
-    def __init__(self, array: np.ndarray, ptr: int, runtime: Any) -> None:
+    def __init__(self, array: np.ndarray, ptr: int, runtime: Any, backend: Any) -> None:
         self.array: np.ndarray | None = array
-        self._unpin = weakref.finalize(self, _unregister, runtime, ptr)
+        # unregistered once no capture under way forbids it; the array lives until then
+        unregister = functools.partial(_unregister, runtime, ptr, array)
+        self._unpin = weakref.finalize(self, free_pinned, backend, unregister)
 
     @property
     def pinned(self) -> bool:
@@ -104,7 +114,8 @@ class Pinned:
 
     def unpin(self) -> None:
         """Unregister the memory (``cudaHostUnregister``); idempotent. The array
-        stays valid as ordinary pageable memory."""
+        stays valid as ordinary pageable memory. During a CUDA graph capture
+        the unregistration waits for the capture to end."""
         self._unpin()
         self.array = None
 
@@ -126,7 +137,8 @@ class Pinned:
         return f"<interop.Pinned: {self.array.nbytes} bytes at {self.array.ctypes.data:#x}>"
 
 
-def _unregister(runtime: Any, ptr: int) -> None:
+def _unregister(runtime: Any, ptr: int, array: np.ndarray) -> None:
+    """``cudaHostUnregister`` of ``array``'s memory at ``ptr`` (kept alive until now)."""
     with contextlib.suppress(Exception):  # a dead context at exit: the pages go with it
         runtime.hostUnregister(ptr)
 
@@ -184,7 +196,8 @@ def pin(array: np.ndarray) -> Pinned:
 
     runtime = cp.cuda.runtime
     ptr = int(array.ctypes.data)
-    if cuda_backend(int(runtime.getDevice())).is_pinned(ptr, array.nbytes):
+    backend = cuda_backend(int(runtime.getDevice()))
+    if backend.is_pinned(ptr, array.nbytes):
         raise InvalidValueError(
             "pin expected pageable memory (got an array that is page-locked already); it is "
             "copied by DMA as it is"
@@ -198,4 +211,4 @@ def pin(array: np.ndarray) -> Pinned:
             f"{'memory registered already, in part' if already else 'a refusal'}: {exc}); "
             "copy into interop.empty_pinned(shape, dtype) instead"
         ) from exc
-    return Pinned(array, ptr, runtime)
+    return Pinned(array, ptr, runtime, backend)

@@ -9,8 +9,10 @@ protocol: a method returning ``(version, handle)``), or a raw handle (an int;
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -161,6 +163,24 @@ def capturing(query: Callable[[], Any]) -> bool:
         return bool(query())
     except RuntimeError:
         return True
+
+
+def capture_under_way() -> bool:
+    """True while a CUDA graph capture is under way that interop can see from
+    this thread: on PyTorch's or CuPy's current stream of the current device,
+    or on a stream made current through :func:`stream` in any thread. (CUDA
+    cannot list a process's captures; in its global capture mode any thread's
+    event query, ``cudaFreeHost`` or ``cudaHostUnregister`` breaks them all.)"""
+    th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
+    initialized = th is not None and th.cuda.is_initialized()  # no capture of PyTorch's before
+    if initialized and capturing(th.cuda.is_current_stream_capturing):  # type: ignore[union-attr]
+        return True
+    if cp is None:
+        return False
+    if capturing(cp.cuda.get_current_stream().is_capturing):
+        return True
+    query = cp.cuda.runtime.streamIsCapturing
+    return any(capturing(functools.partial(query, h)) for _, h in list(stream_uses.active))
 
 
 def cupy_stream(handle: int, device: int) -> Any:

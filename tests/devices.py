@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import interop
 from interop.pipeline.ring import free_cached_rings
 from interop.streams import cupy_stream
 from interop.testing import EmulatedCaptureError, EmulatedDevice
@@ -492,9 +493,11 @@ class Cuda:
         """A capture into a graph on its own stream, CUDA's global capture mode,
         that stream both libraries' current one in the block:
         ``torch.cuda.graph``, or for ``lib="cupy"`` CuPy's
-        ``Stream.begin_capture``. Only the latter may end invalidated
-        (:meth:`_CudaCapture.invalidate`): PyTorch's ``capture_end`` raises
-        before it restores its current stream and its allocator's bookkeeping.
+        ``Stream.begin_capture``; made current with ``interop.stream``, as users
+        are told to, which lets interop see the capture from other threads.
+        Only the latter may end invalidated (:meth:`_CudaCapture.invalidate`):
+        PyTorch's ``capture_end`` raises before it restores its current stream
+        and its allocator's bookkeeping.
         CuPy's pool starts with no cached block, so an allocation from it in
         the capture needs ``cudaMalloc``."""
         _check_lib(lib)
@@ -505,11 +508,11 @@ class Cuda:
             graph = th.cuda.CUDAGraph()
             with self.activate(), th.cuda.graph(graph):
                 s = cupy_stream(th.cuda.current_stream(self.index).cuda_stream, self.index)
-                with s:
+                with interop.stream(s):
                     yield _CudaCapture(self, s, lib, graph.replay)
             return
         s = self.stream()
-        with self.activate(), self.use_stream(s):
+        with self.activate(), interop.stream(s):
             s.begin_capture(self.cp.cuda.runtime.streamCaptureModeGlobal)
             capture = _CudaCapture(self, s, lib)
             try:

@@ -519,17 +519,19 @@ def test_capture_is_asked_only_when_an_event_is_to_be_recorded_or_queried():
     device.close()
 
 
-def test_serves_cupy_says_whether_cupy_allocates_from_pytorchs_pool_in_this_thread():
-    """What a call inside a capture asks before CuPy allocates its result: CuPy's
-    own pool grows with cudaMalloc (the capture forbids it), PyTorch's serves
-    the capture from its graph's pool."""
+def test_a_capture_check_tells_pytorchs_pool_from_cupys():
+    """What a call inside a capture asks before CuPy allocates its result:
+    CuPy's own pool grows with cudaMalloc (the capture forbids it); PyTorch's,
+    installed here, serves the capture from its graph's pool."""
     cp = pytest.importorskip("cupy")
-    assert not allocator.serves_cupy()
+    from interop.pipeline.cuda import uses_cupys_pool
+
+    assert uses_cupys_pool(cp)
     with cp.cuda.using_allocator(allocator._torch_malloc()):
-        assert allocator.serves_cupy()
+        assert not uses_cupys_pool(cp)
         with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
-            assert not allocator.serves_cupy()
-    assert not allocator.serves_cupy()
+            assert uses_cupys_pool(cp)
+    assert uses_cupys_pool(cp)
 
 
 def test_a_free_run_by_the_garbage_collector_inside_the_pool_never_waits():

@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 import interop
+from interop.pipeline import ring
 
 from .devices import opened
+from .helpers import in_threads
 
 N = 1 << 20  # float32 elements: a 4 MiB block, served from the pools' large blocks
 SHAPE = (1024, 1024)
@@ -173,17 +175,17 @@ def test_host_copies_refuse_a_capture_and_keep_it_valid(device, tmp_path, lib):
 def test_a_capture_elsewhere_on_the_device_refuses_host_copies(device):
     """CUDA's global capture mode: a pinned allocation or a synchronisation
     breaks a capture on any stream, so host copies refuse then too. The copy's
-    own stream is not in the capture; PyTorch's current stream is. (The CUDA
-    runtime cannot list a process's captures: interop sees one through the
-    calling thread's current streams. The emulated device knows them all, so
-    there the copy is refused with both libraries on the other stream too.)"""
+    own stream is not in the capture; PyTorch's current stream is, or (both
+    libraries on the other stream) neither: the capture is seen because its
+    stream was made current with interop.stream. (The CUDA runtime cannot list
+    a process's captures; the emulated device knows them all.)"""
     a = np.arange(1024.0)
     other = device.stream()
     with device.use_stream(other):
         x = device.asarray(a)
     device.synchronize()
     with device.capturing() as capture:
-        for lib in ["cupy", None] if device.emulated else ["cupy"]:
+        for lib in ["cupy", None]:
             with (
                 device.use_stream(other, lib=lib),
                 pytest.raises(interop.CaptureError, match="capture"),
@@ -265,6 +267,34 @@ def test_a_device_copy_out_of_a_capture_onto_the_legacy_stream_is_refused(device
     capture.replay()
     np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
     np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
+
+
+def test_pinned_frees_in_another_thread_wait_for_a_capture_to_end(device):
+    """CUDA's global capture mode (torch.cuda.graph's) forbids freeing pinned
+    memory while a capture is under way in any thread: the staging ring a
+    transfer left in the cache, freed by another thread during a capture, is
+    freed only once the capture has ended (as PyTorch's allocator defers its
+    frees), and the capture stays valid. (On CUDA interop sees the capture
+    because its stream was made current with interop.stream.)"""
+    a = np.arange(N, dtype=np.float32)
+    x = device.asarray(a)
+    y = device.asarray(np.zeros(8), lib="torch")
+    np.testing.assert_array_equal(interop.copy_to_host(x), a)  # its ring stays cached
+    assert ring.cached_buffers() > 0
+    pinned = len(device.emulated.host_buffers) if device.emulated else None
+    device.synchronize()
+    with device.capturing() as capture:
+        in_threads(lambda i: ring.free_cached_rings(), 1)  # raises what the thread raised
+        assert ring.cached_buffers() == 0
+        if device.emulated:
+            assert len(device.emulated.host_buffers) == pinned  # none freed yet
+        assert ring.waiting_frees() > 0
+        assert capture.active()
+        capture.add_one(y)
+    ring.free_cached_rings()  # the capture has ended: the frees that waited run now
+    assert ring.waiting_frees() == 0
+    capture.replay()
+    np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
 
 
 def test_an_invalidated_capture_is_refused_with_capture_error(device):
@@ -638,3 +668,36 @@ def test_gpu_a_copy_inside_a_capture_may_allocate_from_pytorchs_graph_pool(cp, t
     g.replay()
     torch.cuda.synchronize()
     assert cp.asnumpy(c).tolist() == (np.arange(8) + 1.0).tolist()
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_frees_and_unpins_in_another_thread_wait_for_a_capture(cp, torch):
+    """CUDA only (empty_pinned and pin are CUDA's page-locked memory; the ring's
+    frees are test_pinned_frees_in_another_thread_wait_…): an empty_pinned
+    buffer dropped and a pinned array unpinned in another thread during a
+    capture (global mode, seen through interop.stream) are freed and
+    unregistered once it has ended; the capture stays valid."""
+    from interop.pipeline.cuda import cuda_backend
+
+    box = [interop.empty_pinned(1 << 20, np.uint8)]
+    b = np.zeros(1 << 20, np.uint8)
+    handle = interop.pin(b)
+    y = torch.zeros(8, device="cuda")
+    torch.cuda.synchronize()
+
+    def in_another_thread(i):
+        box.pop()  # the last reference: its finalizer runs here
+        handle.unpin()
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), interop.stream(torch.cuda.current_stream()):
+        in_threads(in_another_thread, 1)
+        assert ring.waiting_frees() == 2
+        y.add_(1.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert y.tolist() == [1.0] * 8
+    assert cuda_backend(0).is_pinned(b.ctypes.data, b.nbytes)  # not unregistered yet
+    ring.free_waiting()  # the capture has ended
+    assert ring.waiting_frees() == 0
+    assert not cuda_backend(0).is_pinned(b.ctypes.data, b.nbytes)
