@@ -497,19 +497,20 @@ class Cuda:
         are told to, which lets interop see the capture from other threads.
         Only the latter may end invalidated (:meth:`_CudaCapture.invalidate`):
         PyTorch's ``capture_end`` raises before it restores its current stream
-        and its allocator's bookkeeping.
-        CuPy's pool starts with no cached block, so an allocation from it in
-        the capture needs ``cudaMalloc``."""
+        and its allocator's bookkeeping. CuPy's pool starts with no cached
+        block, so an allocation from it in the capture needs ``cudaMalloc``."""
         _check_lib(lib)
         th = self.torch
         with self.activate():  # CuPy's pool must grow (cudaMalloc) to serve it in the capture
             self.cp.get_default_memory_pool().free_all_blocks()
         if lib == "torch":
             graph = th.cuda.CUDAGraph()
-            with self.activate(), th.cuda.graph(graph):
-                s = cupy_stream(th.cuda.current_stream(self.index).cuda_stream, self.index)
-                with interop.stream(s):
-                    yield _CudaCapture(self, s, lib, graph.replay)
+            with (
+                self.activate(),
+                th.cuda.graph(graph),
+                interop.stream(th.cuda.current_stream(self.index)),
+            ):
+                yield _CudaCapture(self, self.cp.cuda.get_current_stream(), lib, graph.replay)
             return
         s = self.stream()
         with self.activate(), interop.stream(s):
