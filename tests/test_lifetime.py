@@ -679,6 +679,7 @@ def test_gpu_pinned_frees_and_unpins_in_another_thread_wait_for_a_capture(cp, to
     unregistered once it has ended; the capture stays valid."""
     from interop.pipeline.cuda import cuda_backend
 
+    assert ring.waiting_frees() == 0
     box = [interop.empty_pinned(1 << 20, np.uint8)]
     b = np.zeros(1 << 20, np.uint8)
     handle = interop.pin(b)
