@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -33,7 +32,7 @@ from typing import Any
 
 from . import _backends, streams
 from .errors import BackendUnavailableError, InteropError
-from .streams import PER_THREAD_DEFAULT, cupy_stream, same_stream
+from .streams import PER_THREAD_DEFAULT, capture_under_way, cupy_stream, same_stream
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
 
@@ -209,32 +208,7 @@ def _delete_cuda(ptr: int) -> None:
     _backends.torch().cuda.caching_allocator_delete(ptr)
 
 
-def _capture_under_way() -> bool:
-    """True while a CUDA graph capture forbids this thread to record or query
-    events: one on PyTorch's or CuPy's current stream of this thread, or on a
-    stream made current through ``interop.stream`` in any thread.
-
-    ``cudaStreamIsCapturing`` itself is allowed during a capture. A query
-    that fails (the legacy default stream while another stream captures)
-    counts as a capture.
-    """
-    th = sys.modules.get("torch")
-    cp = sys.modules.get("cupy")
-    try:
-        if th is not None and th.cuda.is_current_stream_capturing():
-            return True
-        if cp is None:
-            return False
-        is_capturing = getattr(cp.cuda.get_current_stream(), "is_capturing", None)
-        if is_capturing is not None and is_capturing():
-            return True
-        runtime = cp.cuda.runtime
-        return any(runtime.streamIsCapturing(h) for _, h in list(streams.stream_uses.active))
-    except Exception:
-        return True
-
-
-_frees = DeferredFrees(_RecordedEvent, _delete_cuda, _capture_under_way)
+_frees = DeferredFrees(_RecordedEvent, _delete_cuda, capture_under_way)
 
 
 def _malloc(size: int, device: int) -> int:
@@ -428,7 +402,7 @@ def use_torch_allocator() -> Any:
 def _after_fork_in_child() -> None:
     # The parent's deferred frees belong to its CUDA context.
     global _frees
-    _frees = DeferredFrees(_RecordedEvent, _delete_cuda, _capture_under_way)
+    _frees = DeferredFrees(_RecordedEvent, _delete_cuda, capture_under_way)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

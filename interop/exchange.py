@@ -62,6 +62,7 @@ from .pipeline.start import device_to_device
 from .streams import (
     PER_THREAD_DEFAULT,
     Unsynchronised,
+    capturing,
     cupy_consumer_handle,
     cupy_stream,
     same_stream,
@@ -485,15 +486,11 @@ def _torch_copy_of(x: Any, index: int) -> torch.Tensor:
 def _cupy_copy_of(x: Any, index: int) -> cupy.ndarray:
     """A new C-contiguous CuPy array on device ``index`` holding device array
     ``x``'s values (a CuPy array, or a CUDA tensor with any bits): allocated on
-    CuPy's current stream there and filled by one copy ordered both ways with
-    ``x``'s library's current stream, across devices by a peer copy (so ``x``
-    may be dropped as soon as this returns)."""
-    cp = _backends.cupy()
-    dtype = dtypes.numpy_dtype_of_torch(x.dtype) if _backends.is_torch_tensor(x) else x.dtype
-    with cp.cuda.Device(index):
-        out = cp.empty(tuple(x.shape), dtype=dtype)
-    device_to_device(array_source(x, "to_cupy"), array_source(out, "to_cupy"))
-    return out
+    CuPy's current stream there (refused inside a capture that forbids it) and
+    filled by one copy ordered both ways with ``x``'s library's current stream,
+    across devices by a peer copy (so ``x`` may be dropped as soon as this
+    returns): ``copy_to_device(x, device=index)``."""
+    return copy_to_device(x, device=index)
 
 
 def _torch_from_torch(t: torch.Tensor, copy: bool | None, target: Target | None) -> torch.Tensor:
@@ -684,11 +681,7 @@ def _refuse_split_capture(func: str, cupy_current: Any) -> None:
         A capture is under way on either stream.
     """
     th = _backends.torch()
-    try:
-        capturing = bool(cupy_current.is_capturing()) or th.cuda.is_current_stream_capturing()
-    except _backends.cupy().cuda.runtime.CUDARuntimeError:
-        capturing = True  # the legacy stream while a blocking stream of the device is captured
-    if capturing:
+    if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
             "two different current streams; ordering one after the other would break the "
@@ -745,6 +738,11 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     InvalidValueError
         ``device='cpu'``, a meta tensor, or a foreign producer's export fails
         (a ``ValueError``).
+    CaptureError
+        Inside CUDA graph capture: a copy (host data, ``copy=True``, another
+        device) whose result CuPy's own pool would allocate (it grows with
+        ``cudaMalloc``; fine under :func:`interop.use_torch_allocator`), or an
+        exchange between two different current streams. Nothing is queued.
     """
     _check_copy(copy)
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
@@ -760,7 +758,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     if _backends.is_torch_tensor(x):
         check_strided_tensor(x, "to_cupy")  # before the device: a bad argument on any machine
         check_tensor_data(x, "to_cupy")
-    cp = _backends.require_cupy_device()
+    _backends.require_cupy_device()
     want = None if target is None else target[1]
 
     if _backends.is_torch_tensor(x):
@@ -799,8 +797,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
             raise _copy_required(f"moving a CuPy array to {target_str(target)}")
         return _cupy_copy_of(c, _cupy_index(want))
     if copy:
-        with cp.cuda.Device(int(c.device.id)):
-            return c.copy()
+        return _cupy_copy_of(c, int(c.device.id))
     return c
 
 

@@ -626,7 +626,7 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
             return np.empty(header.shape, header.dtype), True
         try:
             native = header.dtype.newbyteorder("=")
-            return empty_device(header.shape, native, target[1]), False
+            return empty_device(header.shape, native, target[1], "load_npy"), False
         except (BackendUnavailableError, NoDeviceError) as exc:
             raise type(exc)(
                 f"{exc}. load_npy(path) without device=, or with device='cpu', reads "
@@ -991,6 +991,9 @@ def load_npy(
     BackendUnavailableError, NoDeviceError
         A CUDA ``device`` without CuPy or without a visible GPU; the message
         says that ``device="cpu"`` (or no ``device``) reads into NumPy.
+    CaptureError
+        A device destination inside CUDA graph capture (nothing is allocated
+        or read).
     PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
         No such file, a file this process may not read, a directory (also
         ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import operator
 import os
@@ -22,6 +23,7 @@ import numpy as np
 
 from . import _backends
 from .errors import InvalidTypeError, InvalidValueError
+from .pipeline.ring import free_pinned
 
 if TYPE_CHECKING:
     from .pipeline.backend import Backend
@@ -54,7 +56,9 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
     Notes
     -----
     Freeing page-locked memory (``cudaFreeHost``) waits for the whole device:
-    allocate such buffers once and reuse them, do not make one per step.
+    allocate such buffers once and reuse them, do not make one per step. While
+    a CUDA graph capture is under way (one interop can see: see
+    :func:`interop.stream`) the free waits for it to end.
 
     Raises
     ------
@@ -108,7 +112,8 @@ def _free_pinned(backend: Backend, ptr: int, pid: int) -> None:
     # In a child forked since, the parent's pages are not the child's to free (and
     # every CUDA call fails there): the child's copy of them goes with its exit.
     if os.getpid() == pid:
-        backend.host_free(ptr)
+        # freed once no capture under way forbids it (a cudaFreeHost would break it)
+        free_pinned(backend, functools.partial(backend.host_free, ptr))
 
 
 class Pinned:
@@ -124,9 +129,11 @@ class Pinned:
         The registered array (None once unpinned).
     """
 
-    def __init__(self, array: np.ndarray, ptr: int, runtime: Any) -> None:
+    def __init__(self, array: np.ndarray, ptr: int, runtime: Any, backend: Any) -> None:
         self.array: np.ndarray | None = array
-        self._unpin = weakref.finalize(self, _unregister, runtime, ptr)
+        # unregistered once no capture under way forbids it; the array lives until then
+        unregister = functools.partial(_unregister, runtime, ptr, array)
+        self._unpin = weakref.finalize(self, free_pinned, backend, unregister)
 
     @property
     def pinned(self) -> bool:
@@ -135,7 +142,8 @@ class Pinned:
 
     def unpin(self) -> None:
         """Unregister the memory (``cudaHostUnregister``); idempotent. The array
-        stays valid as ordinary pageable memory."""
+        stays valid as ordinary pageable memory. During a CUDA graph capture
+        the unregistration waits for the capture to end."""
         self._unpin()
         self.array = None
 
@@ -157,7 +165,8 @@ class Pinned:
         return f"<interop.Pinned: {self.array.nbytes} bytes at {self.array.ctypes.data:#x}>"
 
 
-def _unregister(runtime: Any, ptr: int) -> None:
+def _unregister(runtime: Any, ptr: int, array: np.ndarray) -> None:
+    """``cudaHostUnregister`` of ``array``'s memory at ``ptr`` (kept alive until now)."""
     with contextlib.suppress(Exception):  # a dead context at exit: the pages go with it
         runtime.hostUnregister(ptr)
 
@@ -217,7 +226,8 @@ def pin(array: np.ndarray) -> Pinned:
 
     runtime = cp.cuda.runtime
     ptr = int(array.ctypes.data)
-    if cuda_backend(int(runtime.getDevice())).is_pinned(ptr, array.nbytes):
+    backend = cuda_backend(int(runtime.getDevice()))
+    if backend.is_pinned(ptr, array.nbytes):
         raise InvalidValueError(
             "pin expected pageable memory (got an array that is page-locked already); it is "
             "copied by DMA as it is"
@@ -231,4 +241,4 @@ def pin(array: np.ndarray) -> Pinned:
             f"{'memory registered already, in part' if already else 'a refusal'}: {exc}); "
             "copy into interop.empty_pinned(shape, dtype) instead"
         ) from exc
-    return Pinned(array, ptr, runtime)
+    return Pinned(array, ptr, runtime, backend)

@@ -9,10 +9,12 @@ protocol: a method returning ``(version, handle)``), or a raw handle (an int;
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _backends
@@ -149,6 +151,36 @@ def _not_a_stream(s: Any) -> InvalidTypeError:
         "expected a torch.cuda.Stream, a cupy.cuda.Stream, an object with __cuda_stream__ "
         f"or a raw stream handle (int) (got {type(s).__module__}.{type(s).__qualname__}: {s!r})"
     )
+
+
+def capturing(query: Callable[[], Any]) -> bool:
+    """``query()``'s answer to "does this stream capture into a CUDA graph?"
+    (``cudaStreamIsCapturing``). A query the runtime refuses counts as yes:
+    for an invalidated capture (CuPy raises a plain ``RuntimeError``), and for
+    the legacy default stream while a blocking stream captures (CuPy's
+    ``CUDARuntimeError``, PyTorch's ``RuntimeError``); work there would fail."""
+    try:
+        return bool(query())
+    except RuntimeError:
+        return True
+
+
+def capture_under_way() -> bool:
+    """True while a CUDA graph capture is under way that interop can see from
+    this thread: on PyTorch's or CuPy's current stream of the current device,
+    or on a stream made current through :func:`stream` in any thread. (CUDA
+    cannot list a process's captures; in its global capture mode any thread's
+    event query, ``cudaFreeHost`` or ``cudaHostUnregister`` breaks them all.)"""
+    th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
+    initialized = th is not None and th.cuda.is_initialized()  # no capture of PyTorch's before
+    if initialized and capturing(th.cuda.is_current_stream_capturing):  # type: ignore[union-attr]
+        return True
+    if cp is None:
+        return False
+    if capturing(cp.cuda.get_current_stream().is_capturing):
+        return True
+    query = cp.cuda.runtime.streamIsCapturing
+    return any(capturing(functools.partial(query, h)) for _, h in list(stream_uses.active))
 
 
 def cupy_stream(handle: int, device: int) -> Any:

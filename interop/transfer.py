@@ -26,7 +26,8 @@ from .arrays import (
     parse_device,
 )
 from .config import chunk_bytes_or_default, config, host_copy_threads
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import CaptureError, InvalidTypeError, InvalidValueError
+from .pipeline.backend import Backend
 from .pipeline.future import Transfer
 from .pipeline.hostcopy import host_chunk_bytes, host_copy
 from .pipeline.plan import c_order_chunks, nbytes_of
@@ -80,20 +81,46 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
     return dst
 
 
-def empty_device(shape: tuple[int, ...], dtype: np.dtype, device: Any = None) -> Any:
-    """A new uninitialised CuPy array on ``device`` (default: the current device).
+def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Any:
+    """A new uninitialised array of ``backend``'s for ``func``'s result, once
+    no capture under way forbids it.
+
+    Raises
+    ------
+    CaptureError
+        A CUDA graph capture is under way and the allocation could grow
+        CuPy's pool (``cudaMalloc``, which would break it); nothing allocated.
+    """
+    if backend.capture_forbids_allocation():
+        raise CaptureError(
+            f"{func} expected no CUDA graph capture under way when it allocates its result "
+            "(got one: CuPy's memory pool grows with cudaMalloc, which the capture forbids); "
+            "pass out= allocated before the capture, or let CuPy allocate from PyTorch's graph "
+            "pool with interop.use_torch_allocator(). Nothing was allocated or queued and the "
+            "capture stays valid"
+        )
+    return backend.empty(shape, dtype)
+
+
+def empty_device(
+    shape: tuple[int, ...], dtype: np.dtype, device: Any = None, func: str = "copy_to_device"
+) -> Any:
+    """A new uninitialised CuPy array on ``device`` (default: the current
+    device) for ``func``'s result (:func:`empty_result`).
 
     Raises
     ------
     ValueError
         ``device`` is not a CUDA device.
-    BackendUnavailableError, NoDeviceError, UnsupportedDtypeError
+    BackendUnavailableError, NoDeviceError, UnsupportedDtypeError, CaptureError
     """
     index = _cuda_index(device)
     cp = _backends.require_cupy_device()
     dtypes.check_cupy_dtype(np.dtype(dtype))
-    with cp.cuda.Device(cp.cuda.runtime.getDevice() if index is None else index):
-        return cp.empty(shape, dtype=dtype)
+    from .pipeline.cuda import cuda_backend
+
+    backend = cuda_backend(cp.cuda.runtime.getDevice() if index is None else index)
+    return empty_result(backend, shape, dtype, func)
 
 
 # ----------------------------------------------------------------- copy_to_host
@@ -311,6 +338,8 @@ def copy_to_device_async(
         Bad ``x``, ``out`` or ``device``, before anything is written.
     NoDeviceError, BackendUnavailableError
         No CUDA device, or CuPy missing.
+    CaptureError
+        Inside CUDA graph capture (see :func:`copy_to_device`); nothing queued.
     """
     return _copy_to_device(x, out, device, chunk_bytes, progress, inline=False)
 
@@ -352,7 +381,8 @@ def _copy_to_device(
         result = out
     else:
         if src.on_device:  # on the current (or the given) device of the source's kind
-            result = backend_for(src).peer(_cuda_index(device)).empty(src.shape, native)
+            backend = backend_for(src).peer(_cuda_index(device))
+            result = empty_result(backend, src.shape, native, "copy_to_device")
         else:
             result = empty_device(src.shape, native, device)
         dst = array_source(result, "copy_to_device")
@@ -442,6 +472,13 @@ def copy_to_device(
     NoDeviceError, BackendUnavailableError
         No CUDA device, or CuPy missing (:class:`~interop.CudaAfterForkError`
         in a process forked after its parent initialised CUDA).
+    CaptureError
+        Inside CUDA graph capture: host data (it goes through pinned host
+        memory); a new result without ``out`` (CuPy's pool would grow with
+        ``cudaMalloc``; not under :func:`interop.use_torch_allocator`); device
+        data between two streams one of which captures, unless ``x``'s
+        captures and ``out``'s can join it (not the legacy default stream).
+        Raised before anything is allocated or queued: the capture stays valid.
     TransferError
         A chunk failed; the message says which byte range is complete. Every
         staging buffer and stream is released.

@@ -26,8 +26,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import interop
 from interop.pipeline.ring import free_cached_rings
-from interop.testing import EmulatedDevice
+from interop.streams import cupy_stream
+from interop.testing import EmulatedCaptureError, EmulatedDevice
 
 from . import helpers
 
@@ -186,9 +188,11 @@ class Emulated:
 
     # -- graph capture
     @contextlib.contextmanager
-    def capturing(self) -> Iterator[_EmulatedCapture]:
+    def capturing(self, lib: str = "torch") -> Iterator[_EmulatedCapture]:
         """A capture into a graph on a new stream, current for both libraries
-        in the block (on CUDA: ``torch.cuda.graph``, its stream CuPy's too)."""
+        in the block (on CUDA: ``torch.cuda.graph``, or CuPy's capture for
+        ``lib="cupy"``; see :meth:`Cuda.capturing`)."""
+        _check_lib(lib)
         s = self.stream()
         with self.use_stream(s), self.emulated.capture(s) as graph:
             yield _EmulatedCapture(s, graph)
@@ -312,10 +316,6 @@ class Cuda:
             self.cp.cuda.set_allocator(before)
 
     # -- arrays
-    def _check_lib(self, lib: str) -> None:
-        if lib not in LIBS:
-            raise ValueError(f"expected lib 'cupy' or 'torch' (got {lib!r})")
-
     def _current_ptr(self, lib: str) -> int:
         if lib == "cupy":
             return int(self.cp.cuda.get_current_stream().ptr)
@@ -324,7 +324,7 @@ class Cuda:
     def empty(self, shape: Any, dtype: Any, lib: str = "cupy") -> Any:
         """Uninitialised memory of ``lib`` from its pool on its current stream.
         A dtype CuPy cannot hold skips the test (for ``lib="cupy"``)."""
-        self._check_lib(lib)
+        _check_lib(lib)
         dtype = np.dtype(dtype)
         with self.activate():
             if lib == "cupy":
@@ -420,11 +420,11 @@ class Cuda:
             return self.cp.cuda.Stream(non_blocking=True)
 
     def current_stream(self, lib: str = "cupy") -> Any:
-        self._check_lib(lib)
-        ptr = self._current_ptr(lib)
+        _check_lib(lib)
         if lib == "cupy":
             return self.cp.cuda.get_current_stream()
-        return self.cp.cuda.Stream.null if ptr == 0 else self.cp.cuda.ExternalStream(ptr)
+        with self.activate():  # Stream.from_external takes the current device as the stream's
+            return cupy_stream(self._current_ptr(lib), self.index)
 
     def _torch_stream(self, stream: Any) -> Any:
         th = self.torch
@@ -517,15 +517,41 @@ class Cuda:
 
     # -- graph capture
     @contextlib.contextmanager
-    def capturing(self) -> Iterator[_CudaCapture]:
-        """A capture into a graph (``torch.cuda.graph``, on its own stream),
-        that stream CuPy's current one too in the block."""
+    def capturing(self, lib: str = "torch") -> Iterator[_CudaCapture]:
+        """A capture into a graph on its own stream, CUDA's global capture mode,
+        that stream both libraries' current one in the block:
+        ``torch.cuda.graph``, or for ``lib="cupy"`` CuPy's
+        ``Stream.begin_capture``; made current with ``interop.stream``, as users
+        are told to, which lets interop see the capture from other threads.
+        Only the latter may end invalidated (:meth:`_CudaCapture.invalidate`):
+        PyTorch's ``capture_end`` raises before it restores its current stream
+        and its allocator's bookkeeping. CuPy's pool starts with no cached
+        block, so an allocation from it in the capture needs ``cudaMalloc``."""
+        _check_lib(lib)
         th = self.torch
-        graph = th.cuda.CUDAGraph()
-        with self.activate(), th.cuda.graph(graph):
-            ptr = th.cuda.current_stream(self.index).cuda_stream
-            with self.cp.cuda.ExternalStream(ptr):
-                yield _CudaCapture(th, graph)
+        with self.activate():  # CuPy's pool must grow (cudaMalloc) to serve it in the capture
+            self.cp.get_default_memory_pool().free_all_blocks()
+        if lib == "torch":
+            graph = th.cuda.CUDAGraph()
+            with (
+                self.activate(),
+                th.cuda.graph(graph),
+                interop.stream(th.cuda.current_stream(self.index)),
+            ):
+                yield _CudaCapture(self, self.cp.cuda.get_current_stream(), lib, graph.replay)
+            return
+        s = self.stream()
+        with self.activate(), interop.stream(s):
+            s.begin_capture(self.cp.cuda.runtime.streamCaptureModeGlobal)
+            capture = _CudaCapture(self, s, lib)
+            try:
+                yield capture
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # the error in flight is the one to see
+                    s.end_capture()
+                raise
+            graph = s.end_capture()  # raises if the capture was invalidated
+        capture._replay = lambda: graph.launch(s)
 
     # -- devices
     def need_devices(self, n: int) -> None:
@@ -571,16 +597,29 @@ class _EmulatedCapture:
     def replay(self) -> None:
         self.graph.replay()
 
+    def invalidate(self) -> None:
+        """Invalidate the capture as a forbidden call does (its stream synchronised)."""
+        with pytest.raises(EmulatedCaptureError):
+            self.stream.synchronize()
+
 
 class _CudaCapture:
-    """A capture under way in ``torch.cuda.graph`` (see Cuda.capturing)."""
+    """A capture under way on CUDA (see Cuda.capturing)."""
 
-    def __init__(self, torch: Any, graph: Any) -> None:
-        self._torch = torch
-        self.graph = graph
+    def __init__(
+        self, device: Cuda, stream: Any, lib: str, replay: Callable[[], None] | None = None
+    ) -> None:
+        self._device = device
+        self.stream = stream  # a CuPy stream: the capturing one
+        self.lib = lib  # whose capture it is
+        self._replay = replay  # CuPy's: set when the capture ended
 
     def active(self) -> bool:
-        return bool(self._torch.cuda.is_current_stream_capturing())
+        """The capture goes on, not invalidated (CuPy's query raises then)."""
+        try:
+            return bool(self._device.cp.cuda.runtime.streamIsCapturing(self.stream.ptr))
+        except RuntimeError:
+            return False
 
     def operations(self) -> None:
         """Not known on CUDA: None."""
@@ -591,7 +630,20 @@ class _CudaCapture:
         y.add_(1)
 
     def replay(self) -> None:
-        self.graph.replay()
+        assert self._replay is not None, "a graph is replayed after its capture ended"
+        self._replay()
+
+    def invalidate(self) -> None:
+        """Invalidate the capture as a forbidden call does (its stream
+        synchronised); only a capture of ``capturing(lib="cupy")``."""
+        assert self.lib == "cupy", "PyTorch's capture cannot end invalidated: use lib='cupy'"
+        with pytest.raises(RuntimeError):
+            self.stream.synchronize()
+
+
+def _check_lib(lib: str) -> None:
+    if lib not in LIBS:
+        raise ValueError(f"expected lib 'cupy' or 'torch' (got {lib!r})")
 
 
 def _torch_dtype(torch: Any, dtype: np.dtype) -> Any:

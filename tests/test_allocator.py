@@ -519,6 +519,21 @@ def test_capture_is_asked_only_when_an_event_is_to_be_recorded_or_queried():
     device.close()
 
 
+def test_a_capture_check_tells_pytorchs_pool_from_cupys():
+    """What a call inside a capture asks before CuPy allocates its result:
+    CuPy's own pool grows with cudaMalloc (the capture forbids it); PyTorch's,
+    installed here, serves the capture from its graph's pool."""
+    cp = pytest.importorskip("cupy")
+    from interop.pipeline.cuda import uses_cupys_pool
+
+    assert uses_cupys_pool(cp)
+    with cp.cuda.using_allocator(allocator._torch_malloc()):
+        assert not uses_cupys_pool(cp)
+        with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+            assert uses_cupys_pool(cp)
+    assert uses_cupys_pool(cp)
+
+
 def test_a_free_run_by_the_garbage_collector_inside_the_pool_never_waits():
     """CuPy frees from destructors, which the collector may run while this
     thread is inside the pool with its lock held (here: while it queries)."""

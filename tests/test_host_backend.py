@@ -716,7 +716,7 @@ def test_device_copies_through_interop_are_captured_and_replayed(backend):
     a = sample((64, 48), np.float32)
     s = backend.stream()
     with backend.use_stream(s):
-        x = backend.asarray(a)
+        x = backend.asarray(a, lib="torch")  # its inverted view's temporary: the graph's pool
         out = backend.asarray(np.zeros(a.T.shape, a.dtype))
         flipped = backend.asarray(np.zeros(a.shape, a.dtype))
         s.synchronize()
@@ -809,6 +809,8 @@ def test_what_capture_forbids_fails_and_invalidates_it(backend, name, message):
 
 def test_a_capture_leaves_other_streams_alone(backend):
     s, other = backend.stream(), backend.stream()
+    with backend.use_stream(other):
+        backend.asarray(np.zeros(8))  # freed at once: a block the pool reuses in the capture
     with backend.capture(s) as graph:
         with backend.use_stream(other):
             x = backend.asarray(np.arange(8.0))  # not captured: runs now

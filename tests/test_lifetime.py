@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 
 import interop
+from interop.pipeline import ring
 
 from .devices import opened
+from .helpers import in_threads
 
 N = 1 << 20  # float32 elements: a 4 MiB block, served from the pools' large blocks
 SHAPE = (1024, 1024)
@@ -173,17 +175,17 @@ def test_host_copies_refuse_a_capture_and_keep_it_valid(device, tmp_path, lib):
 def test_a_capture_elsewhere_on_the_device_refuses_host_copies(device):
     """CUDA's global capture mode: a pinned allocation or a synchronisation
     breaks a capture on any stream, so host copies refuse then too. The copy's
-    own stream is not in the capture; PyTorch's current stream is. (The CUDA
-    runtime cannot list a process's captures: interop sees one through the
-    calling thread's current streams. The emulated device knows them all, so
-    there the copy is refused with both libraries on the other stream too.)"""
+    own stream is not in the capture; PyTorch's current stream is, or (both
+    libraries on the other stream) neither: the capture is seen because its
+    stream was made current with interop.stream. (The CUDA runtime cannot list
+    a process's captures; the emulated device knows them all.)"""
     a = np.arange(1024.0)
     other = device.stream()
     with device.use_stream(other):
         x = device.asarray(a)
     device.synchronize()
     with device.capturing() as capture:
-        for lib in ["cupy", None] if device.emulated else ["cupy"]:
+        for lib in ["cupy", None]:
             with (
                 device.use_stream(other, lib=lib),
                 pytest.raises(interop.CaptureError, match="capture"),
@@ -215,6 +217,120 @@ def test_a_device_copy_into_a_capturing_stream_from_outside_it_is_refused(device
         assert capture.active()
         if device.emulated:
             assert capture.operations() == []
+    np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
+
+
+def test_a_result_is_not_allocated_from_cupys_pool_inside_a_capture(device):
+    """copy_to_device(x) of device data without out allocates its result from
+    CuPy's pool, as to_cupy(t, copy=True) does; the pool grows with cudaMalloc,
+    which CUDA's global capture mode (torch.cuda.graph's) forbids: the capture
+    was invalidated with a raw error, depending on the pool's state. It is
+    refused first, before anything is allocated or queued."""
+    a = np.arange(N, dtype=np.float32)
+    x = device.asarray(a, lib="torch")
+    y = device.asarray(np.zeros(8), lib="torch")
+    device.synchronize()
+    with device.capturing() as capture:
+        allocs = device.emulated.counts["device_alloc"] if device.emulated else None
+        with pytest.raises(interop.CaptureError, match="allocates its result"):
+            interop.copy_to_device(x)
+        assert capture.active()
+        if device.emulated:
+            assert device.emulated.counts["device_alloc"] == allocs
+            assert capture.operations() == []
+        capture.add_one(y)
+    capture.replay()
+    np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
+
+
+def test_a_device_copy_out_of_a_capture_onto_the_legacy_stream_is_refused(device):
+    """The source's stream captures and the destination's is the legacy default
+    stream (CuPy's null stream inside torch.cuda.graph without interop.stream,
+    as in to_cupy(t, copy=True)): that stream cannot join the capture (CUDA
+    fails its wait on the capture's event and invalidates the capture), so the
+    copy is refused before anything is queued, and the capture stays valid."""
+    a = np.arange(N, dtype=np.float32)
+    x = device.asarray(a, lib="torch")
+    out = device.asarray(np.zeros_like(a))
+    y = device.asarray(np.zeros(8), lib="torch")
+    device.synchronize()
+    with device.capturing() as capture:
+        with (
+            device.use_stream(device.default_stream, lib="cupy"),
+            pytest.raises(interop.CaptureError, match="legacy default stream"),
+        ):
+            interop.copy_to_device(x, out)
+        assert capture.active()
+        if device.emulated:
+            assert capture.operations() == []
+        capture.add_one(y)
+    capture.replay()
+    np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
+    np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
+
+
+def test_pinned_frees_in_another_thread_wait_for_a_capture_to_end(device):
+    """CUDA's global capture mode (torch.cuda.graph's) forbids freeing pinned
+    memory while a capture is under way in any thread: the staging ring a
+    transfer left in the cache, freed by another thread during a capture, is
+    freed only once the capture has ended (as PyTorch's allocator defers its
+    frees), and the capture stays valid. (On CUDA interop sees the capture
+    because its stream was made current with interop.stream.)"""
+    a = np.arange(N, dtype=np.float32)
+    x = device.asarray(a)
+    y = device.asarray(np.zeros(8), lib="torch")
+    np.testing.assert_array_equal(interop.copy_to_host(x), a)  # its ring stays cached
+    assert ring.cached_buffers() > 0
+    pinned = len(device.emulated.host_buffers) if device.emulated else None
+    device.synchronize()
+    with device.capturing() as capture:
+        in_threads(lambda i: ring.free_cached_rings(), 1)  # raises what the thread raised
+        assert ring.cached_buffers() == 0
+        if device.emulated:
+            assert len(device.emulated.host_buffers) == pinned  # none freed yet
+        assert ring.waiting_frees() > 0
+        assert capture.active()
+        capture.add_one(y)
+    ring.free_cached_rings()  # the capture has ended: the frees that waited run now
+    assert ring.waiting_frees() == 0
+    capture.replay()
+    np.testing.assert_array_equal(device.to_numpy(y), np.ones(8))
+
+
+def test_an_invalidated_capture_is_refused_with_capture_error(device):
+    """A capture that a forbidden call invalidated is under way until it ends,
+    and CuPy's query of its stream then raises a plain RuntimeError (so does
+    the emulated device's): interop counts it as a capture and refuses with
+    CaptureError, instead of letting the query's error out. (CuPy's capture on
+    CUDA: PyTorch's cannot end invalidated without breaking its allocator.)"""
+    a = np.arange(N, dtype=np.float32)
+    other = device.stream()
+    with device.use_stream(other, lib="torch"):
+        x = device.asarray(a, lib="torch")
+    out = device.asarray(np.zeros_like(a))
+    device.synchronize()
+
+    def into_the_capture():  # a device copy into the capturing stream from PyTorch's, outside it
+        with device.use_stream(other, lib="torch"):
+            interop.copy_to_device(x, out)
+
+    calls = {"copy_to_host": lambda: interop.copy_to_host(x), "copy_to_device": into_the_capture}
+    got = {}
+
+    def capture_and_call():
+        with device.capturing(lib="cupy") as capture:
+            capture.invalidate()
+            for name, call in calls.items():
+                try:
+                    call()
+                except Exception as exc:  # checked after the capture ended
+                    got[name] = exc
+
+    with pytest.raises(RuntimeError, match="StreamCaptureInvalidated"):
+        capture_and_call()
+    assert {name: type(exc) for name, exc in got.items()} == dict.fromkeys(
+        calls, interop.CaptureError
+    ), got
     np.testing.assert_array_equal(device.to_numpy(out), np.zeros_like(a))
 
 
@@ -401,12 +517,17 @@ def test_gpu_one_stream_needs_no_events(cp, torch):
 
 
 @pytest.mark.gpu
-def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, torch):
+def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, torch, tmp_path):
     """to_numpy of a CUDA tensor, a host array to a new CUDA array or tensor:
-    each copies through the host, refused inside a capture that stays valid."""
+    each copies through the host, refused inside a capture that stays valid.
+    Those that make a CuPy array refuse before allocating it: CuPy's pool grows
+    with cudaMalloc, which the capture forbids (CUDA only: the result is a CuPy
+    array; the emulated device's copy is test_a_result_is_not_allocated_…)."""
     x = torch.arange(N, dtype=torch.float32, device="cuda")
     y = torch.zeros(8, device="cuda")
     host = np.arange(8, dtype=np.float32)
+    np.save(tmp_path / "h.npy", host)
+    cp.get_default_memory_pool().free_all_blocks()  # a CuPy allocation must grow the pool
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -414,6 +535,10 @@ def test_gpu_exchanges_through_the_host_refuse_capture_and_keep_it_valid(cp, tor
             "to_numpy": lambda: interop.to_numpy(x),
             "copy_to_device": lambda: interop.copy_to_device(host),
             "to_torch_cuda": lambda: interop.to_torch(host, device="cuda"),
+            "to_cupy": lambda: interop.to_cupy(host),
+            "load_npy": lambda: interop.load_npy(tmp_path / "h.npy", device="cuda"),
+            # a device copy, its result from CuPy's pool (CuPy on its null stream)
+            "to_cupy_copy": lambda: interop.to_cupy(x, copy=True),
         }
         for name, call in calls.items():
             with pytest.raises(interop.CaptureError, match="capture"):
@@ -461,3 +586,119 @@ def test_gpu_exchange_across_streams_refuses_capture(cp, torch):
     g.replay()
     torch.cuda.synchronize()
     assert x.tolist() == [2.0] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_pytorchs_refused_query_beside_a_blocking_capture_counts_as_capturing(cp, torch):
+    """CUDA only (the emulated device has no blocking streams): while a blocking
+    stream captures, the legacy default stream cannot be queried
+    (cudaErrorStreamCaptureImplicit), and PyTorch's is_current_stream_capturing()
+    raises when its current stream is that one. An exchange between CuPy's and
+    PyTorch's current streams, and a host copy, count that as a capture: they
+    raise CaptureError before queuing anything, and the capture ends valid."""
+    t = torch.arange(8, dtype=torch.float32, device="cuda")
+    c = cp.arange(8, dtype=cp.float32)
+    y = cp.zeros(8, dtype=cp.float32)
+    y += 1  # the captured kernel, compiled before the capture
+    torch.cuda.synchronize()
+    blocking = cp.cuda.Stream()  # not non_blocking: it synchronises with the legacy stream
+    side = cp.cuda.Stream(non_blocking=True)
+    assert torch.cuda.current_stream().cuda_stream == 0  # PyTorch on the legacy stream
+    with blocking:
+        blocking.begin_capture()
+        try:
+            with pytest.raises(RuntimeError):
+                torch.cuda.is_current_stream_capturing()  # the premise
+            with side:  # CuPy's current stream: neither capturing nor PyTorch's
+                for call in (lambda: interop.to_cupy(t), lambda: interop.copy_to_host(c)):
+                    with pytest.raises(interop.CaptureError, match="capture"):
+                        call()
+            y += 1  # captured
+        finally:
+            graph = blocking.end_capture()  # raises if the capture was invalidated
+    graph.launch(blocking)
+    blocking.synchronize()
+    assert y.tolist() == [3.0] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_to_torch_copy_out_of_a_cupy_capture_onto_the_legacy_stream_is_refused(cp, torch):
+    """CUDA only (the exchange calls take CuPy arrays and CUDA tensors; the
+    copy itself is test_a_device_copy_out_of_a_capture_onto_the_legacy_stream_…):
+    to_torch(c, copy=True) inside CuPy's capture, with PyTorch on its default
+    (legacy) stream, is refused before anything is queued; the capture ends valid."""
+    c = cp.arange(N, dtype=cp.float32)
+    torch.empty(N, device="cuda")  # freed at once: cached, PyTorch's result needs no cudaMalloc
+    y = cp.zeros(8, dtype=cp.float32)
+    y += 1  # the captured kernel, compiled before the capture
+    torch.cuda.synchronize()
+    s = cp.cuda.Stream(non_blocking=True)
+    assert torch.cuda.current_stream().cuda_stream == 0
+    with s:
+        s.begin_capture(cp.cuda.runtime.streamCaptureModeGlobal)
+        try:
+            with pytest.raises(interop.CaptureError, match="legacy default stream"):
+                interop.to_torch(c, copy=True)
+            y += 1  # captured
+        finally:
+            graph = s.end_capture()  # raises if the capture was invalidated
+    graph.launch(s)
+    s.synchronize()
+    assert y.tolist() == [3.0] * 8
+
+
+@pytest.mark.gpu
+def test_gpu_a_copy_inside_a_capture_may_allocate_from_pytorchs_graph_pool(cp, torch):
+    """Under use_torch_allocator CuPy's result comes from PyTorch's pool, which
+    serves a capture from the graph's private pool (no cudaMalloc the capture
+    forbids): to_cupy(t, copy=True) inside torch.cuda.graph is captured and
+    replayed."""
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    with interop.use_torch_allocator():
+        interop.to_cupy(x, copy=True)  # the copy kernel, compiled before the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with (
+        torch.cuda.graph(g),
+        interop.stream(torch.cuda.current_stream()),
+        interop.use_torch_allocator(),
+    ):
+        c = interop.to_cupy(x, copy=True)
+    x.add_(1.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert cp.asnumpy(c).tolist() == (np.arange(8) + 1.0).tolist()
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_frees_and_unpins_in_another_thread_wait_for_a_capture(cp, torch):
+    """CUDA only (empty_pinned and pin are CUDA's page-locked memory; the ring's
+    frees are test_pinned_frees_in_another_thread_wait_…): an empty_pinned
+    buffer dropped and a pinned array unpinned in another thread during a
+    capture (global mode, seen through interop.stream) are freed and
+    unregistered once it has ended; the capture stays valid."""
+    from interop.pipeline.cuda import cuda_backend
+
+    assert ring.waiting_frees() == 0
+    box = [interop.empty_pinned(1 << 20, np.uint8)]
+    b = np.zeros(1 << 20, np.uint8)
+    handle = interop.pin(b)
+    y = torch.zeros(8, device="cuda")
+    torch.cuda.synchronize()
+
+    def in_another_thread(i):
+        box.pop()  # the last reference: its finalizer runs here
+        handle.unpin()
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), interop.stream(torch.cuda.current_stream()):
+        in_threads(in_another_thread, 1)
+        assert ring.waiting_frees() == 2
+        y.add_(1.0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert y.tolist() == [1.0] * 8
+    assert cuda_backend(0).is_pinned(b.ctypes.data, b.nbytes)  # not unregistered yet
+    ring.free_waiting()  # the capture has ended
+    assert ring.waiting_frees() == 0
+    assert not cuda_backend(0).is_pinned(b.ctypes.data, b.nbytes)

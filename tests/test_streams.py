@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 import interop
@@ -58,6 +61,45 @@ def test_without_a_device(torch):
     with pytest.raises(interop.NoDeviceError, match="expected a CUDA device"), interop.stream(0):
         entered = True
     assert not entered
+
+
+def _cupy_external_streams(tree: ast.AST) -> list[tuple[int, ast.AST | None]]:
+    """``(line, innermost enclosing function)`` of each ``<cp or cupy>.cuda.ExternalStream``."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        cuda = getattr(node, "value", None)
+        if not (
+            isinstance(node, ast.Attribute)
+            and node.attr == "ExternalStream"
+            and isinstance(cuda, ast.Attribute)
+            and cuda.attr == "cuda"
+            and getattr(cuda.value, "id", getattr(cuda.value, "attr", None)) in ("cp", "cupy")
+        ):
+            continue
+        scope = parents.get(node)
+        while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            scope = parents.get(scope)
+        found.append((node.lineno, scope))
+    return found
+
+
+def test_no_code_path_calls_cupys_deprecated_external_stream():
+    """CuPy 14 deprecates ``cupy.cuda.ExternalStream`` (it warns, an error under
+    ``filterwarnings = error``): a raw handle becomes a CuPy stream through
+    ``interop.streams.cupy_stream`` (``Stream.from_external``). The old class is
+    left only as the fallback of a function that asks for ``from_external`` first
+    (a CuPy before 14)."""
+    root = Path(__file__).resolve().parents[1]
+    dirs = ("interop", "tests", "benchmarks", "examples")
+    files = [p for d in dirs for p in (root / d).rglob("*.py")]
+    assert any(p.name == "devices.py" for p in files)
+    calls = []
+    for path in files:
+        for line, scope in _cupy_external_streams(ast.parse(path.read_text(), str(path))):
+            if scope is None or "from_external" not in ast.unparse(scope):
+                calls.append(f"{path.relative_to(root)}:{line}")
+    assert calls == []
 
 
 def test_without_cupy():

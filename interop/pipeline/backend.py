@@ -23,6 +23,10 @@ __all__ = ["Backend", "DeviceChunk", "DeviceData", "Event", "Staging", "Stream",
 class Stream(Protocol):
     """An in-order queue of device work."""
 
+    @property
+    def legacy(self) -> bool:
+        """True for the legacy default stream (CUDA's 0 or 1): it joins no capture."""
+
     def wait(self, event: Any) -> None:
         """Work queued on this stream from now on starts after ``event``."""
 
@@ -167,7 +171,12 @@ class Backend(Protocol):
     def capture_under_way(self, stream: Any) -> bool:
         """True if a capture is under way that a host call now (a pinned
         allocation or free, a synchronisation, an event query) would break:
-        one on ``stream``, or wherever this device can tell."""
+        one on ``stream`` (if not None), or wherever this device can tell."""
+
+    def capture_forbids_allocation(self) -> bool:
+        """True if a new array of :meth:`empty` now could break a capture under
+        way (a pool growing with ``cudaMalloc``, which CUDA's global capture
+        mode forbids)."""
 
     def source(self, x: Any, dtype: np.dtype | None = None) -> DeviceData:
         """Device array ``x`` as a transfer's source, described in the caller's

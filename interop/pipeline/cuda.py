@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import _backends, dtypes
 from ..errors import InvalidValueError
-from ..streams import Unsynchronised, cupy_stream, same_stream
+from ..streams import Unsynchronised, capture_under_way, capturing, cupy_stream, same_stream
 from .backend import DeviceChunk, DeviceData
 from .plan import STAGING_ALIGN, round_up
 
@@ -33,6 +33,7 @@ __all__ = ["CudaBackend", "cuda_backend"]
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 _HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device's context
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 class CudaStream:
@@ -47,6 +48,10 @@ class CudaStream:
     @property
     def ptr(self) -> int:
         return int(self.cupy.ptr)
+
+    @property
+    def legacy(self) -> bool:
+        return same_stream(self.ptr, 0)
 
     def same(self, other: Any) -> bool:
         """True if ``other`` is this stream (the same handle on the same device;
@@ -211,33 +216,28 @@ class CudaBackend:
         (``cudaStreamIsCapturing``). A stream the runtime refuses to answer for
         (the legacy default stream while a blocking stream of the device is
         captured) counts as capturing: work on it would break the capture."""
-        cp = self._cp
         with self.activate():
-            try:
-                return bool(stream.cupy.is_capturing())
-            except cp.cuda.runtime.CUDARuntimeError:
-                return True
+            return capturing(stream.cupy.is_capturing)
 
-    def capture_under_way(self, stream: CudaStream) -> bool:
-        """True if ``stream``, or the calling thread's current stream of PyTorch
-        or CuPy on this device, captures into a CUDA graph: a host call now (a
-        pinned allocation, a synchronisation) would break that capture. (The
-        runtime cannot list every capture of the process; these are the streams
-        a caller inside ``torch.cuda.graph`` or a CuPy capture is on.)"""
-        cp = self._cp
-        if self.is_capturing(stream):
+    def capture_under_way(self, stream: CudaStream | None) -> bool:
+        """True if ``stream`` (if not None), the calling thread's current stream
+        of PyTorch or CuPy on this device, or a stream made current through
+        ``interop.stream`` in any thread captures into a CUDA graph: a host call
+        now (a pinned allocation or free, a synchronisation) would break that
+        capture (:func:`interop.streams.capture_under_way`)."""
+        if stream is not None and self.is_capturing(stream):
             return True
-        with self.activate():
-            try:
-                if cp.cuda.get_current_stream().is_capturing():
-                    return True
-            except cp.cuda.runtime.CUDARuntimeError:
-                return True
-            th = sys.modules.get("torch")  # no capture of PyTorch's without it
-            if th is not None and th.cuda.is_initialized():
-                with th.cuda.device(self.index):
-                    return bool(th.cuda.is_current_stream_capturing())
-        return False
+        th = sys.modules.get("torch")  # no capture of PyTorch's without it
+        torch_device = _NO_CONTEXT
+        if th is not None and th.cuda.is_initialized():
+            torch_device = th.cuda.device(self.index)
+        with self.activate(), torch_device:
+            return capture_under_way()
+
+    def capture_forbids_allocation(self) -> bool:
+        """True while a capture is under way (:meth:`capture_under_way`) and
+        CuPy allocates from its default pool (:func:`uses_cupys_pool`)."""
+        return uses_cupys_pool(self._cp) and self.capture_under_way(None)
 
     def host_access(self, ring: Any, k: int) -> Any:
         return contextlib.nullcontext()
@@ -339,6 +339,14 @@ class CudaBackend:
         # CuPy would name the per-thread default stream, which PyTorch refuses).
         with self.activate(), th.cuda.device(self.index), producer.cupy:
             return self._cp.from_dlpack(Unsynchronised(bits))
+
+
+def uses_cupys_pool(cp: Any) -> bool:
+    """True if CuPy allocates in the calling thread from its default memory
+    pool, which grows with ``cudaMalloc`` (illegal in CUDA's global capture
+    mode); not from PyTorch's (``interop.use_torch_allocator``), which serves
+    a capture from the graph's private pool, nor another one installed."""
+    return bool(cp.cuda.get_allocator() == cp.get_default_memory_pool().malloc)
 
 
 _BUFFER_ID = 7  # CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per allocation for the process's life

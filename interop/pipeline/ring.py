@@ -6,16 +6,19 @@ closed. :func:`borrow_ring` / :func:`return_ring` (and the context manager
 :func:`staging_ring`) lend rings for one transfer at a time, made of buffers
 from a process-wide cache of idle pinned buffers kept by size class, so that
 transfers of many shapes neither allocate nor free pinned memory once warm
-(freeing it, ``cudaFreeHost``, synchronises the whole device).
+(freeing it, ``cudaFreeHost``, synchronises the whole device). Pinned memory
+is never freed while a CUDA graph capture is under way (:func:`free_pinned`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import itertools
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +36,12 @@ __all__ = [
     "cached_bytes",
     "cached_rings",
     "free_cached_rings",
+    "free_pinned",
+    "free_waiting",
     "return_ring",
     "size_class",
     "staging_ring",
+    "waiting_frees",
 ]
 
 
@@ -103,21 +109,17 @@ class StagingRing:
             yield self.arrays[k][:n]
 
     def free(self) -> None:
-        """Free every buffer; call only once no copy uses them. Idempotent.
+        """Free every buffer, once no capture forbids it (:func:`free_pinned`);
+        call only once no copy uses them. Idempotent.
 
         Every buffer is freed even if freeing one fails; the first failure is
         raised afterwards.
         """
         self.arrays.clear()
-        first: BaseException | None = None
         while self.ptrs:
             ptr = self.ptrs.pop()
-            try:
-                self.backend.host_free(ptr)
-            except Exception as exc:
-                first = first or exc
-        if first is not None:
-            raise first
+            _waiting.append((self.backend, functools.partial(self.backend.host_free, ptr)))
+        free_waiting()
 
     def release(self) -> list[tuple[int, np.ndarray]]:
         """Hand the buffers over (to the cache) without freeing them; the ring
@@ -153,6 +155,52 @@ def _free_keeping(ring: StagingRing, error: BaseException) -> None:
         ring.free()
     except Exception as exc:
         note(error, f"freeing the staging ring also failed: {type(exc).__name__}: {exc}")
+
+
+# Pinned frees that wait for the end of a capture. In CUDA's global capture
+# mode (torch.cuda.graph's) a cudaFreeHost or cudaHostUnregister in any thread
+# breaks every capture under way; like PyTorch's allocator, which keeps a
+# process-wide count of its captures for this, such a free waits and runs at
+# the first ring call or pinned free after the capture. A deque: finalizers
+# append from any thread, at any time, and several threads may drain it.
+_waiting: collections.deque[tuple[Backend, Callable[[], None]]] = collections.deque()
+
+
+def free_pinned(backend: Backend, free: Callable[[], None]) -> None:
+    """Run ``free`` (freeing or unregistering pinned memory of ``backend``'s)
+    now, or once ``backend`` sees no capture under way; the frees already
+    waiting go first. Raises the first failure, after trying every free."""
+    _waiting.append((backend, free))
+    free_waiting()
+
+
+def free_waiting() -> None:
+    """Run the pinned frees that waited for a capture, where none is under way
+    now (asked once per backend); raise the first failure after trying all."""
+    under_way: dict[int, bool] = {}
+    first: BaseException | None = None
+    for _ in range(len(_waiting)):
+        try:
+            backend, free = _waiting.popleft()
+        except IndexError:  # another thread took the rest
+            break
+        key = id(backend)
+        if key not in under_way:
+            under_way[key] = backend.capture_under_way(None)
+        if under_way[key]:
+            _waiting.append((backend, free))
+            continue
+        try:
+            free()
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def waiting_frees() -> int:
+    """Pinned frees waiting for the end of a capture."""
+    return len(_waiting)
 
 
 def note(error: BaseException, text: str) -> None:
@@ -233,6 +281,8 @@ def borrow_ring(backend: Backend, count: int, nbytes: int) -> StagingRing:
     cache, and new ones for the rest. A buffer is never lent to two transfers
     at once."""
     global _idle_bytes
+    if _waiting:
+        free_waiting()  # before more pinned memory is taken
     size = size_class(nbytes)
     key = (backend.ring_key, size)
     count = int(count)
@@ -288,16 +338,12 @@ def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
 
 
 def _free_idle(buffers: list[_Idle]) -> None:
-    """Free every buffer, even if freeing one fails; raise the first failure."""
-    first: BaseException | None = None
+    """Free every buffer (:func:`free_pinned`), and the frees that waited for a
+    capture, even if freeing one fails; raise the first failure."""
     for buf in buffers:
         buf.closed = True
-        try:
-            buf.backend.host_free(buf.ptr)
-        except Exception as exc:
-            first = first or exc
-    if first is not None:
-        raise first
+        _waiting.append((buf.backend, functools.partial(buf.backend.host_free, buf.ptr)))
+    free_waiting()
 
 
 @contextlib.contextmanager
@@ -337,7 +383,9 @@ def cached_bytes() -> int:
 def free_cached_rings() -> None:
     """Free every idle pinned buffer in the cache, and forget the largest ring
     lent so far (the budget starts again from the next one). Rings lent out
-    are not affected; they come back to the cache when their transfer ends."""
+    are not affected; they come back to the cache when their transfer ends.
+    Frees that a capture under way forbids wait for it to end
+    (:func:`free_pinned`); those that waited and may run now run."""
     global _idle_bytes, _most_slots, _largest
     with _ring_lock:
         buffers = list(_lru)
@@ -354,6 +402,7 @@ def _after_fork_in_child() -> None:
     _ring_lock = threading.Lock()
     _ring_cache.clear()
     _lru.clear()
+    _waiting.clear()
     _idle_bytes = _most_slots = _largest = 0
 
 

@@ -284,9 +284,10 @@ def device_to_device(src: Source, dst: Source) -> None:
     InvalidTypeError
         ``x`` and ``out`` are on different kinds of device.
     CaptureError
-        A CUDA graph capture is under way and the two streams differ (an
-        event wait across the capture's boundary would invalidate it);
-        nothing was queued.
+        A CUDA graph capture is under way and the two streams differ, unless
+        the source's stream captures and the destination's can join it (an
+        event wait across the capture's boundary, or the legacy default
+        stream waiting on the capture, would invalidate it); nothing was queued.
     """
     producer, backend = backend_for(src), backend_for(dst)
     if type(producer) is not type(backend):
@@ -297,20 +298,24 @@ def device_to_device(src: Source, dst: Source) -> None:
     source = producer.source(src.obj)
     target = backend.target(dst.obj, "copy_to_device")
     whole = (Ellipsis,)
-    if (
-        not source.stream.same(target.stream)
-        and backend.is_capturing(target.stream)
-        and not producer.is_capturing(source.stream)
-    ):
-        # (a capturing source's stream is fine: the destination's stream joins
-        # its capture through the first event and is joined back by the second)
-        raise CaptureError(
-            "copy_to_device expected the source's stream to be in the capture that the "
-            "destination's stream is in (got a source stream outside it: waiting on it would "
-            "break the capture); run the block under `with interop.stream(s):` with s the "
-            "capturing stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing "
-            "was queued"
-        )
+    if not source.stream.same(target.stream):
+        # A capturing source's stream is fine: the destination's stream joins its
+        # capture through the first event and is joined back by the second. The
+        # legacy default stream can join no capture, nor be ordered before one.
+        captures = producer.is_capturing(source.stream)
+        if backend.is_capturing(target.stream) and not captures:
+            got = "a source stream outside it: waiting on it would break the capture"
+        elif captures and (source.stream.legacy or target.stream.legacy):
+            got = "the legacy default stream, which cannot join a capture"
+        else:
+            got = ""
+        if got:
+            raise CaptureError(
+                "copy_to_device expected the source's stream to be in the capture that the "
+                f"destination's stream is in or can join (got {got}); run the block under "
+                "`with interop.stream(s):` with s the capturing stream "
+                "(torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
+            )
     # Events are made, recorded and waited on with their device current (a
     # legacy default stream handle, 0, names the current device's).
     with producer.activate():

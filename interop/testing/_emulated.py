@@ -19,6 +19,8 @@ schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
   queued on another stream when the last reference went (with no event the
   allocating stream waited on, and no ``record_stream``) is a use-after-free,
   caught when the block is handed out again and again when that work runs;
+  while a capture is under way the pool grows (``cudaMalloc``) only for
+  PyTorch's allocations on the capturing stream (its graph's private pool);
 * a host thread touches a staging slot only after an event or stream
   synchronisation showed the device copies of that slot complete, and no
   device copy is queued on a slot while a host thread uses it;
@@ -65,6 +67,7 @@ from ..arrays import register_device_type
 from ..errors import InvalidValueError
 from ..pipeline.backend import DeviceChunk, DeviceData
 from ..pipeline.plan import STAGING_ALIGN, round_up
+from ..streams import capturing
 
 __all__ = [
     "EmulatedCaptureError",
@@ -610,13 +613,21 @@ class EmulatedDevice:
 
     def is_capturing(self, stream: EmulatedStream) -> bool:
         """True while ``stream`` is in a capture (its own, or one it joined by
-        waiting on an event recorded in it), invalidated or not, until it ends."""
-        return stream.capture is not None
+        waiting on an event recorded in it), invalidated or not, until it ends:
+        its raw query (:meth:`EmulatedStream.is_capturing`) read as the CUDA
+        backend reads CuPy's."""
+        return capturing(stream.is_capturing)
 
-    def capture_under_way(self, stream: EmulatedStream) -> bool:
-        """True while any capture is under way on the machine (CUDA's global
-        capture mode: a host call now would invalidate it)."""
-        return bool(self.machine.captures) or self.is_capturing(stream)
+    def capture_under_way(self, stream: EmulatedStream | None) -> bool:
+        """True while ``stream`` (if not None) captures, or any capture is under
+        way on the machine (CUDA's global capture mode: a host call now would
+        invalidate it)."""
+        return (stream is not None and self.is_capturing(stream)) or bool(self.machine.captures)
+
+    def capture_forbids_allocation(self) -> bool:
+        """True while any capture is under way: :meth:`empty` (CuPy's pool) may
+        not grow then."""
+        return bool(self.machine.captures)
 
     # -- device memory and data, for callers and tests
     def current_stream(self, lib: str = "cupy") -> EmulatedStream:
@@ -802,10 +813,12 @@ class EmulatedDevice:
         Illegal then, raising :class:`EmulatedCaptureError` and invalidating every
         capture under way: synchronising a capturing stream, synchronising or
         querying any event, ``host_alloc`` / ``host_free``, :meth:`synchronize`,
-        and a capturing stream waiting on an event recorded outside its
-        capture. Leaving the block raises :class:`EmulatedCaptureError` when the
-        capture was invalidated or a stream that joined it was not joined back
-        (the capturing stream waited on an event recorded on it after its last
+        a new block from the pool (but PyTorch's on a capturing stream), a
+        capturing stream waiting on an event recorded outside its capture, and
+        the default (legacy) stream waiting on one recorded in it. Leaving the
+        block raises :class:`EmulatedCaptureError` when the capture was
+        invalidated or a stream that joined it was not joined back (the
+        capturing stream waited on an event recorded on it after its last
         captured work); otherwise ``graph.replay()`` queues the work again.
         """
         return _CaptureBlock(self, stream)
@@ -853,6 +866,8 @@ class EmulatedDevice:
                     del self._pool[stream.id][k]
                     self.counts["device_reuse"] += 1
             if block is None:
+                if lib == "cupy" or capture is None:  # PyTorch's graph pool: the capture's own
+                    self._refuse_in_capture(f"cudaMalloc (the {lib} pool growing)")
                 block = _Block(next(self.machine.blocks), size)
                 self.counts["device_alloc"] += 1
             self.bytes_in_use += block.size
@@ -1077,6 +1092,21 @@ class EmulatedStream:
         """True if ``other`` is this stream."""
         return other is self
 
+    @property
+    def legacy(self) -> bool:
+        """True for the device's default stream, CUDA's legacy one (never in a capture)."""
+        return self is self.backend.default_stream
+
+    def is_capturing(self) -> bool:
+        """``cudaStreamIsCapturing`` as CuPy's ``Stream.is_capturing`` asks it:
+        raises a plain ``RuntimeError`` while its capture is invalidated."""
+        capture = self.capture
+        if capture is not None and capture.invalid:
+            raise RuntimeError(
+                "the stream was capturing, but an error has invalidated the capture sequence"
+            )
+        return capture is not None
+
     def wait(self, event: EmulatedEvent) -> None:
         b = self.backend
         with b._lock:
@@ -1092,6 +1122,13 @@ class EmulatedStream:
                     "before the capture begins"
                 )
             if mine is None and recorded_in is not None and recorded_in.under_way:
+                if self.legacy:
+                    recorded_in.invalidate(f"the legacy default stream {self.id} waited on it")
+                    raise EmulatedCaptureError(
+                        f"the legacy default stream {self.id} waits on an event recorded in a "
+                        "capture: it cannot join one (CUDA fails the wait and invalidates the "
+                        "capture); wait on a stream of backend.stream()"
+                    )
                 self.capture = recorded_in  # joins the capture
                 recorded_in.streams.append(self)
             for s, n in clock.items():
