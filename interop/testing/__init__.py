@@ -13,16 +13,10 @@ transfer code paths. Importing this module imports neither torch nor CuPy.
 
 from __future__ import annotations
 
-from ._emulated import (
-    DeviceArray,
-    EmulatedCaptureError,
-    EmulatedDevice,
-    EmulatedDeviceError,
-    EmulatedGraph,
-    EmulatedStream,
-    InvertedArray,
-    RuleViolation,
-)
+from ._capture import EmulatedGraph
+from ._device import DeviceArray, EmulatedDevice, InvertedArray
+from ._machine import EmulatedCaptureError, EmulatedDeviceError, RuleViolation
+from ._streams import EmulatedStream
 
 __all__ = [
     "DeviceArray",
