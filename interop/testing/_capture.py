@@ -1,104 +1,18 @@
-"""Graph capture on the emulated device."""
+"""Graph capture on the emulated device: a stream's work recorded, not run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import TracebackType
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ._machine import EmulatedCaptureError
+from ._memory import Region
+from ._streams import EmulatedStream
 
-if TYPE_CHECKING:
-    from ._device import EmulatedDevice
-    from ._memory import _Region
-    from ._streams import EmulatedStream
+_Device = Any  # an EmulatedDevice (its module is above this one)
 
-_Op = tuple[str, Callable[[], None], tuple["_Region", ...], tuple["_Region", ...]]
-
-
-class _Capture:
-    """A capture under way: its streams and why it was invalidated, if it was."""
-
-    def __init__(self, origin: EmulatedStream, graph: EmulatedGraph) -> None:
-        self.origin = origin
-        self.graph = graph
-        self.streams: list[EmulatedStream] = [origin]  # the origin, then the streams that joined
-        self.last: dict[int, int] = {}  # stream id -> the seq of its last captured work
-        self.invalid: str | None = None
-        self.under_way = True
-
-    def invalidate(self, reason: str) -> None:
-        self.invalid = self.invalid or reason
-
-
-class _CaptureBlock:
-    """``with backend.capture(stream) as graph:`` (see :meth:`EmulatedDevice.capture`)."""
-
-    def __init__(self, backend: EmulatedDevice, stream: EmulatedStream) -> None:
-        self.backend = backend
-        self.stream = stream
-        self._capture: _Capture | None = None
-
-    def __enter__(self) -> EmulatedGraph:
-        b, stream = self.backend, self.stream
-        b._check_alive()
-        with b._lock:
-            if stream.backend is not b:
-                raise b.violation(
-                    f"capture on device {b.index} of stream {stream.id} of device "
-                    f"{stream.backend.index}"
-                )
-            if stream._closed:
-                raise b.violation(f"capture on stream {stream.id} after it was closed")
-            if stream is b.default_stream:
-                raise EmulatedCaptureError(
-                    "capture on the legacy default stream is not permitted "
-                    "(cudaErrorStreamCaptureUnsupported): capture on a stream of backend.stream()"
-                )
-            if stream.capture is not None:
-                raise EmulatedCaptureError(
-                    f"capture on stream {stream.id}, which is already capturing "
-                    "(cudaErrorIllegalState)"
-                )
-            graph = EmulatedGraph(stream)
-            capture = self._capture = _Capture(stream, graph)
-            stream.capture = capture
-            b.machine.captures.append(capture)
-        return graph
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        capture, b = self._capture, self.backend
-        assert capture is not None
-        origin = capture.origin
-        with b._lock:
-            unjoined = [
-                s.id
-                for s in capture.streams[1:]
-                if origin.clock.get(s.id, 0) < capture.last.get(s.id, 0)
-            ]
-            for s in capture.streams:
-                s.capture = None
-            capture.under_way = False
-            b.machine.captures.remove(capture)
-        if exc is not None:
-            return  # the error in flight is the one to see
-        if capture.invalid:
-            raise EmulatedCaptureError(
-                f"the capture on stream {origin.id} was invalidated: {capture.invalid} "
-                "(cudaErrorStreamCaptureInvalidated)"
-            )
-        if unjoined:
-            raise EmulatedCaptureError(
-                f"streams {unjoined} joined the capture on stream {origin.id} and were not joined "
-                f"back (cudaErrorStreamCaptureUnjoined): before the capture ends, make stream "
-                f"{origin.id} wait on an event recorded on each after its last work"
-            )
-        capture.graph.complete = True
+_Op = tuple[str, Callable[[], None], tuple[Region, ...], tuple[Region, ...]]
 
 
 class EmulatedGraph:
@@ -126,4 +40,103 @@ class EmulatedGraph:
             raise EmulatedCaptureError("a graph replayed whose capture did not end valid")
         s = self.stream if stream is None else stream
         for kind, op, reads, writes in self._ops:
-            s._enqueue(kind, op, reads, writes, graph=self)
+            s.enqueue(kind, op, reads, writes, graph=self)
+
+
+class Capture:
+    """A capture under way: its streams and why it was invalidated, if it was."""
+
+    def __init__(self, origin: EmulatedStream) -> None:
+        self.origin = origin
+        self.graph = EmulatedGraph(origin)
+        self.streams: list[EmulatedStream] = [origin]  # the origin, then the streams that joined
+        self.last: dict[int, int] = {}  # stream id -> the seq of its last captured work
+        self.invalid: str | None = None
+        self.under_way = True
+
+    def invalidate(self, reason: str) -> None:
+        """With the lock held: the capture fails when it ends (the first reason is kept)."""
+        self.invalid = self.invalid or reason
+
+    def record(self, stream_id: int, seq: int, op: _Op) -> None:
+        """With the lock held: work queued as ``seq`` on a stream in the capture."""
+        self.graph._ops.append(op)
+        self.last[stream_id] = seq
+
+    def join(self, stream: EmulatedStream) -> None:
+        """With the lock held: ``stream`` waited on an event recorded in the capture."""
+        if stream.legacy:
+            self.invalidate(f"the legacy default stream {stream.id} waited on it")
+            raise EmulatedCaptureError(
+                f"the legacy default stream {stream.id} waits on an event recorded in a "
+                "capture: it cannot join one (CUDA fails the wait and invalidates the "
+                "capture); wait on a stream of backend.stream()"
+            )
+        stream.capture = self
+        self.streams.append(stream)
+
+    def refuse_outside_wait(self, stream: EmulatedStream) -> None:
+        """With the lock held: ``stream``, in it, waited on an event recorded outside it."""
+        self.invalidate(f"stream {stream.id} waited on an event recorded outside it")
+        raise EmulatedCaptureError(
+            f"capturing stream {stream.id} waits on an event recorded outside its capture "
+            "(cudaErrorStreamCaptureIsolation; the capture is invalidated): order it "
+            "before the capture begins"
+        )
+
+    def end(self) -> list[int]:
+        """With the lock held: release its streams; return those not joined back
+        (the origin did not wait on an event recorded after their last captured work)."""
+        unjoined = [
+            s.id
+            for s in self.streams[1:]
+            if self.origin.clock.get(s.id, 0) < self.last.get(s.id, 0)
+        ]
+        for s in self.streams:
+            s.capture = None
+        self.under_way = False
+        return unjoined
+
+
+@contextlib.contextmanager
+def graph_capture(backend: _Device, stream: EmulatedStream) -> Iterator[EmulatedGraph]:
+    """:meth:`EmulatedDevice.capture`."""
+    machine = backend.machine
+    machine.check_alive(backend.index)
+    with machine.lock:
+        if stream.backend is not backend:
+            raise backend.violation(
+                f"capture on device {backend.index} of stream {stream.id} of device "
+                f"{stream.backend.index}"
+            )
+        if stream.closed:
+            raise backend.violation(f"capture on stream {stream.id} after it was closed")
+        if stream.legacy:
+            raise EmulatedCaptureError(
+                "capture on the legacy default stream is not permitted "
+                "(cudaErrorStreamCaptureUnsupported): capture on a stream of backend.stream()"
+            )
+        if stream.capture is not None:
+            raise EmulatedCaptureError(
+                f"capture on stream {stream.id}, which is already capturing (cudaErrorIllegalState)"
+            )
+        under_way = stream.capture = Capture(stream)
+        machine.captures.append(under_way)
+    try:
+        yield under_way.graph
+    finally:  # an error in flight is the one to see: the checks below are skipped
+        with machine.lock:
+            unjoined = under_way.end()
+            machine.captures.remove(under_way)
+    if under_way.invalid:
+        raise EmulatedCaptureError(
+            f"the capture on stream {stream.id} was invalidated: {under_way.invalid} "
+            "(cudaErrorStreamCaptureInvalidated)"
+        )
+    if unjoined:
+        raise EmulatedCaptureError(
+            f"streams {unjoined} joined the capture on stream {stream.id} and were not joined "
+            f"back (cudaErrorStreamCaptureUnjoined): before the capture ends, make stream "
+            f"{stream.id} wait on an event recorded on each after its last work"
+        )
+    under_way.graph.complete = True

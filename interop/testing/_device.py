@@ -1,57 +1,13 @@
-"""A device emulated on the CPU: the slot schedule's second backend.
-
-Like kvikio's compatibility mode, it runs the same code paths as the CUDA
-backend on a machine without a GPU. It is a real engine, not a mock: every
-stream is a worker thread that executes its queued copies in order, events
-complete when their stream reaches them, "device" memory is host memory, and
-data really moves. What it adds is CUDA's rules, checked on every call, so a
-schedule bug fails loudly on a CPU instead of corrupting data on a GPU:
-
-* typed device accesses (pack/unpack) are naturally aligned, and staging rows
-  start on 256-byte boundaries;
-* a DMA copies a C-contiguous device array of exactly the bytes asked;
-* no memory is used on a stream before that stream is ordered after the last
-  conflicting use on another stream (its allocation counts as a use: memory
-  from a stream-ordered pool may still be busy on the allocating stream);
-* device memory comes from a caching pool with PyTorch's and CuPy's rule: a
-  freed block goes back to the free list of the stream it was allocated on
-  and is handed out again at once to the next allocation there, so work left
-  queued on another stream when the last reference went (with no event the
-  allocating stream waited on, and no ``record_stream``) is a use-after-free,
-  caught when the block is handed out again and again when that work runs;
-  while a capture is under way the pool grows (``cudaMalloc``) only for
-  PyTorch's allocations on the capturing stream (its graph's private pool);
-* a host thread touches a staging slot only after an event or stream
-  synchronisation showed the device copies of that slot complete, and no
-  device copy is queued on a slot while a host thread uses it;
-* nothing is used after it was freed, and no event is waited on before it
-  was recorded;
-* with several devices (``EmulatedDevice(devices=2)``): device work is queued
-  only while its device is current, and an event is recorded only on a
-  stream of its own device; the devices a context was made on are kept
-  (:attr:`EmulatedDevice.contexts`), as CUDA makes one on the calling
-  thread's current device (0 unless one was chosen) at its first call;
-* in a child forked from the process that made the device, every call fails,
-  as CUDA's do after a fork;
-* while a stream captures into a graph (:meth:`EmulatedDevice.capture`), its
-  work is recorded, not run, and what CUDA's global capture mode forbids
-  (synchronising, querying events, pinned allocation...) fails and
-  invalidates the capture.
-
-A broken rule raises :class:`RuleViolation` where it happens and is kept in
-:attr:`EmulatedDevice.violations`. Faults can be injected by operation count
-(``faults={"copy": 3}`` fails the third DMA); a fault in device work is sticky,
-as CUDA's asynchronous errors are: every later call on that device fails.
-"""
+"""The emulated device: the pipeline's Backend interface over the machine,
+the pool, the streams and capture, and the device arrays it hands out."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -63,18 +19,9 @@ from ..errors import InvalidValueError
 from ..pipeline.backend import DeviceChunk, DeviceData
 from ..pipeline.plan import STAGING_ALIGN, round_up
 from ..streams import capturing
-from ._capture import EmulatedGraph, _CaptureBlock
-from ._machine import EmulatedCaptureError, EmulatedDeviceError, RuleViolation, _Machine
-from ._memory import (
-    _BLOCK_ROUND,
-    _PAGE,
-    EmulatedStaging,
-    _aligned,
-    _Allocation,
-    _Block,
-    _Region,
-    _started,
-)
+from ._capture import EmulatedGraph, graph_capture
+from ._machine import Machine, RuleViolation
+from ._memory import Allocation, EmulatedStaging, HostMemory, Pool
 from ._streams import EmulatedEvent, EmulatedStream, EmulatedTimer
 
 __all__ = ["DeviceArray", "EmulatedDevice", "InvertedArray"]
@@ -83,6 +30,7 @@ _LIBS = ("torch", "cupy")
 
 
 def _check_lib(lib: str) -> str:
+    """``lib`` if it names a device library."""
     if lib not in _LIBS:
         raise ValueError(f"expected lib 'torch' or 'cupy' (got {lib!r})")
     return lib
@@ -107,7 +55,9 @@ class EmulatedDevice:
         ``"pack"`` (a device element-wise copy), ``"staging"`` (device staging
         allocation), ``"host_alloc"``, ``"host_free"``, ``"fill"`` / ``"drain"``
         (a host thread's access to a slot, host-to-device / device-to-host),
-        ``"timer_read"`` (reading a timing event; not sticky).
+        ``"timer_read"`` (reading a timing event; not sticky). A fault in
+        device work is sticky, as CUDA's asynchronous errors are: every later
+        call on that device fails.
     devices : int
         How many devices the machine has (default 1).
     link_gbps : float, optional
@@ -139,13 +89,14 @@ class EmulatedDevice:
             raise ValueError(f"EmulatedDevice expected devices >= 1 (got {devices!r})")
         if link_gbps is not None and not link_gbps > 0:
             raise ValueError(f"EmulatedDevice expected link_gbps > 0 (got {link_gbps!r})")
-        machine = _Machine(delay, faults)
-        machine.link_gbps = link_gbps
+        machine = Machine(delay, faults, link_gbps)
+        machine.host = HostMemory(machine)
         self._attach(machine, 0)
         for index in range(1, devices):
             object.__new__(EmulatedDevice)._attach(machine, index)
 
-    def _attach(self, machine: _Machine, index: int) -> None:
+    def _attach(self, machine: Machine, index: int) -> None:
+        """Become device ``index`` of ``machine``."""
         self.machine = machine
         self.index = index
         machine.devices.append(self)
@@ -154,20 +105,9 @@ class EmulatedDevice:
         self.faults = machine.faults
         self.counts = machine.counts
         self.violations = machine.violations
-        self.host_buffers = machine.host_buffers  # live pinned buffers by address
-        self._lock = machine.lock
-        self._ids = machine.ids
-        self._completed = machine.completed
-        self._slots = machine.slots
-        self._sticky: BaseException | None = None
-        self._streams: list[EmulatedStream] = []
+        self.host_buffers = machine.host.buffers  # live pinned buffers by address
+        self.pool = Pool(self)
         self._local = threading.local()  # .streams: lib -> the thread's current stream here
-        self._pool: dict[int, list[_Block]] = {}  # stream id -> free blocks, oldest first
-        self.bytes_in_use = 0  # device memory of live allocations (freed: counted out at the next)
-        self.peak_bytes_in_use = 0  # the most bytes_in_use seen at an allocation
-        self._frees: collections.deque[tuple[_Block, list[tuple[EmulatedStream, int]]]] = (
-            collections.deque()
-        )  # freed blocks not yet on a free list (a finalizer may run in any thread)
         self.default_stream = EmulatedStream(self)
 
     # -- the machine
@@ -189,85 +129,21 @@ class EmulatedDevice:
         """The calling thread's current device index (0 unless activated)."""
         return self.machine.current_device()
 
-    # -- rules
+    @property
+    def contexts(self) -> set[int]:
+        """The devices of the machine that have a context: made current once, or
+        current in a thread that made a device call (CUDA's runtime makes the
+        current device's context then; a thread that never chose one is on 0)."""
+        return set(self.machine.contexts)
+
     def violation(self, message: str) -> RuleViolation:
-        with self._lock:
-            self.violations.append(message)
-        return RuleViolation(message)
+        """Record a broken rule; return the error to raise."""
+        return self.machine.violation(message)
 
-    def _fault(self, kind: str) -> bool:
-        with self._lock:
-            self.counts[kind] += 1
-            return self.faults.get(kind) == self.counts[kind]
-
-    def _check_alive(self) -> None:
-        """Every host call on the device starts here."""
-        machine = self.machine
-        machine.contexts.add(machine.current_device())
-        if os.getpid() != machine.pid:
-            raise EmulatedDeviceError(
-                "initialization error (cudaErrorInitializationError): CUDA cannot be used in "
-                f"process {os.getpid()}, forked from process {self.machine.pid} that used it"
-            )
-        if self._sticky is not None:
-            raise EmulatedDeviceError(
-                f"the device failed earlier: {self._sticky}"
-            ) from self._sticky
-
-    def _check_use(
-        self,
-        stream: EmulatedStream,
-        region: _Region,
-        write: bool,
-        graph: EmulatedGraph | None = None,
-    ) -> None:
-        """With the lock held: may ``stream`` queue a use of ``region`` now?
-        (``graph``: a replay of it, which may use the blocks its capture allocated.)"""
-        if region.freed and (graph is None or region.graph is not graph):
-            raise self.violation(f"{region.name} used on stream {stream.id} after it was freed")
-        if region.host_users:
-            raise self.violation(
-                f"{region.name}: device copy queued on stream {stream.id} while a host thread "
-                "uses it"
-            )
-        known = self._known(stream)
-        earlier = [region.last_write] if region.last_write else []
-        if write:
-            earlier += list(region.reads.items())
-        for s, seq in earlier:
-            if s != stream.id and known.get(s, 0) < seq:
-                raise self.violation(
-                    f"{region.name} used on stream {stream.id} before that stream was ordered "
-                    f"after its use on stream {s} (no event waited on)"
-                )
-
-    def _known(self, stream: EmulatedStream) -> dict[int, int]:
-        """With the lock held: how far each stream's work is ordered before
-        work queued on ``stream`` now (its waits, and what the host saw complete)."""
-        known = dict(self._completed)
-        for s, seq in stream.clock.items():
-            known[s] = max(known.get(s, 0), seq)
-        return known
-
-    def _observed(self, clock: dict[int, int]) -> None:
-        """The host saw everything ``clock`` covers complete."""
-        with self._lock:
-            for s, seq in clock.items():
-                self._completed[s] = max(self._completed.get(s, 0), seq)
-
-    def _refuse_in_capture(self, what: str) -> None:
-        """``what`` is illegal while any capture is under way (CUDA's global
-        capture mode): invalidate them all and raise."""
-        with self._lock:
-            live = list(self.machine.captures)
-            for capture in live:
-                capture.invalidate(f"{what} while it was under way")
-        if live:
-            raise EmulatedCaptureError(
-                f"{what} while a graph capture is under way on stream {live[0].origin.id} "
-                "(illegal in CUDA's global capture mode; the capture is invalidated): do it "
-                "before the capture begins or after it ends"
-            )
+    @property
+    def _streams(self) -> list[EmulatedStream]:
+        """This device's live streams, oldest first."""
+        return [s for s in self.machine.streams.values() if s.backend is self]
 
     # -- the Backend interface
     @contextlib.contextmanager
@@ -286,19 +162,12 @@ class EmulatedDevice:
         """Make this device the calling thread's current device, for good."""
         self.machine.select(self.index)
 
-    @property
-    def contexts(self) -> set[int]:
-        """The devices of the machine that have a context: made current once, or
-        current in a thread that made a device call (CUDA's runtime makes the
-        current device's context then; a thread that never chose one is on 0)."""
-        return set(self.machine.contexts)
-
     def stream(self) -> EmulatedStream:
-        self._check_alive()
+        self.machine.check_alive(self.index)
         return EmulatedStream(self)
 
     def event(self) -> EmulatedEvent:
-        with self._lock:
+        with self.machine.lock:
             self.counts["event"] += 1  # for tests: how many events a call made
         return EmulatedEvent(self)
 
@@ -306,143 +175,80 @@ class EmulatedDevice:
         return EmulatedTimer(self)
 
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
-        self._check_alive()
-        self._refuse_in_capture("cudaHostAlloc (a pinned host allocation)")
-        if self._fault("host_alloc"):
-            raise EmulatedDeviceError("injected fault: pinned host allocation failed")
-        array = _aligned(nbytes, _PAGE)
-        ptr = int(array.ctypes.data)
-        with self._lock:
-            self.host_buffers[ptr] = array
-            self._slots[ptr] = _Region(f"pinned buffer {ptr:#x}")
-        return ptr, array
+        self.machine.check_alive(self.index)
+        return self.machine.host.alloc(nbytes)
 
     def host_free(self, ptr: int) -> None:
-        self._check_alive()
-        self._refuse_in_capture("cudaFreeHost (freeing a pinned host buffer)")
-        if self._fault("host_free"):
-            raise EmulatedDeviceError(f"injected fault: freeing pinned buffer {ptr:#x} failed")
-        with self._lock:
-            del self.host_buffers[ptr]
-            self._slots.pop(ptr).freed = True
+        self.machine.check_alive(self.index)
+        self.machine.host.free(ptr)
 
     def host_register(self, ptr: int, nbytes: int) -> None:
         """Page-lock host memory in place (``cudaHostRegister``). The driver locks
         whole pages: a range sharing a page with a registration is refused, as
         CUDA refuses it (error 712, ``cudaErrorHostMemoryAlreadyRegistered``)."""
-        self._check_alive()
-        first, end = ptr // _PAGE, -(-(ptr + nbytes) // _PAGE)
-        with self._lock:
-            for lo, hi in self.machine.registered.values():
-                if lo < end and first < hi:
-                    raise EmulatedDeviceError(
-                        f"host memory at {ptr:#x} ({nbytes} bytes) shares a page with a "
-                        "registration already made (cudaErrorHostMemoryAlreadyRegistered, 712)"
-                    )
-            self.machine.registered[ptr] = (first, end)
+        self.machine.check_alive(self.index)
+        self.machine.host.register(ptr, nbytes)
 
     def host_unregister(self, ptr: int) -> None:
         """Unlock what :meth:`host_register` locked at ``ptr`` (``cudaHostUnregister``)."""
-        self._check_alive()
-        with self._lock:
-            if self.machine.registered.pop(ptr, None) is None:
-                raise EmulatedDeviceError(
-                    f"host memory at {ptr:#x} is not registered (cudaErrorHostMemoryNotRegistered)"
-                )
+        self.machine.check_alive(self.index)
+        self.machine.host.unregister(ptr)
 
-    @contextlib.contextmanager
-    def host_access(self, ring: Any, k: int) -> Iterator[None]:
-        region = self._slots[ring.ptrs[k]]
-        with self._lock:
-            for s, seq in [
-                *([region.last_write] if region.last_write else []),
-                *region.reads.items(),
-            ]:
-                if self._completed.get(s, 0) < seq:
-                    raise self.violation(
-                        f"{region.name} touched by a host thread before the device copy on "
-                        f"stream {s} was seen complete (no event synchronised)"
-                    )
-            region.host_users += 1
-        try:
-            kind = "drain" if region.last_write and not region.reads else "fill"
-            if self._fault(kind):
-                raise EmulatedDeviceError(f"injected fault in a host thread's {kind}")
-            yield
-        finally:
-            with self._lock:
-                region.host_users -= 1
+    def host_access(self, ring: Any, k: int) -> AbstractContextManager[None]:
+        return self.machine.host.access(ring.ptrs[k])
+
+    def is_pinned(self, ptr: int, nbytes: int) -> bool:
+        """The range lies inside one live buffer of :meth:`host_alloc`."""
+        return nbytes > 0 and self.machine.host.find(ptr, nbytes) is not None
 
     def staging(self, count: int, row_bytes: int) -> EmulatedStaging:
         """Rows from this device's pool on CuPy's current stream (as the CUDA
         backend takes them from CuPy's own pool)."""
-        if self._fault("staging"):
-            raise EmulatedDeviceError("injected fault: device staging allocation failed")
+        self.machine.inject("staging", "device staging allocation")
         stride = round_up(row_bytes, STAGING_ALIGN)
         stream = self.current_stream("cupy")
         block = self._array((count * stride,), np.uint8, "cupy", stream)
-        return EmulatedStaging(block, stride, stream)
+        return EmulatedStaging(block, block._owner, stride, stream)
 
     def is_contiguous(self, view: DeviceArray) -> bool:
         return bool(view.data.flags.c_contiguous)
 
-    def is_pinned(self, ptr: int, nbytes: int) -> bool:
-        """The range lies inside one live buffer of :meth:`host_alloc`."""
-        return nbytes > 0 and self._pinned(ptr, nbytes) is not None
-
-    def _pinned(self, ptr: int, nbytes: int) -> tuple[np.ndarray, _Region] | None:
-        """The bytes ``[ptr, ptr + nbytes)`` of the live pinned buffer holding
-        them, and that buffer's region; None where no buffer holds them all."""
-        with self._lock:
-            for base, array in self.host_buffers.items():
-                if base <= ptr and ptr + nbytes <= base + array.nbytes:
-                    return array[ptr - base : ptr - base + nbytes], self._slots[base]
-        return None
-
     def copy_to_host(self, dst: int, src: DeviceArray, nbytes: int, s: EmulatedStream) -> None:
-        host, region = self._check_dma(src, dst, nbytes)
-        data = src.data
-        s.enqueue(
-            "copy", self._on_link(nbytes, lambda: np.copyto(host, data.reshape(-1).view(np.uint8))),
-            reads=[src.region], writes=[region],
-        )  # fmt: skip
+        self._dma(src, dst, nbytes, s, to_host=True)
 
     def copy_to_device(self, dst: DeviceArray, src: int, nbytes: int, s: EmulatedStream) -> None:
-        host, region = self._check_dma(dst, src, nbytes)
-        data = dst.data
-        s.enqueue(
-            "copy", self._on_link(nbytes, lambda: np.copyto(data.reshape(-1).view(np.uint8), host)),
-            reads=[region], writes=[dst.region],
-        )  # fmt: skip
+        self._dma(dst, src, nbytes, s, to_host=False)
 
-    def _on_link(self, nbytes: int, op: Callable[[], None]) -> Callable[[], None]:
-        """``op``, a DMA of ``nbytes``, taking at least the emulated link's time."""
-        gbps = self.machine.link_gbps
-        if gbps is None:
-            return op
-
-        def dma() -> None:
-            start = time.perf_counter()
-            op()
-            rest = nbytes / (gbps * 1e9) - (time.perf_counter() - start)
-            if rest > 0:
-                time.sleep(rest)
-
-        return dma
-
-    def _check_dma(self, view: DeviceArray, ptr: int, nbytes: int) -> tuple[np.ndarray, _Region]:
+    def _dma(
+        self, view: DeviceArray, ptr: int, nbytes: int, s: EmulatedStream, to_host: bool
+    ) -> None:
+        """Queue on ``s`` a DMA of ``nbytes`` between ``view`` and pinned host
+        memory at ``ptr``, taking at least the emulated link's time."""
         if not view.data.flags.c_contiguous or view.nbytes != nbytes:
             raise self.violation(
                 f"DMA of {nbytes} bytes for a device array of {view.nbytes} bytes "
                 f"(C-contiguous: {view.data.flags.c_contiguous})"
             )
-        pinned = self._pinned(ptr, nbytes)
+        pinned = self.machine.host.find(ptr, nbytes)
         if pinned is None:
             raise self.violation(
                 f"DMA of {nbytes} bytes at host address {ptr:#x}, which is not inside one live "
                 "page-locked buffer (freed, pageable, or past the buffer's end)"
             )
-        return pinned
+        host, region = pinned
+        device = view.data.reshape(-1).view(np.uint8)
+        dst, src = (host, device) if to_host else (device, host)
+        gbps = self.machine.link_gbps
+
+        def dma() -> None:
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            rest = 0.0 if gbps is None else nbytes / (gbps * 1e9) - (time.perf_counter() - start)
+            if rest > 0:
+                time.sleep(rest)
+
+        reads, writes = ([view.region], [region]) if to_host else ([region], [view.region])
+        s.enqueue("copy", dma, reads, writes)
 
     def copy_on_device(self, dst: DeviceArray, src: DeviceArray, s: EmulatedStream) -> None:
         """Queue ``dst[...] = src`` on ``s``, a stream of ``dst``'s device.
@@ -473,9 +279,9 @@ class EmulatedDevice:
         if src.backend is not dst.backend:
             if not dst.size:
                 return
-            with self._lock:  # refused before its temporary is allocated
-                s._check_queue("peer")
-                self._check_use(s, src.region, write=False)
+            with self.machine.lock:  # refused before its temporary is allocated
+                s.check_queue("peer")
+                src.region.check_use(s, write=False)
             src = s.backend._peer_copy(src, s)
         d, v = dst.data, src.data
         s.enqueue("pack", lambda: np.copyto(d, v), reads=[src.region], writes=[dst.region])
@@ -609,18 +415,27 @@ class EmulatedDevice:
         """Like ``Tensor.record_stream``: when ``x``'s block is freed, it is not
         handed out again until the work queued on ``stream`` by then is done
         (an event recorded at the free, queried at each allocation)."""
-        owner = x._owner
-        with self._lock:
-            if owner.region.freed:
-                raise self.violation(f"record_stream of {owner.region.name} after it was freed")
-            if stream not in owner.block.recorded:
-                owner.block.recorded.append(stream)
+        self.pool.record_stream(x._owner, stream)
+
+    @property
+    def bytes_in_use(self) -> int:
+        """Device memory of live allocations (a freed one counted out at the next)."""
+        return self.pool.bytes_in_use
+
+    @property
+    def peak_bytes_in_use(self) -> int:
+        """The most :attr:`bytes_in_use` seen at an allocation since :meth:`reset_peak`."""
+        return self.pool.peak_bytes_in_use
+
+    def reset_peak(self) -> int:
+        """Start measuring ``peak_bytes_in_use`` from now; return the bytes in use."""
+        return self.pool.reset_peak()
 
     def synchronize(self) -> None:
         """Wait for every stream of this device (``cudaDeviceSynchronize``)."""
-        self._refuse_in_capture("cudaDeviceSynchronize")
-        with self._lock:
-            streams = list(self._streams)
+        self.machine.refuse_in_capture("cudaDeviceSynchronize")
+        with self.machine.lock:
+            streams = self._streams
         for s in streams:
             s.synchronize()
 
@@ -685,7 +500,7 @@ class EmulatedDevice:
             )
         return self.source(x)
 
-    def capture(self, stream: EmulatedStream) -> _CaptureBlock:
+    def capture(self, stream: EmulatedStream) -> AbstractContextManager[EmulatedGraph]:
         """``with backend.capture(stream) as graph:`` captures into ``graph``.
 
         While a capture is under way, work queued on ``stream`` (and on every
@@ -702,149 +517,29 @@ class EmulatedDevice:
         capturing stream waited on an event recorded on it after its last
         captured work); otherwise ``graph.replay()`` queues the work again.
         """
-        return _CaptureBlock(self, stream)
+        return graph_capture(self, stream)
 
     def close(self) -> None:
         """Stop every stream's worker thread on every device of the machine
         (after its queued work ran)."""
         for device in self.machine.devices:
-            with self._lock:
-                streams = list(device._streams)
+            with self.machine.lock:
+                streams = device._streams
             for s in streams:
                 s.stop()
-            with self._lock:
-                device._pool.clear()
-                device._frees.clear()
+            with self.machine.lock:
+                device.pool.clear()
 
-    # -- the pool
     def _array(self, shape: Any, dtype: Any, lib: str, stream: EmulatedStream) -> DeviceArray:
+        """A new array from the pool on ``stream``."""
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        owner = self._allocate(n, stream, _check_lib(lib))
+        owner = self.pool.allocate(n, stream, _check_lib(lib))
         return DeviceArray(owner, owner.block.buf[:n].view(dtype).reshape(shape))
-
-    def _allocate(self, nbytes: int, stream: EmulatedStream, lib: str) -> _Allocation:
-        """A block of at least ``nbytes`` from the pool on ``stream``: a freed
-        one of that stream when one fits (same size first, most recently
-        freed first), else a new one. Counts as a write on ``stream``."""
-        self._check_alive()
-        if stream.backend is not self:
-            raise self.violation(
-                f"allocation on device {self.index} ordered on stream {stream.id} of device "
-                f"{stream.backend.index}"
-            )
-        size = max(round_up(nbytes, _BLOCK_ROUND), _BLOCK_ROUND)
-        with self._lock:
-            stream._check_queue("alloc")
-            capture = stream.capture
-            self._drain_frees()
-            block = None
-            if capture is None:  # in a capture: a new block, kept for the graph (private pool)
-                k = self._pick(stream, size)
-                if k is not None:
-                    block = self._pool[stream.id][k]
-                    self._check_reuse(stream, block)
-                    del self._pool[stream.id][k]
-                    self.counts["device_reuse"] += 1
-            if block is None:
-                if lib == "cupy" or capture is None:  # PyTorch's graph pool: the capture's own
-                    self._refuse_in_capture(f"cudaMalloc (the {lib} pool growing)")
-                block = _Block(next(self.machine.blocks), size)
-                self.counts["device_alloc"] += 1
-            self.bytes_in_use += block.size
-            self.peak_bytes_in_use = max(self.peak_bytes_in_use, self.bytes_in_use)
-            graph = None if capture is None else capture.graph
-            region = _Region(
-                f"device allocation of {nbytes} bytes (block {block.id} of device {self.index})",
-                "device",
-                stream.id,
-                graph,
-            )
-            if block.region is not None:
-                block.region.next_life = region
-            block.region, block.stream, block.recorded, block.pending = region, stream, [], []
-            block.graph = graph
-            owner = _Allocation(self, block, region, lib)
-            stream.enqueue("alloc", lambda: _started(region), writes=[region])
-        return owner
-
-    def _pick(self, stream: EmulatedStream, size: int) -> int | None:
-        """With the lock held: the index in ``stream``'s free list of the block
-        to hand out for ``size`` bytes, or None."""
-        blocks = self._pool.get(stream.id, [])
-        best: int | None = None
-        for k in range(len(blocks) - 1, -1, -1):  # most recently freed first
-            block = blocks[k]
-            if block.size < size or not self._ready(block):
-                continue
-            if block.size == size:
-                return k
-            if best is None or block.size < blocks[best].size:
-                best = k
-        return best
-
-    def _ready(self, block: _Block) -> bool:
-        """With the lock held: the events recorded at the block's free (by
-        ``record_stream``) were reached; a query the host saw, like PyTorch's
-        allocator. During a capture they are not queried (it is illegal then)."""
-        if not block.pending:
-            return True
-        if self.machine.captures:
-            return False
-        if any(s._done < seq for s, seq in block.pending):
-            return False
-        self._observed({s.id: seq for s, seq in block.pending})
-        block.pending = []
-        return True
-
-    def _check_reuse(self, stream: EmulatedStream, block: _Block) -> None:
-        """With the lock held: handing ``block`` out again on ``stream`` is a
-        write there, after every use of its previous life on other streams."""
-        old = block.region
-        assert old is not None
-        known = self._known(stream)
-        uses = ([old.last_write] if old.last_write else []) + list(old.reads.items())
-        for s, seq in uses:
-            if s != stream.id and known.get(s, 0) < seq:
-                raise self.violation(
-                    f"block {block.id} of device {self.index} reused on stream {stream.id} while "
-                    f"work queued on stream {s} before its free may still use it: a "
-                    f"use-after-free across streams (before the array is dropped, make stream "
-                    f"{stream.id} wait on an event recorded on stream {s} after that work, or "
-                    f"record_stream it on stream {s})"
-                )
-
-    def _release(self, block: _Block, region: _Region) -> None:
-        """The allocation ``region`` of ``block`` is gone (its last view, or an
-        explicit free). May run in any thread, at any time: it only marks."""
-        if region.freed:
-            return
-        region.freed = True
-        if block.graph is not None:
-            return  # the graph keeps its memory: never handed out again
-        points = [(s, s.clock[s.id]) for s in block.recorded if s is not block.stream]
-        self._frees.append((block, points))
-
-    def reset_peak(self) -> int:
-        """Start measuring ``peak_bytes_in_use`` from now; return the bytes in use."""
-        with self._lock:
-            self._drain_frees()
-            self.peak_bytes_in_use = self.bytes_in_use
-            return self.bytes_in_use
-
-    def _drain_frees(self) -> None:
-        """With the lock held: put the blocks freed since on their free lists."""
-        while self._frees:
-            block, points = self._frees.popleft()
-            self.bytes_in_use -= block.size
-            stream = block.stream
-            assert stream is not None
-            block.pending = points
-            if not stream._closed:
-                self._pool.setdefault(stream.id, []).append(block)
 
 
 def _invert(into: np.ndarray, values: np.ndarray) -> None:
+    """``into[...] = values`` with every byte XOR 0xFF."""
     np.copyto(into, values)
     flat = into.reshape(-1).view(np.uint8)
     np.bitwise_xor(flat, 0xFF, out=flat)
@@ -864,7 +559,7 @@ class DeviceArray:
     """An array in an emulated device's memory. Strided views share one
     allocation, freed (back to its stream's pool) when the last is gone."""
 
-    def __init__(self, owner: _Allocation, data: np.ndarray) -> None:
+    def __init__(self, owner: Allocation, data: np.ndarray) -> None:
         self._owner = owner
         self.backend = owner.device
         self.region = owner.region

@@ -5,36 +5,45 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ._machine import EmulatedCaptureError, EmulatedDeviceError
+from ._machine import EmulatedCaptureError, EmulatedDeviceError, Machine
+from ._memory import Region
 
-if TYPE_CHECKING:
-    from ._capture import EmulatedGraph, _Capture
-    from ._device import EmulatedDevice
-    from ._memory import _Region
+# types of the modules above this one (importing them would make a cycle)
+_Capture = Any  # a Capture
+_Graph = Any  # an EmulatedGraph
+_Device = Any  # an EmulatedDevice
+
 
 # work that needs its stream's device current (a DMA, a kernel, an allocation)
 _DEVICE_WORK = frozenset({"copy", "pack", "alloc", "upload", "peer", "invert", "cast"})
+_UNTIMED = frozenset({"timer", "captured", "wait"})  # take no stream time (no delay)
 
 
 class EmulatedStream:
-    """A stream: a worker thread executing queued operations in order."""
+    """A stream: a worker thread executing queued operations in order.
 
-    def __init__(self, backend: EmulatedDevice) -> None:
+    Each stream keeps a vector clock (``clock``: stream id -> the last
+    operation of that stream its queued work is ordered after), so the memory
+    rules are checked when work is queued, whatever the timing.
+    """
+
+    def __init__(self, backend: _Device) -> None:
         self.backend = backend
-        with backend._lock:
-            self.id = next(backend._ids)
-            backend._streams.append(self)
-        self.clock: dict[int, int] = {self.id: 0}  # what queued work is ordered after
+        machine = backend.machine
+        with machine.lock:
+            self.id = next(machine.ids)
+            machine.streams[self.id] = self
+        self.clock: dict[int, int] = {self.id: 0}
         self.capture: _Capture | None = None  # the capture it is in
+        self.closed = False
         self._done = 0
         self._cond = threading.Condition()
         self._queue: queue.SimpleQueue[tuple[int, str, Callable[[], None]] | None] = (
             queue.SimpleQueue()
         )
-        self._closed = False
         self._thread = threading.Thread(
             target=self._work, name=f"host-stream-{self.id}", daemon=True
         )
@@ -47,17 +56,38 @@ class EmulatedStream:
         self,
         kind: str,
         op: Callable[[], None],
-        reads: list[_Region] | tuple[()] = (),
-        writes: list[_Region] | tuple[()] = (),
+        reads: Sequence[Region] = (),
+        writes: Sequence[Region] = (),
+        graph: _Graph | None = None,
     ) -> None:
         """Queue ``op`` after the rules for its memory uses were checked
-        (recorded instead, while this stream captures)."""
-        self._enqueue(kind, op, tuple(reads), tuple(writes))
+        (recorded instead, while this stream captures; ``graph``: a replay of it)."""
+        machine = self.backend.machine
+        machine.check_alive(self.backend.index)
+        fails = self.capture is None and kind in ("copy", "pack") and machine.fault(kind)
+        with machine.lock:
+            self.check_queue(kind)
+            for region in reads:
+                region.check_use(self, False, graph)
+            for region in writes:
+                region.check_use(self, True, graph)
+            self.clock[self.id] += 1
+            seq = self.clock[self.id]
+            for region in reads:
+                region.use(self.id, seq, write=False)
+            for region in writes:
+                region.use(self.id, seq, write=True)
+            if self.capture is not None and kind != "wait":
+                self.capture.record(self.id, seq, (kind, op, tuple(reads), tuple(writes)))
+                self._queue.put((seq, "captured", _nothing))
+            else:
+                run = _failing(kind) if fails else _guarded(machine, kind, op, (*reads, *writes))
+                self._queue.put((seq, kind, run))
 
-    def _check_queue(self, kind: str) -> None:
+    def check_queue(self, kind: str) -> None:
         """With the lock held: may work of ``kind`` be queued here now?"""
         b = self.backend
-        if self._closed:
+        if self.closed:
             raise b.violation(f"work queued on stream {self.id} after it was closed")
         current = b.machine.current_device()
         if kind in _DEVICE_WORK and current != b.index:
@@ -73,48 +103,17 @@ class EmulatedStream:
                 f"({self.capture.invalid})"
             )
 
-    def _enqueue(
-        self,
-        kind: str,
-        op: Callable[[], None],
-        reads: tuple[_Region, ...],
-        writes: tuple[_Region, ...],
-        graph: EmulatedGraph | None = None,
-    ) -> None:
-        b = self.backend
-        b._check_alive()
-        fails = self.capture is None and kind in ("copy", "pack") and b._fault(kind)
-        with b._lock:
-            self._check_queue(kind)
-            for region in reads:
-                b._check_use(self, region, False, graph)
-            for region in writes:
-                b._check_use(self, region, True, graph)
-            self.clock[self.id] += 1
-            seq = self.clock[self.id]
-            for region in reads:
-                region.reads[self.id] = seq
-            for region in writes:
-                region.last_write, region.reads = (self.id, seq), {}
-            capture = self.capture
-            if capture is not None and kind != "wait":
-                capture.graph._ops.append((kind, op, reads, writes))
-                capture.last[self.id] = seq
-                self._queue.put((seq, "captured", _nothing))
-            else:
-                run = _failing(kind) if fails else _guarded(b, kind, op, (*reads, *writes))
-                self._queue.put((seq, kind, run))
-
     def _work(self) -> None:
+        machine, index = self.backend.machine, self.backend.index
         while (item := self._queue.get()) is not None:
             seq, kind, op = item
-            if self.backend.delay and kind not in ("timer", "captured", "wait"):
-                time.sleep(self.backend.delay)  # a timing event takes no stream time
+            if machine.delay and kind not in _UNTIMED:
+                time.sleep(machine.delay)
             try:
-                if self.backend._sticky is None:
+                if index not in machine.failures:
                     op()
-            except BaseException as exc:
-                self.backend._sticky = self.backend._sticky or exc
+            except BaseException as exc:  # sticky, as CUDA's asynchronous errors are
+                machine.failures.setdefault(index, exc)
             with self._cond:
                 self._done = seq
                 self._cond.notify_all()
@@ -123,6 +122,10 @@ class EmulatedStream:
         """Block until the operation numbered ``seq`` has executed."""
         with self._cond:
             self._cond.wait_for(lambda: self._done >= seq)
+
+    def done_with(self, seq: int) -> bool:
+        """True once the operation numbered ``seq`` has executed (never blocks)."""
+        return self._done >= seq
 
     def same(self, other: Any) -> bool:
         """True if ``other`` is this stream."""
@@ -145,48 +148,33 @@ class EmulatedStream:
 
     def wait(self, event: EmulatedEvent) -> None:
         b = self.backend
-        with b._lock:
+        with b.machine.lock:
             if event.point is None:
                 raise b.violation(f"stream {self.id} waits on an event that was never recorded")
             stream, seq, clock, recorded_in = event.point
-            mine = self.capture
-            if mine is not None and recorded_in is not mine:
-                mine.invalidate(f"stream {self.id} waited on an event recorded outside it")
-                raise EmulatedCaptureError(
-                    f"capturing stream {self.id} waits on an event recorded outside its capture "
-                    "(cudaErrorStreamCaptureIsolation; the capture is invalidated): order it "
-                    "before the capture begins"
-                )
-            if mine is None and recorded_in is not None and recorded_in.under_way:
-                if self.legacy:
-                    recorded_in.invalidate(f"the legacy default stream {self.id} waited on it")
-                    raise EmulatedCaptureError(
-                        f"the legacy default stream {self.id} waits on an event recorded in a "
-                        "capture: it cannot join one (CUDA fails the wait and invalidates the "
-                        "capture); wait on a stream of backend.stream()"
-                    )
-                self.capture = recorded_in  # joins the capture
-                recorded_in.streams.append(self)
+            if self.capture is not None and recorded_in is not self.capture:
+                self.capture.refuse_outside_wait(self)
+            if self.capture is None and recorded_in is not None and recorded_in.under_way:
+                recorded_in.join(self)
             for s, n in clock.items():
                 self.clock[s] = max(self.clock.get(s, 0), n)
-        self._enqueue("wait", lambda: stream.reached(seq), (), ())
+        self.enqueue("wait", lambda: stream.reached(seq))
 
     def synchronize(self) -> None:
-        b = self.backend
-        capture = self.capture
+        machine, capture = self.backend.machine, self.capture
         if capture is not None:
-            with b._lock:
+            with machine.lock:
                 capture.invalidate(f"stream {self.id} was synchronised")
             raise EmulatedCaptureError(
                 f"stream {self.id} synchronised while it captures into a graph "
                 "(cudaErrorStreamCaptureUnsupported; the capture is invalidated): synchronise "
                 "it after the capture ends"
             )
-        with b._lock:
+        with machine.lock:
             seq, clock = self.clock[self.id], dict(self.clock)
         self.reached(seq)
-        b._observed(clock)
-        b._check_alive()
+        machine.observed(clock)
+        machine.check_alive(self.backend.index)
 
     def close(self) -> None:
         """Release the stream: the host must have seen its queued work complete.
@@ -196,21 +184,23 @@ class EmulatedStream:
         DMAs still write the caller's memory. Here that is a rule violation
         (recorded, raised after the worker stopped).
         """
-        b = self.backend
-        with b._lock:
-            unseen = not self._closed and b._completed.get(self.id, 0) < self.clock[self.id]
+        machine = self.backend.machine
+        with machine.lock:
+            unseen = not self.closed and machine.completed.get(self.id, 0) < self.clock[self.id]
         self.stop()
         if unseen:
-            raise b.violation(f"stream {self.id} closed with work the host never saw complete")
+            raise machine.violation(
+                f"stream {self.id} closed with work the host never saw complete"
+            )
 
     def stop(self) -> None:
         """Stop the worker thread after the work queued so far ran."""
-        with self.backend._lock:
-            if self._closed:
+        with self.backend.machine.lock:
+            if self.closed:
                 return
-            self._closed = True
-            self.backend._streams.remove(self)
-            self.backend._pool.pop(self.id, None)  # its free blocks go with it
+            self.closed = True
+            del self.backend.machine.streams[self.id]
+            self.backend.pool.free.pop(self.id, None)  # its free blocks go with it
         self._queue.put(None)
         self._thread.join()
 
@@ -220,46 +210,49 @@ def _nothing() -> None:
 
 
 def _guarded(
-    backend: EmulatedDevice, kind: str, op: Callable[[], None], regions: tuple[_Region, ...]
+    machine: Machine, kind: str, op: Callable[[], None], regions: tuple[Region, ...]
 ) -> Callable[[], None]:
-    """``op``, refusing to run on a pinned buffer freed after it was queued,
-    or on a device block handed out again (and written) after it was queued."""
+    """``op``, checking first that its memory is still its own (:meth:`Region.check_run`)."""
 
     def run() -> None:
         for region in regions:
-            if region.kind == "pinned" and region.freed:
-                raise backend.violation(f"queued {kind} ran on {region.name} after it was freed")
-            later = region.next_life
-            if later is not None and later.started:
-                raise backend.violation(
-                    f"queued {kind} ran on {region.name} after its block was handed out again "
-                    f"on stream {later.stream_id} and written there: a use-after-free across "
-                    "streams"
-                )
+            region.check_run(machine, kind)
         op()
 
     return run
 
 
 def _failing(kind: str) -> Callable[[], None]:
+    """An injected fault of the device ``kind`` work it replaces."""
+
     def op() -> None:
         raise EmulatedDeviceError(f"injected fault: a device {kind} failed")
 
     return op
 
 
+def _check_same_device(backend: _Device, stream: EmulatedStream, what: str) -> None:
+    """With the lock held: ``what`` of ``backend`` may be recorded on ``stream``."""
+    if stream.backend is not backend:
+        raise backend.violation(
+            f"{what} of device {backend.index} recorded on stream {stream.id} of device "
+            f"{stream.backend.index} (CUDA fails with an invalid resource handle): use one of "
+            "the stream's device"
+        )
+
+
 class EmulatedEvent:
     """An event: a point in one stream's queue, on one device."""
 
-    def __init__(self, backend: EmulatedDevice) -> None:
+    def __init__(self, backend: _Device) -> None:
         self.backend = backend
         # (stream, seq, its clock, the capture it was recorded in)
         self.point: tuple[EmulatedStream, int, dict[int, int], _Capture | None] | None = None
 
     def record(self, stream: EmulatedStream) -> None:
         b = self.backend
-        b._check_alive()
-        with b._lock:
+        b.machine.check_alive(b.index)
+        with b.machine.lock:
             _check_same_device(b, stream, "an event")
             capture = stream.capture
             if capture is not None and capture.invalid:
@@ -271,44 +264,34 @@ class EmulatedEvent:
 
     def query(self) -> bool:
         """True once the recorded point was reached (never blocks)."""
-        point = self.point
+        point, machine = self.point, self.backend.machine
         if point is None:
-            raise self.backend.violation("host queries an event that was never recorded")
-        self.backend._refuse_in_capture("an event queried (cudaEventQuery)")
-        machine = self.backend.machine
-        machine.contexts.add(machine.current_device())
+            raise machine.violation("host queries an event that was never recorded")
+        machine.refuse_in_capture("an event queried (cudaEventQuery)")
+        machine.touch()
         stream, seq, _, _ = point
-        return stream._done >= seq
+        return stream.done_with(seq)
 
     def synchronize(self) -> None:
-        point = self.point
+        point, machine = self.point, self.backend.machine
         if point is None:
-            raise self.backend.violation("host synchronises an event that was never recorded")
-        self.backend._refuse_in_capture("an event synchronised (cudaEventSynchronize)")
+            raise machine.violation("host synchronises an event that was never recorded")
+        machine.refuse_in_capture("an event synchronised (cudaEventSynchronize)")
         stream, seq, clock, _ = point
         stream.reached(seq)
-        self.backend._observed(clock)
-        self.backend._check_alive()
-
-
-def _check_same_device(backend: EmulatedDevice, stream: EmulatedStream, what: str) -> None:
-    if stream.backend is not backend:
-        raise backend.violation(
-            f"{what} of device {backend.index} recorded on stream {stream.id} of device "
-            f"{stream.backend.index} (CUDA fails with an invalid resource handle): use one of "
-            "the stream's device"
-        )
+        machine.observed(clock)
+        machine.check_alive(self.backend.index)
 
 
 class EmulatedTimer:
     """A timing event: the time the stream's worker reached it."""
 
-    def __init__(self, backend: EmulatedDevice) -> None:
+    def __init__(self, backend: _Device) -> None:
         self.backend = backend
         self.at: float | None = None
 
     def record(self, stream: EmulatedStream) -> None:
-        with self.backend._lock:
+        with self.backend.machine.lock:
             _check_same_device(self.backend, stream, "a timing event")
         self.at = None
         stream.enqueue("timer", self._stamp)
@@ -317,10 +300,10 @@ class EmulatedTimer:
         self.at = time.perf_counter()
 
     def seconds_since(self, start: EmulatedTimer) -> float:
-        if self.backend._fault("timer_read"):
-            raise EmulatedDeviceError("injected fault: reading a timing event failed")
+        machine = self.backend.machine
+        machine.inject("timer_read", "reading a timing event")
         if self.at is None or start.at is None:
-            raise self.backend.violation(
+            raise machine.violation(
                 "a timer read before its stream reached it (synchronise the stream first)"
             )
         return self.at - start.at
