@@ -96,7 +96,6 @@ class EmulatedDevice:
             object.__new__(EmulatedDevice)._attach(machine, index)
 
     def _attach(self, machine: Machine, index: int) -> None:
-        """Become device ``index`` of ``machine``."""
         self.machine = machine
         self.index = index
         machine.devices.append(self)
@@ -131,25 +130,21 @@ class EmulatedDevice:
 
     @property
     def contexts(self) -> set[int]:
-        """The devices of the machine that have a context: made current once, or
-        current in a thread that made a device call (CUDA's runtime makes the
-        current device's context then; a thread that never chose one is on 0)."""
+        """The devices with a context: made current once, or current in a thread
+        that made a device call (CUDA makes the current device's context then)."""
         return set(self.machine.contexts)
 
     def violation(self, message: str) -> RuleViolation:
-        """Record a broken rule; return the error to raise."""
         return self.machine.violation(message)
 
     @property
-    def _streams(self) -> list[EmulatedStream]:
-        """This device's live streams, oldest first."""
+    def _streams(self) -> list[EmulatedStream]:  # live, oldest first
         return [s for s in self.machine.streams.values() if s.backend is self]
 
     # -- the Backend interface
     @contextlib.contextmanager
     def activate(self) -> Iterator[EmulatedDevice]:
-        """Make this device the calling thread's current device inside the
-        block (the previous one is current again after it)."""
+        """Make this device the calling thread's current one inside the block."""
         machine = self.machine
         previous = machine.current_device()
         machine.select(self.index)
@@ -183,9 +178,7 @@ class EmulatedDevice:
         self.machine.host.free(ptr)
 
     def host_register(self, ptr: int, nbytes: int) -> None:
-        """Page-lock host memory in place (``cudaHostRegister``). The driver locks
-        whole pages: a range sharing a page with a registration is refused, as
-        CUDA refuses it (error 712, ``cudaErrorHostMemoryAlreadyRegistered``)."""
+        """Page-lock host memory in place (``cudaHostRegister``, by whole pages)."""
         self.machine.check_alive(self.index)
         self.machine.host.register(ptr, nbytes)
 
@@ -197,13 +190,11 @@ class EmulatedDevice:
     def host_access(self, ring: Any, k: int) -> AbstractContextManager[None]:
         return self.machine.host.access(ring.ptrs[k])
 
-    def is_pinned(self, ptr: int, nbytes: int) -> bool:
-        """The range lies inside one live buffer of :meth:`host_alloc`."""
+    def is_pinned(self, ptr: int, nbytes: int) -> bool:  # inside one live host_alloc buffer
         return nbytes > 0 and self.machine.host.find(ptr, nbytes) is not None
 
     def staging(self, count: int, row_bytes: int) -> EmulatedStaging:
-        """Rows from this device's pool on CuPy's current stream (as the CUDA
-        backend takes them from CuPy's own pool)."""
+        """Rows from the pool on CuPy's current stream (CUDA's: from CuPy's pool)."""
         self.machine.inject("staging", "device staging allocation")
         stride = round_up(row_bytes, STAGING_ALIGN)
         stream = self.current_stream("cupy")
@@ -222,8 +213,7 @@ class EmulatedDevice:
     def _dma(
         self, view: DeviceArray, ptr: int, nbytes: int, s: EmulatedStream, to_host: bool
     ) -> None:
-        """Queue on ``s`` a DMA of ``nbytes`` between ``view`` and pinned host
-        memory at ``ptr``, taking at least the emulated link's time."""
+        """Queue a DMA between ``view`` and pinned ``ptr`` (at least the link's time)."""
         if not view.data.flags.c_contiguous or view.nbytes != nbytes:
             raise self.violation(
                 f"DMA of {nbytes} bytes for a device array of {view.nbytes} bytes "
@@ -251,12 +241,8 @@ class EmulatedDevice:
         s.enqueue("copy", dma, reads, writes)
 
     def copy_on_device(self, dst: DeviceArray, src: DeviceArray, s: EmulatedStream) -> None:
-        """Queue ``dst[...] = src`` on ``s``, a stream of ``dst``'s device.
-
-        ``src`` on another device is first read whole into a temporary from
-        the pool on ``s`` (one peer DMA of the bytes its elements span, queued
-        on ``s``), as the CUDA backend's ``_peer_copy`` does.
-        """
+        """Queue ``dst[...] = src`` on ``s``; ``src`` on another device is first
+        read whole into a temporary on ``s``, as the CUDA backend does."""
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise self.violation(
                 f"device copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}"
@@ -287,8 +273,7 @@ class EmulatedDevice:
         s.enqueue("pack", lambda: np.copyto(d, v), reads=[src.region], writes=[dst.region])
 
     def _peer_copy(self, src: DeviceArray, s: EmulatedStream) -> DeviceArray:
-        """``src`` (on another device) in a temporary on this device with its
-        strides: one peer read on ``s`` of the bytes its elements span."""
+        """``src`` of another device in a temporary here (one peer read on ``s``)."""
         lo, span = _byte_extent(src.shape, src.strides, src.dtype.itemsize)
         temp = self._array((span,), np.uint8, "cupy", s)  # CuPy's own pool, on s
         block = src._owner.block
@@ -299,27 +284,20 @@ class EmulatedDevice:
         return DeviceArray(temp._owner, view)
 
     def is_capturing(self, stream: EmulatedStream) -> bool:
-        """True while ``stream`` is in a capture (its own, or one it joined by
-        waiting on an event recorded in it), invalidated or not, until it ends:
-        its raw query (:meth:`EmulatedStream.is_capturing`) read as the CUDA
-        backend reads CuPy's."""
+        """:meth:`EmulatedStream.is_capturing` read as the CUDA backend reads CuPy's."""
         return capturing(stream.is_capturing)
 
     def capture_under_way(self, stream: EmulatedStream | None) -> bool:
-        """True while ``stream`` (if not None) captures, or any capture is under
-        way on the machine (CUDA's global capture mode: a host call now would
-        invalidate it)."""
+        """``stream`` captures, or any capture is under way on the machine."""
         return (stream is not None and self.is_capturing(stream)) or bool(self.machine.captures)
 
     def capture_forbids_allocation(self) -> bool:
-        """True while any capture is under way: :meth:`empty` (CuPy's pool) may
-        not grow then."""
+        """Any capture is under way: :meth:`empty` (CuPy's pool) may not grow."""
         return bool(self.machine.captures)
 
     # -- device memory and data, for callers and tests
     def current_stream(self, lib: str = "cupy") -> EmulatedStream:
-        """The calling thread's current stream of ``lib`` (``"torch"`` or
-        ``"cupy"``) on this device: the default stream unless set."""
+        """The calling thread's current stream of ``lib`` (default: the default stream)."""
         streams = getattr(self._local, "streams", None) or {}
         return streams.get(_check_lib(lib)) or self.default_stream
 
@@ -327,8 +305,7 @@ class EmulatedDevice:
     def use_stream(
         self, stream: EmulatedStream, lib: str | None = None
     ) -> Iterator[EmulatedStream]:
-        """Make ``stream`` the calling thread's current stream of ``lib``
-        inside the block (``None``: of both libraries, like ``interop.stream``)."""
+        """Make ``stream`` current for ``lib`` in the block (None: both, as ``interop.stream``)."""
         libs = _LIBS if lib is None else (_check_lib(lib),)
         if stream.backend is not self:
             raise self.violation(
@@ -346,15 +323,12 @@ class EmulatedDevice:
             streams.update(previous)
 
     def empty(self, shape: tuple[int, ...], dtype: Any, lib: str = "cupy") -> DeviceArray:
-        """Uninitialised device memory (256-byte aligned) of library ``lib``,
-        from the pool on that library's current stream: using it on another
-        stream needs an event. This device must be current."""
+        """Uninitialised device memory of ``lib`` (256-byte aligned), from the pool on
+        its current stream: using it on another stream needs an event."""
         return self._array(shape, dtype, lib, self._pool_stream(lib))
 
     def _pool_stream(self, lib: str) -> EmulatedStream:
-        """The stream a new allocation of ``lib`` is ordered on: its current one. Under
-        :meth:`torch_allocator` (outside :meth:`own_pool`) CuPy's are PyTorch's, refused
-        as ``interop.use_torch_allocator`` refuses them unless PyTorch's is the same."""
+        """``lib``'s current stream, which must be PyTorch's under :meth:`torch_allocator`."""
         stream = self.current_stream(lib)
         machine = self.machine
         if lib == "cupy" and machine.torch_pool and not getattr(machine.local, "own", False):
@@ -369,10 +343,8 @@ class EmulatedDevice:
 
     @contextlib.contextmanager
     def torch_allocator(self) -> Iterator[None]:
-        """CuPy allocates from PyTorch's pool on the whole machine inside the block
-        (``interop.use_torch_allocator()``, process-wide): a CuPy allocation in a
-        thread whose CuPy and PyTorch current streams differ raises
-        :class:`~interop.StreamMismatchError`."""
+        """CuPy allocates from PyTorch's pool in the block, machine-wide, as under
+        ``interop.use_torch_allocator()``: refused where their streams differ."""
         self.machine.torch_pool = True
         try:
             yield
@@ -381,8 +353,7 @@ class EmulatedDevice:
 
     @contextlib.contextmanager
     def own_pool(self) -> Iterator[None]:
-        """CuPy's allocations in this thread come from its own pool inside the block,
-        whatever allocator is installed."""
+        """CuPy's allocations in this thread come from its own pool in the block."""
         local = self.machine.local
         previous = getattr(local, "own", False)
         local.own = True
@@ -392,9 +363,8 @@ class EmulatedDevice:
             local.own = previous
 
     def asarray(self, host: np.ndarray, lib: str = "cupy") -> DeviceArray:
-        """A device copy of ``host`` (of library ``lib``), written on that
-        library's current stream. Its shape is ``host``'s, a 0-d array's
-        included, and its dtype too (a non-native byte order is kept)."""
+        """A device copy of ``host`` (its shape, 0-d included, and dtype, byte order
+        included), written on ``lib``'s current stream."""
         host = np.array(host, order="C", copy=True)  # ascontiguousarray would make 0-d 1-d
         stream = self._pool_stream(lib)
         out = self._array(host.shape, host.dtype, lib, stream)
@@ -403,29 +373,18 @@ class EmulatedDevice:
         return out
 
     def inverted(self, x: DeviceArray) -> InvertedArray:
-        """``x`` lazily transformed: its values are ``x``'s bytes XOR 0xFF
-        (any dtype). A transfer's source makes each chunk into a temporary
-        from the pool on the producer's stream (like a CUDA tensor with the
-        conjugate/negative bit); refused as a destination."""
+        """``x`` lazily inverted (see :class:`InvertedArray`)."""
         if not isinstance(x, DeviceArray):
             raise TypeError(f"inverted expected a DeviceArray (got {type(x).__name__})")
         return InvertedArray(x)
 
     def record_stream(self, x: DeviceArray, stream: EmulatedStream) -> None:
-        """Like ``Tensor.record_stream``: when ``x``'s block is freed, it is not
-        handed out again until the work queued on ``stream`` by then is done
-        (an event recorded at the free, queried at each allocation)."""
+        """``Tensor.record_stream``: ``x``'s block, once freed, is not handed out
+        again before ``stream`` finished the work queued on it by then."""
         self.pool.record_stream(x._owner, stream)
 
-    @property
-    def bytes_in_use(self) -> int:
-        """Device memory of live allocations (a freed one counted out at the next)."""
-        return self.pool.bytes_in_use
-
-    @property
-    def peak_bytes_in_use(self) -> int:
-        """The most :attr:`bytes_in_use` seen at an allocation since :meth:`reset_peak`."""
-        return self.pool.peak_bytes_in_use
+    bytes_in_use = property(lambda self: self.pool.bytes_in_use)
+    peak_bytes_in_use = property(lambda self: self.pool.peak_bytes_in_use)
 
     def reset_peak(self) -> int:
         """Start measuring ``peak_bytes_in_use`` from now; return the bytes in use."""
@@ -445,10 +404,8 @@ class EmulatedDevice:
         return x.data.copy()
 
     def source(self, x: DeviceArray | InvertedArray, dtype: Any = None) -> DeviceData:
-        """``x`` as the device side of a transfer (its producer: the current
-        stream of ``x``'s library, in the calling thread). With ``dtype`` (or
-        an inverted ``x``), each chunk is first made into a temporary from the
-        pool on the producer's stream, cast (or inverted) there."""
+        """``x`` as a transfer's source; with ``dtype`` (or inverted) each chunk
+        is made into a temporary from the pool on the producer's stream."""
         base = x.base if isinstance(x, InvertedArray) else x
         cast = None if dtype is None or np.dtype(dtype) == base.dtype else np.dtype(dtype)
         producer = self.current_stream(base.lib)
@@ -485,14 +442,7 @@ class EmulatedDevice:
         return DeviceData(producer, base.shape, out_dtype, chunk)
 
     def target(self, x: DeviceArray | InvertedArray, func: str = "") -> DeviceData:
-        """``x`` as the destination of a transfer (its consumer: the current
-        stream of ``x``'s library).
-
-        Raises
-        ------
-        InvalidValueError
-            A lazily transformed array (writes through it would be transformed).
-        """
+        """``x`` as a transfer's destination (never an :class:`InvertedArray`)."""
         if isinstance(x, InvertedArray):
             raise InvalidValueError(
                 f"{func or 'a transfer'} expected an out that is not lazily inverted (writes "
@@ -503,25 +453,22 @@ class EmulatedDevice:
     def capture(self, stream: EmulatedStream) -> AbstractContextManager[EmulatedGraph]:
         """``with backend.capture(stream) as graph:`` captures into ``graph``.
 
-        While a capture is under way, work queued on ``stream`` (and on every
-        stream that waits on an event recorded in the capture, which joins it)
-        is recorded, not run; its memory rules are checked when it is queued.
-        Illegal then, raising :class:`EmulatedCaptureError` and invalidating every
-        capture under way: synchronising a capturing stream, synchronising or
-        querying any event, ``host_alloc`` / ``host_free``, :meth:`synchronize`,
-        a new block from the pool (but PyTorch's on a capturing stream), a
+        Work queued on ``stream`` (and on every stream that joins the capture by
+        waiting on an event recorded in it) is recorded, not run; its memory
+        rules are checked when it is queued. Illegal while a capture is under
+        way, raising :class:`EmulatedCaptureError` and invalidating every
+        capture: synchronising a capturing stream, :meth:`synchronize`,
+        synchronising or querying any event, ``host_alloc`` / ``host_free``, a
+        new block from the pool (but PyTorch's on a capturing stream), a
         capturing stream waiting on an event recorded outside its capture, and
-        the default (legacy) stream waiting on one recorded in it. Leaving the
-        block raises :class:`EmulatedCaptureError` when the capture was
-        invalidated or a stream that joined it was not joined back (the
-        capturing stream waited on an event recorded on it after its last
-        captured work); otherwise ``graph.replay()`` queues the work again.
+        the legacy stream waiting on one recorded in it. Leaving the block
+        raises it too when the capture was invalidated or a stream that joined
+        it was not joined back; otherwise ``graph.replay()`` queues the work.
         """
         return graph_capture(self, stream)
 
     def close(self) -> None:
-        """Stop every stream's worker thread on every device of the machine
-        (after its queued work ran)."""
+        """Stop every stream's worker of the machine (after its queued work ran)."""
         for device in self.machine.devices:
             with self.machine.lock:
                 streams = device._streams
@@ -531,7 +478,6 @@ class EmulatedDevice:
                 device.pool.clear()
 
     def _array(self, shape: Any, dtype: Any, lib: str, stream: EmulatedStream) -> DeviceArray:
-        """A new array from the pool on ``stream``."""
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         owner = self.pool.allocate(n, stream, _check_lib(lib))
@@ -612,10 +558,10 @@ class DeviceArray:
 
 
 class InvertedArray:
-    """A device array read lazily transformed (:meth:`EmulatedDevice.inverted`):
-    its values are ``base``'s bytes XOR 0xFF. Like a CUDA tensor with the
-    conjugate/negative bit, a transfer materialises it chunk by chunk into
-    temporaries on its producer's stream; it cannot be written."""
+    """A device array read lazily transformed: its values are ``base``'s bytes
+    XOR 0xFF (any dtype). Like a CUDA tensor with the conjugate/negative bit, a
+    transfer materialises it chunk by chunk into temporaries on its producer's
+    stream; it cannot be a transfer's destination."""
 
     def __init__(self, base: DeviceArray) -> None:
         self.base = base

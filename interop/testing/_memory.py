@@ -32,13 +32,9 @@ def aligned(nbytes: int, align: int) -> np.ndarray:
 
 
 class Region:
-    """Memory whose uses are checked: one life of a device block (from its
-    allocation to its free), or one pinned buffer (a staging slot, or
-    page-locked memory a caller copies to or from).
-
-    A pinned buffer is one region: two streams copying into disjoint parts
-    of it at once are refused, which CUDA allows; it is stricter, never looser.
-    """
+    """Memory whose uses are checked: one life of a device block, or one pinned
+    buffer (so two streams copying into disjoint parts of it at once are
+    refused, which CUDA allows: stricter, never looser)."""
 
     def __init__(
         self,
@@ -59,8 +55,7 @@ class Region:
         self.started = False  # device: its allocation has run on its stream
 
     def unordered(self, known: dict[int, int], stream_id: int | None, write: bool) -> int | None:
-        """The stream (not ``stream_id``) of a use that ``known`` does not order
-        before a new use (a write conflicts with reads too); None if none."""
+        """A stream (not ``stream_id``) whose use ``known`` does not order before a new one."""
         uses = [self.last_write] if self.last_write else []
         if write:
             uses += list(self.reads.items())
@@ -70,8 +65,7 @@ class Region:
         return None
 
     def check_use(self, stream: _Stream, write: bool, graph: _Graph | None = None) -> None:
-        """With the lock held: may ``stream`` queue a use of this memory now?
-        (``graph``: a replay of it, which may use the blocks its capture allocated.)"""
+        """With the lock held: may ``stream`` queue a use now (``graph``: in its replay)?"""
         machine = stream.backend.machine
         if self.freed and (graph is None or self.graph is not graph):
             raise machine.violation(f"{self.name} used on stream {stream.id} after it was freed")
@@ -94,8 +88,7 @@ class Region:
             self.reads[stream_id] = seq
 
     def check_run(self, machine: Machine, kind: str) -> None:
-        """When queued ``kind`` work runs: this pinned buffer was not freed since,
-        nor this block handed out again and written."""
+        """When queued work runs: not freed (pinned), nor handed out again and written."""
         if self.kind == "pinned" and self.freed:
             raise machine.violation(f"queued {kind} ran on {self.name} after it was freed")
         later = self.next_life
@@ -107,7 +100,7 @@ class Region:
             )
 
     def start(self) -> None:
-        """Its allocation ran on its stream (the block is written from now on)."""
+        """Its allocation ran on its stream."""
         self.started = True
 
 
@@ -143,10 +136,8 @@ class Allocation:
 
 
 class Pool:
-    """A device's caching pool, with PyTorch's and CuPy's rule: a freed block
-    goes back to the free list of the stream it was allocated on and is handed
-    out again at once to the next allocation there that it fits. Its state is
-    guarded by the machine's lock."""
+    """A device's caching pool, with PyTorch's and CuPy's rule: a freed block is
+    handed out again at once on the stream it was allocated on (machine's lock)."""
 
     def __init__(self, device: _Device) -> None:
         self.device = device
@@ -157,9 +148,8 @@ class Pool:
         self.peak_bytes_in_use = 0  # the most bytes_in_use seen at an allocation
 
     def allocate(self, nbytes: int, stream: _Stream, lib: str) -> Allocation:
-        """A block of at least ``nbytes`` from the pool on ``stream``: a freed
-        one of that stream when one fits (same size first, most recently
-        freed first), else a new one. Counts as a write on ``stream``."""
+        """A block of at least ``nbytes`` on ``stream`` (a write there): a freed one
+        of that stream when one fits, else a new one."""
         device, machine = self.device, self.device.machine
         machine.check_alive(device.index)
         if stream.backend is not device:
@@ -195,9 +185,8 @@ class Pool:
         return owner
 
     def _reuse(self, stream: _Stream, size: int) -> Block | None:
-        """With the lock held: take the freed block of ``stream`` to hand out for
-        ``size`` bytes (same size first, else the smallest; most recently freed
-        first), after checking its reuse; None if none fits."""
+        """With the lock held: the freed block of ``stream`` for ``size`` bytes (same size
+        first, else the smallest; most recently freed first), checked; None if none."""
         blocks = self.free.get(stream.id, [])
         best: int | None = None
         for k in range(len(blocks) - 1, -1, -1):
@@ -211,30 +200,9 @@ class Pool:
                 best = k
         if best is None:
             return None
-        block = blocks[best]
-        self._check_reuse(stream, block)
-        del blocks[best]
-        self.device.machine.counts["device_reuse"] += 1
-        return block
-
-    def _ready(self, block: Block) -> bool:
-        """With the lock held: the events recorded at the block's free (by
-        ``record_stream``) were reached; a query the host saw, like PyTorch's
-        allocator. During a capture they are not queried (it is illegal then)."""
-        machine = self.device.machine
-        if not block.pending:
-            return True
-        if machine.captures or not all(s.done_with(seq) for s, seq in block.pending):
-            return False
-        machine.observed({s.id: seq for s, seq in block.pending})
-        block.pending = []
-        return True
-
-    def _check_reuse(self, stream: _Stream, block: Block) -> None:
-        """With the lock held: handing ``block`` out again on ``stream`` is a
-        write there, after every use of its previous life on other streams."""
+        block, machine = blocks[best], self.device.machine
         assert block.region is not None
-        machine = self.device.machine
+        # handing it out is a write on stream, after every use of its previous life
         s = block.region.unordered(machine.known(stream), stream.id, write=True)
         if s is not None:
             raise machine.violation(
@@ -244,10 +212,24 @@ class Pool:
                 f"{stream.id} wait on an event recorded on stream {s} after that work, or "
                 f"record_stream it on stream {s})"
             )
+        del blocks[best]
+        machine.counts["device_reuse"] += 1
+        return block
+
+    def _ready(self, block: Block) -> bool:
+        """With the lock held: the events of its ``record_stream`` were reached (a
+        query the host sees, as PyTorch's allocator makes; none during a capture)."""
+        machine = self.device.machine
+        if not block.pending:
+            return True
+        if machine.captures or not all(s.done_with(seq) for s, seq in block.pending):
+            return False
+        machine.observed({s.id: seq for s, seq in block.pending})
+        block.pending = []
+        return True
 
     def release(self, block: Block, region: Region) -> None:
-        """The allocation ``region`` of ``block`` is gone (its last view, or an
-        explicit free). May run in any thread, at any time: it only marks."""
+        """The allocation ``region`` of ``block`` is gone (in any thread: it only marks)."""
         if region.freed:
             return
         region.freed = True
@@ -257,7 +239,7 @@ class Pool:
         self.frees.append((block, points))
 
     def record_stream(self, owner: Allocation, stream: _Stream) -> None:
-        """``Tensor.record_stream``: see :meth:`EmulatedDevice.record_stream`."""
+        """:meth:`EmulatedDevice.record_stream`."""
         machine = self.device.machine
         with machine.lock:
             if owner.region.freed:
@@ -306,14 +288,12 @@ class EmulatedStaging:
         return row.view(like.dtype).reshape(like.shape)
 
     def free(self) -> None:
-        """Give the block back to the pool on its stream now, whatever views
-        of it are still alive (they must not be used again)."""
+        """Give the block back now (its views must not be used again)."""
         self._owner.free()
 
 
 class HostMemory:
-    """The machine's page-locked host memory, serving every device: buffers
-    of ``host_alloc`` (each one checked region) and ``host_register`` ranges."""
+    """The machine's page-locked memory: ``host_alloc`` buffers, ``host_register`` ranges."""
 
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
@@ -343,8 +323,7 @@ class HostMemory:
             self.regions.pop(ptr).freed = True
 
     def register(self, ptr: int, nbytes: int) -> None:
-        """``cudaHostRegister``: the driver locks whole pages, so a range sharing
-        a page with a registration is refused, as CUDA refuses it."""
+        """``cudaHostRegister``: by whole pages, so a page is registered once."""
         first, end = ptr // PAGE, -(-(ptr + nbytes) // PAGE)
         with self.machine.lock:
             for lo, hi in self.registered.values():
@@ -364,8 +343,7 @@ class HostMemory:
                 )
 
     def find(self, ptr: int, nbytes: int) -> tuple[np.ndarray, Region] | None:
-        """The bytes ``[ptr, ptr + nbytes)`` of the live buffer holding them, and
-        that buffer's region; None where no buffer holds them all."""
+        """The bytes ``[ptr, ptr + nbytes)`` of one live buffer, and its region (or None)."""
         with self.machine.lock:
             for base, array in self.buffers.items():
                 if base <= ptr and ptr + nbytes <= base + array.nbytes:
@@ -374,8 +352,7 @@ class HostMemory:
 
     @contextlib.contextmanager
     def access(self, ptr: int) -> Iterator[None]:
-        """A host thread's use of the buffer at ``ptr`` (a staging slot): only
-        after the host saw its device copies complete, and none queued meanwhile."""
+        """A host thread's use of a staging slot, after it saw its device copies complete."""
         machine, region = self.machine, self.regions[ptr]
         with machine.lock:
             s = region.unordered(machine.completed, None, write=True)

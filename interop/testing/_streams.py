@@ -8,14 +8,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._machine import EmulatedCaptureError, EmulatedDeviceError, Machine
+from ._machine import EmulatedCaptureError, EmulatedDeviceError
 from ._memory import Region
 
 # types of the modules above this one (importing them would make a cycle)
 _Capture = Any  # a Capture
 _Graph = Any  # an EmulatedGraph
 _Device = Any  # an EmulatedDevice
-
+# queued: (seq, kind, op (None: captured, run by a replay), its memory, an injected fault)
+_Item = tuple[int, str, Callable[[], None] | None, tuple[Region, ...], bool]
 
 # work that needs its stream's device current (a DMA, a kernel, an allocation)
 _DEVICE_WORK = frozenset({"copy", "pack", "alloc", "upload", "peer", "invert", "cast"})
@@ -23,12 +24,8 @@ _UNTIMED = frozenset({"timer", "captured", "wait"})  # take no stream time (no d
 
 
 class EmulatedStream:
-    """A stream: a worker thread executing queued operations in order.
-
-    Each stream keeps a vector clock (``clock``: stream id -> the last
-    operation of that stream its queued work is ordered after), so the memory
-    rules are checked when work is queued, whatever the timing.
-    """
+    """A stream: a worker thread executing queued operations in order. Its vector
+    clock orders its work after other streams' (checked at queue time, untimed)."""
 
     def __init__(self, backend: _Device) -> None:
         self.backend = backend
@@ -36,14 +33,12 @@ class EmulatedStream:
         with machine.lock:
             self.id = next(machine.ids)
             machine.streams[self.id] = self
-        self.clock: dict[int, int] = {self.id: 0}
+        self.clock: dict[int, int] = {self.id: 0}  # stream id -> last seq ordered before
         self.capture: _Capture | None = None  # the capture it is in
         self.closed = False
         self._done = 0
         self._cond = threading.Condition()
-        self._queue: queue.SimpleQueue[tuple[int, str, Callable[[], None]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._work, name=f"host-stream-{self.id}", daemon=True
         )
@@ -79,10 +74,9 @@ class EmulatedStream:
                 region.use(self.id, seq, write=True)
             if self.capture is not None and kind != "wait":
                 self.capture.record(self.id, seq, (kind, op, tuple(reads), tuple(writes)))
-                self._queue.put((seq, "captured", _nothing))
+                self._queue.put((seq, "captured", None, (), False))
             else:
-                run = _failing(kind) if fails else _guarded(machine, kind, op, (*reads, *writes))
-                self._queue.put((seq, kind, run))
+                self._queue.put((seq, kind, op, (*reads, *writes), fails))
 
     def check_queue(self, kind: str) -> None:
         """With the lock held: may work of ``kind`` be queued here now?"""
@@ -106,11 +100,15 @@ class EmulatedStream:
     def _work(self) -> None:
         machine, index = self.backend.machine, self.backend.index
         while (item := self._queue.get()) is not None:
-            seq, kind, op = item
+            seq, kind, op, regions, fails = item
             if machine.delay and kind not in _UNTIMED:
                 time.sleep(machine.delay)
             try:
-                if index not in machine.failures:
+                if op is not None and index not in machine.failures:
+                    if fails:
+                        raise EmulatedDeviceError(f"injected fault: a device {kind} failed")
+                    for region in regions:
+                        region.check_run(machine, kind)
                     op()
             except BaseException as exc:  # sticky, as CUDA's asynchronous errors are
                 machine.failures.setdefault(index, exc)
@@ -177,13 +175,8 @@ class EmulatedStream:
         machine.check_alive(self.backend.index)
 
     def close(self) -> None:
-        """Release the stream: the host must have seen its queued work complete.
-
-        On CUDA a destroyed stream's queued work still runs: a copy that
-        closed its stream without synchronising it could return while its
-        DMAs still write the caller's memory. Here that is a rule violation
-        (recorded, raised after the worker stopped).
-        """
+        """Release the stream, whose queued work the host must have seen complete
+        (CUDA would still run it, maybe writing memory the caller got back)."""
         machine = self.backend.machine
         with machine.lock:
             unseen = not self.closed and machine.completed.get(self.id, 0) < self.clock[self.id]
@@ -203,32 +196,6 @@ class EmulatedStream:
             self.backend.pool.free.pop(self.id, None)  # its free blocks go with it
         self._queue.put(None)
         self._thread.join()
-
-
-def _nothing() -> None:
-    """The stream's place of work it captured (run later, by a replay)."""
-
-
-def _guarded(
-    machine: Machine, kind: str, op: Callable[[], None], regions: tuple[Region, ...]
-) -> Callable[[], None]:
-    """``op``, checking first that its memory is still its own (:meth:`Region.check_run`)."""
-
-    def run() -> None:
-        for region in regions:
-            region.check_run(machine, kind)
-        op()
-
-    return run
-
-
-def _failing(kind: str) -> Callable[[], None]:
-    """An injected fault of the device ``kind`` work it replaces."""
-
-    def op() -> None:
-        raise EmulatedDeviceError(f"injected fault: a device {kind} failed")
-
-    return op
 
 
 def _check_same_device(backend: _Device, stream: EmulatedStream, what: str) -> None:
@@ -269,8 +236,7 @@ class EmulatedEvent:
             raise machine.violation("host queries an event that was never recorded")
         machine.refuse_in_capture("an event queried (cudaEventQuery)")
         machine.touch()
-        stream, seq, _, _ = point
-        return stream.done_with(seq)
+        return point[0].done_with(point[1])
 
     def synchronize(self) -> None:
         point, machine = self.point, self.backend.machine
