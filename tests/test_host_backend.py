@@ -436,7 +436,7 @@ def test_queued_work_on_a_block_handed_out_again_fails_when_it_runs(backend):
     there, so the test lies to them (the host "saw" the reader's work complete)."""
     values = np.arange(256, dtype=np.float32)
     a, reader, gate, _ = _read_on_another_stream(backend, values)
-    backend._observed(dict(reader.clock))  # false: the copy is held by the gate
+    backend.machine.observed(dict(reader.clock))  # false: the copy is held by the gate
     del a
     b = backend.asarray(np.zeros(256, np.float32))  # handed out again and written ...
     backend.default_stream.synchronize()  # ... before the copy on reader runs
