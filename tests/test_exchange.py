@@ -715,9 +715,9 @@ def test_gpu_explicit_device_zero_contexts(cp, torch):
 
 @pytest.mark.gpu
 def test_gpu_an_export_on_the_current_device_switches_no_device(cp, torch):
-    from interop import exchange
+    from interop.exchange import _torch
 
-    assert exchange._torch_export_context(0) is exchange._ALREADY_CURRENT
+    assert _torch.export_context(0) is _torch.ALREADY_CURRENT
     t = torch.arange(4.0, device="cuda:0")
     c = interop.to_cupy(t)
     assert ptr(c) == t.data_ptr()
@@ -727,9 +727,9 @@ def test_gpu_an_export_on_the_current_device_switches_no_device(cp, torch):
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_gpu_an_export_from_another_device_switches_there_and_back(cp, torch):
-    from interop import exchange
+    from interop.exchange import _torch
 
-    assert exchange._torch_export_context(1) is not exchange._ALREADY_CURRENT
+    assert _torch.export_context(1) is not _torch.ALREADY_CURRENT
     t = torch.arange(4.0, device="cuda:1")
     c = interop.to_cupy(t)
     assert int(c.device.id) == 1
