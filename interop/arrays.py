@@ -36,13 +36,9 @@ _device_types: dict[type, Callable[[Any], Any]] = {}
 
 
 def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
-    """Make arrays of type ``cls`` device data to interop's transfers.
-
-    CuPy arrays and CUDA tensors are known without this; another device (the
-    emulated one of :mod:`interop.testing`) registers its array types here,
-    with ``backend_of(x)`` returning the :class:`~interop.pipeline.backend.Backend`
-    that moves ``x``. Its arrays have ``shape`` and ``dtype`` (a NumPy dtype).
-    """
+    """Make arrays of type ``cls`` device data, moved by the Backend ``backend_of(x)``."""
+    # How a device other than CUDA (the emulated one of interop.testing) plugs in;
+    # its arrays have ``shape`` and a NumPy ``dtype``.
     _device_types[cls] = backend_of
 
 
@@ -80,9 +76,7 @@ def is_device_array(x: object) -> bool:
 
 
 def parse_device(device: object) -> Target | None:
-    """``device`` as ``("cpu", None)`` or ``("cuda", index or None)``;
-    InvalidTypeError for a non-device, InvalidValueError for one that names no
-    CPU or CUDA device."""
+    """``device`` as ``("cpu", None)`` or ``("cuda", index or None)``, or the error."""
     if device is None:
         return None
     if isinstance(device, bool):
@@ -95,11 +89,8 @@ def parse_device(device: object) -> Target | None:
         kind, _, index = device.partition(":")
         if kind == "cpu" and not index:
             return ("cpu", None)
-        if kind == "cuda":
-            if not index:
-                return ("cuda", None)
-            if index.isdigit():
-                return ("cuda", int(index))
+        if kind == "cuda" and (not index or index.isdigit()):
+            return ("cuda", int(index) if index else None)
         raise InvalidValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
     module = type(device).__module__
     dev: Any = device
@@ -127,9 +118,7 @@ def target_str(target: Target) -> str:
 
 
 def check_strided_tensor(t: torch.Tensor, func: str) -> None:
-    """Refuse tensors interop cannot describe as strided CPU/CUDA memory:
-    nested or non-strided ones (InvalidTypeError), meta tensors and other
-    devices (InvalidValueError)."""
+    """Refuse tensors interop cannot describe as strided CPU or CUDA memory."""
     th = _backends.torch()
     if t.is_nested:  # strided layout too, but its sizes and strides are per component
         raise InvalidTypeError(
@@ -158,8 +147,7 @@ def check_strided_tensor(t: torch.Tensor, func: str) -> None:
 
 
 def check_tensor_data(t: torch.Tensor, func: str) -> None:
-    """Refuse (InvalidValueError) a tensor with no data of its own, of a
-    ``torch.func`` transform or a FakeTensor, before reading its memory."""
+    """Refuse a tensor with no data of its own (torch.func, FakeTensor)."""
     th = _backends.torch()
     if not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
         raise InvalidValueError(
@@ -180,8 +168,7 @@ def check_tensor_data(t: torch.Tensor, func: str) -> None:
 
 
 def raw_host_memory(x: Any) -> np.ndarray:
-    """The bytes a host array (NumPy, or a CPU tensor whatever its dtype and
-    bits) reads, as a zero-copy NumPy view: for overlap checks."""
+    """The bytes a host array reads (a tensor's whatever its dtype), zero-copy."""
     if isinstance(x, np.ndarray):
         return x
     th, size = _backends.torch(), x.element_size()
@@ -203,8 +190,7 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def check_elements_apart(out: Any, func: str, where: str = "") -> None:
-    """Refuse (InvalidValueError) an ``out`` of any array kind two of whose
-    elements may share memory."""
+    """Refuse an ``out`` (any array kind) two of whose elements may share memory."""
     if _backends.is_torch_tensor(out):
         itemsize = out.element_size()
         strides = tuple(s * itemsize for s in out.stride())
@@ -254,8 +240,7 @@ def _foreign_failed(func: str, x: Any, exc: Exception) -> InvalidValueError:
 
 
 def host_from_dlpack(x: Any, func: str) -> np.ndarray:
-    """A NumPy array sharing a foreign CPU DLPack producer's memory
-    (InvalidValueError where the producer refuses the export)."""
+    """A NumPy array sharing a foreign CPU DLPack producer's memory."""
     try:
         return np.from_dlpack(x)
     except Exception as exc:
@@ -263,9 +248,8 @@ def host_from_dlpack(x: Any, func: str) -> np.ndarray:
 
 
 def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
-    """A CuPy array sharing a foreign CUDA DLPack producer's memory (with
-    ``index`` None: a ``__cuda_array_interface__`` object's), made on CuPy's
-    current stream of device ``index`` (InvalidValueError where the export fails)."""
+    """A CuPy array sharing a foreign CUDA producer's memory (``index`` None: by
+    ``__cuda_array_interface__``), made on CuPy's current stream of ``index``."""
     cp = _backends.require_cupy_device()
     try:
         if index is None:
@@ -277,9 +261,7 @@ def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
 
 
 def import_foreign(x: Any, func: str) -> Any:
-    """A NumPy or CuPy array sharing a foreign producer's memory (CUDA data on
-    CuPy's current stream of its device); InvalidValueError for other devices
-    or failed exports, InvalidTypeError for no array at all."""
+    """A NumPy or CuPy array sharing a foreign producer's memory, or the error."""
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         kind, index = dlpack_device(x, func)
         if kind in (DL_CPU, DL_CUDA_HOST):
@@ -307,9 +289,7 @@ class Source(NamedTuple):
 
 
 def array_source(x: Any, func: str) -> Source:
-    """Describe ``x`` without moving data (foreign objects imported zero-copy);
-    the errors of :func:`import_foreign` and :func:`check_strided_tensor`, and
-    UnsupportedDtypeError where no NumPy dtype holds its values."""
+    """Describe ``x`` without moving data (a foreign object imported zero-copy)."""
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
         x = np.asarray(x)
     if isinstance(x, np.ndarray):
@@ -331,9 +311,8 @@ def array_source(x: Any, func: str) -> Source:
 
 
 def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = None) -> None:
-    """Check a host destination for ``src`` before anything is written: a
-    writable NumPy array of its shape and dtype (``cast`` where given), apart
-    from itself and from the source (InvalidTypeError, InvalidValueError)."""
+    """Refuse a host ``out`` for ``src`` before anything is written: it must be a
+    writable NumPy array of its shape and dtype (``cast``), apart from it."""
     if not isinstance(out, np.ndarray):
         raise InvalidTypeError(
             f"{func} expected out to be a writable NumPy array (numpy.memmap included) "

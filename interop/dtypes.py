@@ -59,8 +59,7 @@ def _torch_ml_table() -> dict[Any, tuple[np.dtype, Any]]:
 
 
 def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
-    """``(ml_dtypes dtype, torch integer view dtype)`` for a torch dtype NumPy
-    knows only through ``ml_dtypes``; else None."""
+    """``(ml_dtypes dtype, torch integer view dtype)`` for bfloat16/float8, else None."""
     return _torch_ml_table().get(dtype)
 
 
@@ -84,8 +83,7 @@ def int_view_of_numpy(dtype: Any) -> np.dtype:
 
 @functools.cache
 def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
-    """``(torch dtype, NumPy integer view dtype)`` for an ``ml_dtypes`` dtype,
-    else None; UnsupportedDtypeError where the installed PyTorch lacks it."""
+    """``(torch dtype, NumPy integer view dtype)`` for an ``ml_dtypes`` dtype, else None."""
     entry = _ML_NUMPY.get(np.dtype(dtype))
     if entry is None:
         return None
@@ -107,8 +105,7 @@ def is_standard(dtype: np.dtype) -> bool:
 
 @functools.cache
 def torch_dtype_of_numpy(dtype: Any) -> Any:
-    """The torch dtype for a NumPy (or ``ml_dtypes``) dtype; UnsupportedDtypeError
-    where PyTorch has none (strings, objects, datetimes, ...)."""
+    """The torch dtype for a NumPy (or ``ml_dtypes``) dtype, or UnsupportedDtypeError."""
     dtype = np.dtype(dtype)
     ml = ml_view_of_numpy(dtype)
     if ml is not None:
@@ -123,8 +120,7 @@ def torch_dtype_of_numpy(dtype: Any) -> Any:
 
 @functools.cache
 def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
-    """The NumPy dtype that holds a torch dtype's values bit for bit;
-    UnsupportedDtypeError where there is none (``complex32``, quantized types)."""
+    """The NumPy dtype holding a torch dtype's values bit for bit, or UnsupportedDtypeError."""
     ml = ml_view_of_torch(dtype)
     if ml is not None:
         return ml[0]
@@ -143,8 +139,7 @@ def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
 
 
 def check_cupy_dtype(dtype: Any) -> None:
-    """Raise UnsupportedDtypeError, with the fix, where the installed CuPy cannot
-    hold arrays of ``dtype`` (a torch or NumPy dtype)."""
+    """Refuse, with the fix, a torch or NumPy dtype the installed CuPy cannot hold."""
     is_numpy = isinstance(dtype, np.dtype)
     name = dtype.name if is_numpy else _torch_name(dtype)
     if name == "bfloat16":
@@ -170,8 +165,7 @@ def check_cupy_dtype(dtype: Any) -> None:
 
 
 def mismatch_message(func: str, want: np.dtype, got: np.dtype, castable: bool = False) -> str:
-    """The message for an ``out`` of dtype ``got`` where ``want`` was expected,
-    with the fix (``castable``: also the ``dtype=`` argument that casts on the way)."""
+    """The message, with the fix, for an ``out`` of dtype ``got`` where ``want`` was expected."""
     if want.newbyteorder("=") == got.newbyteorder("="):
         hint = f"the byte order differs: allocate out with dtype {want.str!r}"
     elif is_ml_dtype(want):
@@ -189,9 +183,7 @@ def _floating(dtype: np.dtype) -> bool:
 
 
 def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
-    """The dtype to cast ``have`` values to on the way, or None for a
-    bit-for-bit copy; InvalidTypeError for a non-dtype, InvalidValueError for a
-    cast other than between floating dtypes."""
+    """The dtype to cast to on the way (floating dtypes only), or None for a bit copy."""
     if want is None:
         return None
     try:
@@ -213,9 +205,7 @@ def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
 
 
 def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
-    """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits
-    (bfloat16/float8 as the ``ml_dtypes`` dtype); UnsupportedDtypeError where
-    NumPy cannot hold the dtype."""
+    """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits."""
     ml = ml_view_of_torch(t.dtype)
     if ml is not None:
         return t.view(ml[1]).numpy().view(ml[0])
@@ -224,8 +214,7 @@ def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
 
 
 def host_values(x: Any) -> np.ndarray:
-    """The values of a host chunk as NumPy: a NumPy array as it is, a CPU tensor
-    as a view, or as a copy with its conjugate/negative bit applied."""
+    """A host chunk's values as NumPy (a tensor's conjugate/negative bit applied)."""
     if isinstance(x, np.ndarray):
         return x
     if x.is_conj() or x.is_neg():

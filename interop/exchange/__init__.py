@@ -1,26 +1,10 @@
 """Zero-copy exchange between NumPy, PyTorch and CuPy: ``to_numpy``,
-``to_torch``, ``to_cupy``.
+``to_torch``, ``to_cupy`` (the rules: docs/exchange.md).
 
 Each function checks its arguments, then hands ``x`` to the module of its
-source library (``_SOURCES`` below: ``_numpy``, ``_torch``, ``_cupy``, and
-``_foreign`` for ``__dlpack__`` / ``__cuda_array_interface__`` objects); the
-layout rules they share are in ``_layout``. Adding a library is a new module
-and a row in the table. The rules (docs/exchange.md):
-
-* Memory is shared whenever sharing gives the right values. Where it cannot
-  (conjugate/negative bits, negative strides into PyTorch, non-native byte
-  order, a different device) ``copy=None`` copies and ``copy=False`` raises
-  :class:`~interop.errors.CopyRequiredError` before doing any work.
-* Inputs that a library would mis-handle are never handed to it: arrays with
-  negative strides never reach ``torch.from_dlpack`` (which aborts the process
-  on them), tensors with the negative bit never reach ``numpy.from_dlpack``
-  (which ignores the bit and returns wrong values).
-* ``bfloat16``/``float8`` cross to NumPy as ``ml_dtypes`` dtypes through a
-  same-sized integer view, without a copy.
-* Stream order (docs/streams.md): device exports go through ``__dlpack__(stream=...)``
-  with the consumer's current stream, in the data's device context, so the
-  consumer may use the result at once on its current stream. Nothing here calls
-  ``cudaDeviceSynchronize``.
+source library, chosen by ``type(x)`` in the table ``_SOURCES`` (``_foreign``
+for ``__dlpack__`` / ``__cuda_array_interface__`` objects): adding a library
+is a new module and a row there. The layout rules they share are in ``_layout``.
 """
 
 from __future__ import annotations
@@ -32,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import parse_device
-from ..errors import InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError
 from . import _cupy, _foreign, _numpy, _torch
-from ._layout import check_copy
 from ._numpy import plain_torch_view as plain_torch_view
 
 if TYPE_CHECKING:
@@ -43,9 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["to_cupy", "to_numpy", "to_torch"]
 
-# (library, its array type) -> the module that exchanges arrays of that type;
-# anything else goes to _foreign. Looked up by type(x) through sys.modules, so
-# no library is imported to recognise its arrays.
+# (library, its array type) -> the module that exchanges its arrays; anything
+# else goes to _foreign. Found through sys.modules: no library is imported.
 _SOURCES: dict[tuple[str, str], ModuleType] = {
     ("numpy", "ndarray"): _numpy,
     ("torch", "Tensor"): _torch,
@@ -53,6 +35,11 @@ _SOURCES: dict[tuple[str, str], ModuleType] = {
 }
 _BY_TYPE: dict[type, ModuleType] = {np.ndarray: _numpy}  # the answers so far
 _TENSOR: list[Any] = [None]  # torch.Tensor, once torch was imported: to_numpy's fast path
+
+
+def _check_copy(copy: object) -> None:
+    if copy is not None and not isinstance(copy, bool):
+        raise InvalidTypeError(f"expected copy to be None, True or False (got {copy!r})")
 
 
 def _source(x: object) -> ModuleType:
@@ -75,8 +62,9 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     Parameters
     ----------
     x : array
-        A NumPy array, a PyTorch tensor (CPU, pinned or CUDA), a CuPy array, or
-        any object with ``__dlpack__`` or ``__cuda_array_interface__``.
+        A NumPy array (or scalar), a PyTorch tensor (CPU, pinned or CUDA), a
+        CuPy array, or any object with ``__dlpack__`` or
+        ``__cuda_array_interface__``.
     copy : bool or None
         ``None``: share memory when that gives the right values, else copy.
         ``False``: share memory or raise. ``True``: always an independent copy.
@@ -84,25 +72,23 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        Host data. A shared result keeps ``x``'s memory alive. ``bfloat16`` and
-        ``float8`` tensors give the ``ml_dtypes`` dtype of the same name without
-        a copy. Broadcast (zero-stride) views and read-only sources give
-        read-only results. A tensor with ``requires_grad`` gives a view of its
-        detached data: writes bypass autograd.
+        A shared result keeps ``x``'s memory alive. ``bfloat16`` and ``float8``
+        tensors give the ``ml_dtypes`` dtype of the same name, without a copy.
+        Broadcast (zero-stride) views and read-only sources give read-only
+        results. A tensor with ``requires_grad`` gives a view of its detached
+        data: writes bypass autograd.
 
     Notes
     -----
-    Copy semantics: CPU data is shared; conjugate/negative-bit tensors are
-    copied with the bit applied. Device data is always copied to the host,
-    through the chunked pipeline of :func:`interop.copy_to_host`, ordered after
-    the work queued on the producer's current stream; the call returns when the
-    host copy is complete.
+    Copy semantics: CPU data is shared; a tensor's conjugate/negative bit is
+    applied into a copy. Device data is always copied, by
+    :func:`interop.copy_to_host`: ordered after the work queued on the
+    producer's current stream, and complete when the call returns.
 
     Raises
     ------
     CopyRequiredError
-        ``copy=False`` and the right values need a copy (device data,
-        conjugate/negative bit).
+        ``copy=False`` where a copy is needed (device data, conjugate/negative bit).
     UnsupportedDtypeError
         NumPy and ``ml_dtypes`` cannot hold the dtype (``torch.complex32``,
         quantized tensors).
@@ -110,9 +96,9 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``x`` is not an array (or a nested or sparse tensor), or ``copy`` is
         not None/bool (a ``TypeError``).
     InvalidValueError
-        ``x`` is a meta tensor or on a device other than CPU or CUDA, a
-        tensor without data (a FakeTensor, or one inside ``torch.func.grad``
-        or ``vmap``), or a foreign producer's export fails (a ``ValueError``).
+        A meta tensor, a device other than CPU or CUDA, a tensor without data
+        (a FakeTensor, or one inside ``torch.func.grad`` or ``vmap``), or a
+        foreign producer whose export fails (a ``ValueError``).
     """
     tensor = _TENSOR[0]
     if tensor is None:
@@ -123,7 +109,7 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         shared = _torch.plain_numpy_view(x)  # the common case, checked first: a plain CPU tensor
         if shared is not None:
             return shared
-    check_copy(copy)
+    _check_copy(copy)
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
         x = np.asarray(x)
     return _source(x).to_numpy(x, copy)
@@ -135,14 +121,12 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     Parameters
     ----------
     x : array
-        A NumPy array, a PyTorch tensor, a CuPy array, or any object with
-        ``__dlpack__`` or ``__cuda_array_interface__``.
+        As for :func:`interop.to_numpy`.
     device : str, int, torch.device, cupy.cuda.Device or None
         ``None`` keeps the data where it is (a CuPy array on ``cuda:1`` gives a
         tensor on ``cuda:1``). Anything else moves the data there (a copy).
     copy : bool or None
-        ``None``: share memory when that gives the right values, else copy.
-        ``False``: share memory or raise. ``True``: always an independent copy.
+        As for :func:`interop.to_numpy`.
 
     Returns
     -------
@@ -150,7 +134,7 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         A shared result keeps ``x``'s memory alive. A tensor with
         ``requires_grad`` gives its detached data (writes bypass autograd).
         ``ml_dtypes`` arrays (bfloat16, float8) give the torch dtype of the
-        same name without a copy.
+        same name, without a copy.
 
     Notes
     -----
@@ -159,19 +143,18 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     while the producer's kernels are still running; the host is not blocked.
     A copy of CuPy data is made on PyTorch's current stream, after the work
     queued on CuPy's current stream.
-    Copy semantics: arrays PyTorch cannot represent as they are are copied:
-    negative strides (``torch.from_dlpack`` aborts the process on them), byte
-    strides that are not multiples of the itemsize (a field of a structured
-    array), a first element that is not at a multiple of the itemsize (a view
-    at a byte offset into a buffer, on which PyTorch's kernels crash), and
-    non-native byte order. A stride on an axis of length 1 is never used and
-    does not force a copy. A read-only NumPy array is shared with an
-    :class:`interop.ReadOnlyWarning`, as ``torch.from_numpy`` warns.
+    Copy semantics: what PyTorch cannot hold as it is is copied: negative
+    strides (``torch.from_dlpack`` aborts the process on them), byte strides
+    that are not multiples of the itemsize (a field of a structured array), a
+    first element at a byte offset that is not a multiple of the itemsize (on
+    which PyTorch's kernels crash), and non-native byte order. A stride on an
+    axis of length 1 is never used and forces no copy. A read-only NumPy array
+    is shared with an :class:`interop.ReadOnlyWarning`, as ``torch.from_numpy`` warns.
 
     Raises
     ------
     CopyRequiredError
-        ``copy=False`` and a copy is needed (negative or odd strides, a
+        ``copy=False`` where a copy is needed (negative or odd strides, a
         misaligned array, byte order, another device).
     UnsupportedDtypeError
         PyTorch has no such dtype (object, string, datetime arrays).
@@ -179,12 +162,9 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         PyTorch (or, for CUDA data, CuPy) is not installed.
     NoDeviceError
         CUDA data or ``device='cuda'`` without a usable CUDA device.
-    InvalidTypeError
-        ``x`` is not an array (or a nested or sparse tensor), or
-        ``device``/``copy`` have the wrong type (a ``TypeError``).
-    InvalidValueError
-        ``device`` names no device, ``x`` is a meta tensor, or a foreign
-        producer's export fails (a ``ValueError``).
+    InvalidTypeError, InvalidValueError
+        As for :func:`interop.to_numpy`, or a ``device`` of the wrong type (a
+        ``TypeError``) or that names no device (a ``ValueError``).
     CudaAfterForkError
         CUDA data or ``device='cuda'`` in a process forked after its parent
         initialised CUDA.
@@ -193,7 +173,7 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         shared = plain_torch_view(x)  # the common case, checked first: a plain shareable array
         if shared is not None:
             return shared
-    check_copy(copy)
+    _check_copy(copy)
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
         x = np.asarray(x)
     return _source(x).to_torch(x, parse_device(device), copy)
@@ -205,15 +185,13 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     Parameters
     ----------
     x : array
-        A NumPy array, a PyTorch tensor, a CuPy array, or any object with
-        ``__dlpack__`` or ``__cuda_array_interface__``.
+        As for :func:`interop.to_numpy`.
     device : str, int, torch.device, cupy.cuda.Device or None
         ``None`` keeps CUDA data on its device (host data goes to the current
         device). Another CUDA device copies the data there; ``'cpu'`` is
         refused (CuPy arrays live on a GPU).
     copy : bool or None
-        ``None``: share memory when that gives the right values, else copy.
-        ``False``: share memory or raise. ``True``: always an independent copy.
+        As for :func:`interop.to_numpy`.
 
     Returns
     -------
@@ -225,13 +203,13 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     Stream order: a PyTorch CUDA tensor is exported with CuPy's current stream
     of the tensor's device (``__dlpack__(stream=...)``), so the result may be
     used at once on that stream while PyTorch's kernels are still running;
-    the host is not blocked. Host data is copied to the device (a copy is
-    always needed), ordered on CuPy's current stream.
+    the host is not blocked. Host data is always copied to the device,
+    ordered on CuPy's current stream.
 
     Raises
     ------
     CopyRequiredError
-        ``copy=False`` and a copy is needed (host data, conjugate/negative
+        ``copy=False`` where a copy is needed (host data, conjugate/negative
         bit, another device).
     UnsupportedDtypeError
         CuPy cannot hold the dtype (``bfloat16`` before CuPy 14, ``float8``,
@@ -241,19 +219,15 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     NoDeviceError
         No CUDA device is visible (:class:`~interop.CudaAfterForkError` in a
         process forked after its parent initialised CUDA).
-    InvalidTypeError
-        ``x`` is not an array (or a nested or sparse tensor), or
-        ``device``/``copy`` have the wrong type (a ``TypeError``).
-    InvalidValueError
-        ``device='cpu'``, a meta tensor, or a foreign producer's export fails
-        (a ``ValueError``).
+    InvalidTypeError, InvalidValueError
+        As for :func:`interop.to_torch`; ``device='cpu'`` (a ``ValueError``).
     CaptureError
         Inside CUDA graph capture: a copy (host data, ``copy=True``, another
         device) whose result CuPy's own pool would allocate (it grows with
         ``cudaMalloc``; fine under :func:`interop.use_torch_allocator`), or an
         exchange between two different current streams. Nothing is queued.
     """
-    check_copy(copy)
+    _check_copy(copy)
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
         x = np.asarray(x)
     target = parse_device(device)

@@ -15,15 +15,9 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
-from ..errors import CopyRequiredError, InvalidTypeError
+from ..errors import CopyRequiredError
 
 __all__: list[str] = []
-
-
-def check_copy(copy: object) -> None:
-    """Refuse a ``copy`` argument other than None, True or False."""
-    if copy is not None and not isinstance(copy, bool):
-        raise InvalidTypeError(f"expected copy to be None, True or False (got {copy!r})")
 
 
 def copy_required(what: str) -> CopyRequiredError:
@@ -31,53 +25,30 @@ def copy_required(what: str) -> CopyRequiredError:
     return CopyRequiredError(f"copy=False, but {what} needs a copy; pass copy=None or copy=True")
 
 
-def _negative_strides(strides: tuple[int, ...] | None) -> bool:
-    return bool(strides) and min(strides or (0,)) < 0
-
-
-def _odd_strides(strides: tuple[int, ...] | None, itemsize: int) -> bool:
-    """True if a byte stride is not a multiple of the itemsize (a field of a
-    structured array, an ``as_strided`` view)."""
-    if not strides or itemsize <= 1:
-        return False
-    for st in strides:  # noqa: SIM110 (a loop: any() with a generator costs twice as much here)
-        if st % itemsize:
-            return True
-    return False
-
-
-def _misaligned(a: Any) -> bool:
-    """True if ``a``'s first element is not at a multiple of its itemsize (a
-    view at a byte offset into a buffer)."""
-    if not a.size or a.dtype.itemsize <= 1:
-        return False
-    address = int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
-    return address % a.dtype.itemsize != 0
-
-
-def pytorch_cannot_share(a: Any) -> bool:
-    """True if PyTorch cannot share the NumPy or CuPy array ``a`` as it is."""
+def unshareable(a: Any) -> str | None:
+    """What keeps PyTorch from sharing the NumPy or CuPy array ``a`` as it is,
+    in words for a message; None where nothing does."""
     strides, itemsize = a.strides, a.dtype.itemsize
-    if _negative_strides(strides) or _odd_strides(strides, itemsize):
-        return True
+    if strides and min(strides) < 0:
+        return f"negative strides {strides} (PyTorch has none)"
+    if itemsize > 1:
+        for st in strides:  # a loop: any() with a generator costs twice as much here
+            if st % itemsize:
+                return (
+                    f"byte strides {strides} that are not multiples of its itemsize "
+                    f"{itemsize} (PyTorch counts strides in elements)"
+                )
     if isinstance(a, np.ndarray) and a.dtype.alignment == itemsize and a.flags.aligned:
-        return False  # NumPy checked the address already (the common, fast case)
-    return _misaligned(a)
-
-
-def layout_in_words(a: Any) -> str:
-    """What PyTorch cannot take about ``a``'s layout, for a message."""
-    if _negative_strides(a.strides):
-        return f"negative strides {a.strides} (PyTorch has none)"
-    if _odd_strides(a.strides, a.dtype.itemsize):
+        return None  # NumPy checked the address already (the common, fast case)
+    if not a.size or itemsize <= 1:
+        return None
+    address = int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
+    if address % itemsize:
         return (
-            f"byte strides {a.strides} that are not multiples of its itemsize "
-            f"{a.dtype.itemsize} (PyTorch counts strides in elements)"
+            f"data at a byte offset that is not a multiple of its itemsize {itemsize} "
+            "(PyTorch needs aligned elements)"
         )
-    return (
-        f"data at a byte offset that is not a multiple of its itemsize {a.dtype.itemsize} "
-        "(PyTorch needs aligned elements)"
-    )
+    return None
 
 
 def normalise_strides(a: np.ndarray) -> np.ndarray:

@@ -8,20 +8,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _backends, dtypes
-from ..arrays import Target, target_str
+from ..arrays import target_str
 from ..errors import BackendUnavailableError, NoDeviceError, ReadOnlyWarning
 from ..transfer import copy_to_device
-from ._layout import (
-    copy_required,
-    layout_in_words,
-    normalise_strides,
-    pytorch_cannot_share,
-    readonly_if_broadcast,
-)
+from . import _layout
+from ._layout import copy_required
 
 if TYPE_CHECKING:
     import cupy
     import torch
+
+    from ..arrays import Target
 
 __all__: list[str] = []
 
@@ -63,7 +60,7 @@ def to_numpy(a: np.ndarray, copy: bool | None) -> np.ndarray:
     """``to_numpy`` of a NumPy array."""
     if copy:
         return a.copy(order="K")
-    return readonly_if_broadcast(a)
+    return _layout.readonly_if_broadcast(a)
 
 
 def to_torch(a: np.ndarray, target: Target | None, copy: bool | None) -> torch.Tensor:
@@ -91,11 +88,12 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
         else:
             a = a.astype(native)
             copied = True
-    if pytorch_cannot_share(a):  # rare: checked once in the common case
-        a = normalise_strides(a)
-        if pytorch_cannot_share(a):
+    if _layout.unshareable(a):  # rare: checked once in the common case
+        a = _layout.normalise_strides(a)
+        problem = _layout.unshareable(a)
+        if problem:
             if copy is False:
-                raise copy_required(f"an array with {layout_in_words(a)}")
+                raise copy_required(f"an array with {problem}")
             a = a.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
             copied = True
     if copy and not copied:
@@ -120,10 +118,9 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
 
 
 def host_to_torch(t: Any, index: int | None) -> torch.Tensor:
-    """A new CUDA tensor holding host data's values (a NumPy array or a CPU
-    tensor, any strides; conjugate/negative bits applied chunk by chunk),
-    streamed through :func:`interop.copy_to_device` when CuPy can drive the
-    copy, else by ``Tensor.to`` (which stages the whole tensor in pinned memory)."""
+    """A new CUDA tensor holding host data's values (a NumPy array or CPU tensor)."""
+    # Through copy_to_device's pinned ring where CuPy can drive the copy (bits
+    # applied chunk by chunk), else Tensor.to (whole-tensor pinned staging).
     th = _backends.require_torch_cuda()
     device = th.device("cuda", th.cuda.current_device() if index is None else index)
     try:
@@ -138,10 +135,9 @@ def host_to_torch(t: Any, index: int | None) -> torch.Tensor:
 
 
 def to_cupy(a: np.ndarray, target: Target | None, copy: bool | None) -> cupy.ndarray:
-    """``to_cupy`` of a NumPy array: always a copy, streamed through the pinned
-    ring of :func:`interop.copy_to_device` (which refuses, before any work, a
-    dtype CuPy cannot hold)."""
+    """``to_cupy`` of a NumPy array: always a copy, through the pinned ring."""
     _backends.require_cupy_device()
     if copy is False:
         raise copy_required("a NumPy array (to_cupy returns device memory)")
+    # copy_to_device refuses a dtype CuPy cannot hold, before any work
     return copy_to_device(a, device=None if target is None else target[1])

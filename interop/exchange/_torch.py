@@ -1,6 +1,5 @@
-"""PyTorch tensors (CPU, pinned or CUDA) as the source of an exchange, and
-the device and stream rules between PyTorch and CuPy that every CUDA
-exchange follows."""
+"""PyTorch tensors (CPU, pinned or CUDA) as the source of an exchange, and the
+device and stream rules that CUDA exchanges between PyTorch and CuPy follow."""
 
 from __future__ import annotations
 
@@ -11,40 +10,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _backends, dtypes
-from ..arrays import (
-    Target,
-    check_strided_tensor,
-    check_tensor_data,
-    numpy_view_of_cpu_tensor,
-    target_str,
-)
+from .. import _backends, arrays, dtypes, streams
 from ..errors import CaptureError
-from ..streams import (
-    PER_THREAD_DEFAULT,
-    Unsynchronised,
-    capturing,
-    cupy_consumer_handle,
-    cupy_stream,
-    same_stream,
-    torch_stream,
-    torch_stream_handle,
-)
 from ..transfer import copy_to_device, copy_to_host
-from . import _numpy
 from ._layout import copy_required, readonly_if_broadcast
+from ._numpy import host_to_torch, share_with_torch
 
 if TYPE_CHECKING:
     import cupy
     import torch
 
+    from ..arrays import Target
+
 __all__: list[str] = []
 
 
 def plain_numpy_view(t: torch.Tensor) -> np.ndarray | None:
-    """``t.numpy()`` for a plain CPU tensor (no grad, no conjugate/negative bit,
-    a dtype NumPy has, strided): the common case of to_numpy, answered before
-    the general rules (which give the same result); None for anything else."""
+    """``t.numpy()`` for a plain CPU tensor (the common case of to_numpy, answered
+    before the general rules, which give the same result); else None."""
     if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
         return None
     try:
@@ -66,16 +49,16 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 
 def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
     """``to_numpy`` of a tensor: CPU data shared, device data copied."""
-    check_strided_tensor(t, "to_numpy")
-    check_tensor_data(t, "to_numpy")
+    arrays.check_strided_tensor(t, "to_numpy")
+    arrays.check_tensor_data(t, "to_numpy")
     if t.requires_grad:
         t = t.detach()
     if t.is_cuda:
         if copy is False:
             raise copy_required(f"a tensor on {t.device} (to_numpy returns host memory)")
-        return copy_to_host(t)  # its dtype is checked before any work
+        return copy_to_host(t)  # which refuses a dtype NumPy cannot hold before any work
     t, copied = _resolve_bits(t, copy)
-    arr = numpy_view_of_cpu_tensor(t)
+    arr = dtypes.numpy_view_of_cpu_tensor(t)
     if copy and not copied:
         return arr.copy(order="K")
     return readonly_if_broadcast(arr)
@@ -83,18 +66,18 @@ def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
 
 def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch.Tensor:
     """``to_torch`` of a tensor: itself (detached), a clone, or a move."""
-    check_strided_tensor(t, "to_torch")
+    arrays.check_strided_tensor(t, "to_torch")
     if t.is_cuda or (target is not None and target[0] == "cuda"):
         _backends.check_not_forked()  # PyTorch's own error would not say what to do
     t = t.detach() if t.requires_grad else t
     if target is None or _same_device(t, target):
         return t.clone() if copy else t
     if copy is False:
-        raise copy_required(f"moving a tensor from {t.device} to {target_str(target)}")
+        raise copy_required(f"moving a tensor from {t.device} to {arrays.target_str(target)}")
     if target[0] == "cpu":  # bits are applied chunk by chunk by copy_to_host
-        return _numpy.share_with_torch(copy_to_host(t), None)
+        return share_with_torch(copy_to_host(t), None)
     if t.device.type == "cpu":
-        return _numpy.host_to_torch(t, target[1])
+        return host_to_torch(t, target[1])
     return t.to(_backends.torch().device("cuda", target[1]))
 
 
@@ -109,30 +92,28 @@ def _same_device(t: torch.Tensor, target: Target) -> bool:
 
 
 def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.ndarray:
-    """``to_cupy`` of a tensor: CUDA data shared on its device, anything else
-    copied there (``copy_to_device``, ordered both ways with the current
-    streams, so ``t`` may be dropped at once)."""
-    check_strided_tensor(t, "to_cupy")  # before the device: a bad argument on any machine
-    check_tensor_data(t, "to_cupy")
+    """``to_cupy`` of a tensor: CUDA data shared on its device, anything else copied."""
+    arrays.check_strided_tensor(t, "to_cupy")  # before the device: a bad argument anywhere
+    arrays.check_tensor_data(t, "to_cupy")
     _backends.require_cupy_device()
     dtypes.check_cupy_dtype(t.dtype)  # before DLPack, whose error would not say what to do
     t = t.detach() if t.requires_grad else t
     if t.is_cuda and (target is None or t.get_device() == cupy_index(target[1])):
-        if not copy or t.is_conj() or t.is_neg():  # bits are applied into a copy and shared
+        if not copy or t.is_conj() or t.is_neg():  # bits are applied into a copy, shared
             return _export_to_cupy(t, copy)
         index = t.get_device()
     elif copy is False:
         if t.is_cuda and target is not None:
-            raise copy_required(f"moving a tensor from {t.device} to {target_str(target)}")
+            where = arrays.target_str(target)
+            raise copy_required(f"moving a tensor from {t.device} to {where}")
         raise copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
     else:
         index = cupy_index(None if target is None else target[1])
-    return copy_to_device(t, device=index)
+    return copy_to_device(t, device=index)  # ordered both ways: t may be dropped at once
 
 
 def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
-    """A CuPy array sharing a CUDA tensor's memory, on CuPy's current stream
-    (a conjugate/negative bit applied into a copy first)."""
+    """A CuPy array sharing a CUDA tensor's memory, on CuPy's current stream."""
     index = t.get_device()
     t, copied = _resolve_bits(t, copy)
     with export_context(index):
@@ -142,16 +123,16 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         # The stream CuPy works on and names to producers: its null stream is the
         # legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) the per-thread one.
         current = cp.cuda.get_current_stream()
-        handle = cupy_consumer_handle(current)
-        if not same_stream(handle, torch_stream_handle(index)):
+        handle = streams.cupy_consumer_handle(current)
+        if not streams.same_stream(handle, streams.torch_stream_handle(index)):
             refuse_split_capture("to_cupy", current)
-        if handle == PER_THREAD_DEFAULT:
+        if handle == streams.PER_THREAD_DEFAULT:
             # PyTorch's __dlpack__ refuses the per-thread default stream: order it
             # ourselves, on that stream itself (handle 2 names this thread's).
             ready = cp.cuda.Event(disable_timing=True)
-            ready.record(cupy_stream(torch_stream_handle(index), index))
-            cupy_stream(handle, index).wait_event(ready)
-            c = cp.from_dlpack(Unsynchronised(t))
+            ready.record(streams.cupy_stream(streams.torch_stream_handle(index), index))
+            streams.cupy_stream(handle, index).wait_event(ready)
+            c = cp.from_dlpack(streams.Unsynchronised(t))
         else:
             c = cp.from_dlpack(t)
         if copied:
@@ -159,7 +140,7 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
             # not for reuse before the work CuPy queued on it is done. (Under
             # the per-thread default stream this is the stream of the thread
             # that frees it: drop such arrays in the thread that made them.)
-            t.record_stream(torch_stream(handle, index))
+            t.record_stream(streams.torch_stream(handle, index))
         return c
 
 
@@ -169,12 +150,10 @@ ALREADY_CURRENT = contextlib.nullcontext()
 
 
 def export_context(index: int) -> contextlib.AbstractContextManager[Any]:
-    """Device ``index`` current for PyTorch and CuPy while a CUDA tensor of that
-    device is exported to CuPy: PyTorch's ``__dlpack__`` refuses another
-    device's tensor and orders the current device's stream; CuPy names its
-    current device's stream. Usually both are current already, and then nothing
-    is switched (two runtime queries, where switching and back costs several
-    microseconds)."""
+    """Device ``index`` current for PyTorch and CuPy while one of its tensors is exported."""
+    # PyTorch's __dlpack__ refuses another device's tensor, and each library names
+    # its current device's stream. Usually both are current already: then nothing
+    # is switched (switching there and back costs several microseconds).
     cp = _backends.cupy()
     if cp.cuda.runtime.getDevice() == index and _backends.torch().cuda.current_device() == index:
         return ALREADY_CURRENT
@@ -185,27 +164,17 @@ def export_context(index: int) -> contextlib.AbstractContextManager[Any]:
 def cuda_context(index: int) -> Iterator[None]:
     """Make device ``index`` current for both PyTorch (if imported) and CuPy."""
     with contextlib.ExitStack() as stack:
-        cp = _backends.cupy()
-        stack.enter_context(cp.cuda.Device(index))
-        if "torch" in sys.modules:
-            th = _backends.torch()
-            if th.cuda.is_available():
-                stack.enter_context(th.cuda.device(index))
+        stack.enter_context(_backends.cupy().cuda.Device(index))
+        if "torch" in sys.modules and _backends.torch().cuda.is_available():
+            stack.enter_context(_backends.torch().cuda.device(index))
         yield
 
 
 def refuse_split_capture(func: str, cupy_current: Any) -> None:
-    """Refuse an exchange between PyTorch's and CuPy's current streams (which
-    differ) while either is being captured into a CUDA graph: ordering one
-    after the other would wait across the capture's boundary and invalidate
-    it. Called in the data's device context, before anything is queued.
-
-    Raises
-    ------
-    CaptureError
-        A capture is under way on either stream.
-    """
-    th = _backends.torch()
+    """Refuse an exchange between two different current streams while either is captured."""
+    # Ordering one after the other would wait across the capture's boundary and
+    # invalidate it; called in the data's device context, before anything is queued.
+    th, capturing = _backends.torch(), streams.capturing
     if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
@@ -213,14 +182,6 @@ def refuse_split_capture(func: str, cupy_current: Any) -> None:
             "capture); run the block under `with interop.stream(s):` with s the capturing "
             "stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
         )
-
-
-def same_cuda(index: int, target: Target) -> bool:
-    """True if ``target`` is CUDA device ``index`` (None: CuPy's current device)."""
-    kind, want = target
-    if kind != "cuda":
-        return False
-    return index == cupy_index(want)
 
 
 def cupy_index(index: int | None) -> int:
