@@ -286,6 +286,14 @@ def test_read_only_numpy_to_torch_warns_and_shares(torch):
     assert ptr(c) != ptr(a)
 
 
+def test_the_read_only_warning_points_at_the_line_that_called_to_torch(torch):
+    a = np.arange(3.0)
+    a.flags.writeable = False
+    with pytest.warns(interop.ReadOnlyWarning) as record:
+        interop.to_torch(a)
+    assert record[0].filename == __file__
+
+
 def test_read_only_source_to_numpy_is_read_only(torch):
     a = np.arange(3.0)
     a.flags.writeable = False
