@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = ["to_cupy", "to_numpy", "to_torch"]
 
-# (library, its array type) -> the module that exchanges its arrays; anything
-# else goes to _foreign. Found through sys.modules: no library is imported.
+# (library, its array type) -> the module that exchanges its arrays, with
+# to_numpy(x, copy), to_torch(x, target, copy) and to_cupy(x, target, copy);
+# anything else goes to _foreign. Found through sys.modules: nothing is imported.
 _SOURCES: dict[tuple[str, str], ModuleType] = {
     ("numpy", "ndarray"): _numpy,
     ("torch", "Tensor"): _torch,
