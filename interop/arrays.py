@@ -1,9 +1,9 @@
-"""What an array is to interop: its kind, device, dtype and memory.
+"""What an array is to interop: its kind, device and memory.
 
 The exchange functions and the transfer pipeline both start here, so the
-questions "is this an array?", "where does it live?", "which NumPy dtype holds
-its values?" and "do these two arrays overlap?" have one answer each. Nothing
-here moves data between devices.
+questions "is this an array?", "where does it live?" and "do these two arrays
+overlap?" have one answer each (which dtype holds its values, and the views
+that read them: :mod:`interop.dtypes`). Nothing here moves data between devices.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from . import _backends, dtypes
+
+# the bit views, under the names the pipeline, npy and dask import from here
 from .dtypes import bits as bits
 from .dtypes import host_values as host_values
 from .dtypes import numpy_view_of_cpu_tensor as numpy_view_of_cpu_tensor
