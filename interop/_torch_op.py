@@ -34,7 +34,7 @@ from . import _backends, dtypes
 from .allocator import StreamMismatchError, _thread_setting
 from .arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
 from .errors import CopyRequiredError, InvalidTypeError, InvalidValueError, MissingFakeError
-from .exchange import _torch_fast, to_cupy, to_numpy, to_torch
+from .exchange import plain_torch_view, to_cupy, to_numpy, to_torch
 from .streams import (
     LEGACY_DEFAULT,
     PER_THREAD_DEFAULT,
@@ -795,7 +795,7 @@ class _Call:
                     r.shape,
                     _contiguous_strides(r.shape),
                 )
-        t = _torch_fast(r) if index is None else None  # the common case, answered first
+        t = plain_torch_view(r) if index is None else None  # the common case, answered first
         if t is None:
             t = to_torch(r)
         shape = r.shape

@@ -1,9 +1,9 @@
-"""What an array is to interop: its kind, device, dtype and memory.
+"""What an array is to interop: its kind, device and memory.
 
 The exchange functions and the transfer pipeline both start here, so the
-questions "is this an array?", "where does it live?", "which NumPy dtype holds
-its values?", "what values does this CPU tensor chunk hold?" and "do these two
-arrays overlap?" have one answer each. Nothing here moves data between devices.
+questions "is this an array?", "where does it live?" and "do these two arrays
+overlap?" have one answer each (which dtype holds its values, and the views
+that read them: :mod:`interop.dtypes`). Nothing here moves data between devices.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 
 from . import _backends, dtypes
+
+# the bit views, under the names the pipeline, npy and dask import from here
+from .dtypes import bits as bits
+from .dtypes import host_values as host_values
+from .dtypes import numpy_view_of_cpu_tensor as numpy_view_of_cpu_tensor
 from .errors import InvalidTypeError, InvalidValueError
 
 if TYPE_CHECKING:
@@ -25,15 +30,18 @@ __all__: list[str] = []
 # DLPack device types (dlpack.h, DLDeviceType).
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
 
-EXPECTED = (
-    "a NumPy array (or scalar), a PyTorch tensor, a CuPy array, or an object with "
-    "__dlpack__ or __cuda_array_interface__"
-)
-
 Target = tuple[Literal["cpu", "cuda"], "int | None"]
 
+# Array types of devices other than CUDA, each with the function that gives the
+# device (an interop.pipeline.backend.Backend) moving one of its arrays.
+_device_types: dict[type, Callable[[Any], Any]] = {}
 
-# --------------------------------------------------------------------------- naming
+
+def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
+    """Make arrays of type ``cls`` device data, moved by the Backend ``backend_of(x)``."""
+    # How a device other than CUDA (the emulated one of interop.testing) plugs in;
+    # its arrays have ``shape`` and a NumPy ``dtype``.
+    _device_types[cls] = backend_of
 
 
 def describe(x: object) -> str:
@@ -46,37 +54,20 @@ def describe(x: object) -> str:
 
 def not_an_array(func: str, x: object) -> InvalidTypeError:
     """The error for an argument that is not an array."""
-    return InvalidTypeError(f"{func} expected {EXPECTED} (got {describe(x)})")
+    return InvalidTypeError(
+        f"{func} expected a NumPy array (or scalar), a PyTorch tensor, a CuPy array, or an "
+        f"object with __dlpack__ or __cuda_array_interface__ (got {describe(x)})"
+    )
 
 
 def is_array(x: object) -> bool:
     """True for anything interop can take as an array (never imports a library)."""
     return (
-        isinstance(x, np.ndarray | np.generic)
-        or _backends.is_torch_tensor(x)
-        or _backends.is_cupy_array(x)
+        isinstance(x, (np.ndarray, np.generic, *_backends.array_types()))
         or type(x) in _device_types
         or hasattr(x, "__dlpack__")
         or hasattr(x, "__cuda_array_interface__")
     )
-
-
-# --------------------------------------------------------------------------- devices
-
-# Array types of devices other than CUDA, each with the function that gives the
-# device (an interop.pipeline.backend.Backend) moving one of its arrays.
-_device_types: dict[type, Callable[[Any], Any]] = {}
-
-
-def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
-    """Make arrays of type ``cls`` device data to interop's transfers.
-
-    CuPy arrays and CUDA tensors are known without this; another device (the
-    emulated one of :mod:`interop.testing`) registers its array types here,
-    with ``backend_of(x)`` returning the :class:`~interop.pipeline.backend.Backend`
-    that moves ``x``. Its arrays have ``shape`` and ``dtype`` (a NumPy dtype).
-    """
-    _device_types[cls] = backend_of
 
 
 def is_device_array(x: object) -> bool:
@@ -87,16 +78,7 @@ def is_device_array(x: object) -> bool:
 
 
 def parse_device(device: object) -> Target | None:
-    """Normalise ``device`` to ``("cpu", None)`` or ``("cuda", index or None)``.
-
-    Raises
-    ------
-    InvalidTypeError
-        Not a device-like object (a ``TypeError``).
-    InvalidValueError
-        A device string or index that names no CPU or CUDA device (a
-        ``ValueError``).
-    """
+    """``device`` as ``("cpu", None)`` or ``("cuda", index or None)``, or the error."""
     if device is None:
         return None
     if isinstance(device, bool):
@@ -109,11 +91,8 @@ def parse_device(device: object) -> Target | None:
         kind, _, index = device.partition(":")
         if kind == "cpu" and not index:
             return ("cpu", None)
-        if kind == "cuda":
-            if not index:
-                return ("cuda", None)
-            if index.isdigit():
-                return ("cuda", int(index))
+        if kind == "cuda" and (not index or index.isdigit()):
+            return ("cuda", int(index) if index else None)
         raise InvalidValueError(f"expected 'cpu', 'cuda' or 'cuda:N' (got {device!r})")
     module = type(device).__module__
     dev: Any = device
@@ -141,17 +120,7 @@ def target_str(target: Target) -> str:
 
 
 def check_strided_tensor(t: torch.Tensor, func: str) -> None:
-    """Refuse tensors interop cannot describe as strided CPU/CUDA memory.
-
-    Raises
-    ------
-    InvalidTypeError
-        A nested tensor, or a sparse or otherwise non-strided layout (a
-        ``TypeError``).
-    InvalidValueError
-        A meta tensor (it has no data), or a device other than CPU or CUDA (a
-        ``ValueError``).
-    """
+    """Refuse tensors interop cannot describe as strided CPU or CUDA memory."""
     th = _backends.torch()
     if t.is_nested:  # strided layout too, but its sizes and strides are per component
         raise InvalidTypeError(
@@ -180,14 +149,7 @@ def check_strided_tensor(t: torch.Tensor, func: str) -> None:
 
 
 def check_tensor_data(t: torch.Tensor, func: str) -> None:
-    """Refuse a tensor with no data of its own, before reading its memory.
-
-    Raises
-    ------
-    InvalidValueError
-        A tensor of a ``torch.func`` transform (``grad``, ``vmap``, ...), or
-        a FakeTensor (tracing): a ``ValueError``.
-    """
+    """Refuse a tensor with no data of its own (torch.func, FakeTensor)."""
     th = _backends.torch()
     if not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
         raise InvalidValueError(
@@ -204,59 +166,19 @@ def check_tensor_data(t: torch.Tensor, func: str) -> None:
         )
 
 
-def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
-    """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits.
-
-    bfloat16/float8 tensors give the ``ml_dtypes`` dtype of the same name.
-
-    Raises
-    ------
-    UnsupportedDtypeError
-        NumPy and ``ml_dtypes`` cannot hold the dtype.
-    """
-    ml = dtypes.ml_view_of_torch(t.dtype)
-    if ml is not None:
-        np_dtype, int_view = ml
-        return t.view(int_view).numpy().view(np_dtype)
-    dtypes.numpy_dtype_of_torch(t.dtype)  # raises UnsupportedDtypeError
-    return t.numpy()
-
-
-def plain_cpu_tensor_view(t: Any) -> np.ndarray | None:
-    """``t.numpy()`` for a plain CPU tensor (no grad, no conjugate/negative bit,
-    a dtype NumPy has, strided): the common case, answered first. None for
-    anything else, which the general rules handle."""
-    if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
-        return None
-    try:
-        return t.numpy()  # refuses what it cannot share: bfloat16, sparse, nested, ...
-    except (TypeError, RuntimeError):
-        return None
-
-
-def host_values(x: Any) -> np.ndarray:
-    """The values of a host chunk as NumPy: a NumPy array as it is, a CPU tensor
-    as a view, or as a copy with its conjugate/negative bit applied."""
-    if isinstance(x, np.ndarray):
-        return x
-    if x.is_conj() or x.is_neg():
-        x = x.resolve_conj().resolve_neg()
-    return numpy_view_of_cpu_tensor(x)
+# --------------------------------------------------------------------------- memory
 
 
 def raw_host_memory(x: Any) -> np.ndarray:
-    """The memory a host array reads, as NumPy, zero-copy (for overlap checks).
-
-    A tensor's conjugate/negative bit is flipped off by a view first, so the
-    result covers the memory the lazy tensor reads.
-    """
+    """The bytes a host array reads (a tensor's whatever its dtype), zero-copy."""
     if isinstance(x, np.ndarray):
         return x
-    if x.is_conj():
-        x = x.conj()  # a view without the bit, same memory
-    if x.is_neg():
-        x = _backends.torch()._neg_view(x)
-    return numpy_view_of_cpu_tensor(x)
+    th, size = _backends.torch(), x.element_size()
+    strides = (*(s * size for s in x.stride()), 1)
+    raw = th.empty(0, dtype=th.uint8).set_(
+        x.untyped_storage(), x.storage_offset() * size, (*x.shape, size), strides
+    )
+    return raw.numpy()
 
 
 def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
@@ -270,18 +192,7 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def check_elements_apart(out: Any, func: str, where: str = "") -> None:
-    """Refuse an ``out`` (any array kind) two of whose elements may share memory.
-
-    Apart for certain: sorted by stride, each axis steps past the extent of
-    the axes inside it, as in every view NumPy, PyTorch and CuPy make but a
-    broadcast (a stride of 0) or an ``as_strided`` one; the rare other
-    layouts whose elements happen to be apart are refused as well.
-
-    Raises
-    ------
-    InvalidValueError
-        Two elements of ``out`` may share memory (a ``ValueError``).
-    """
+    """Refuse an ``out`` (any array kind) two of whose elements may share memory."""
     if _backends.is_torch_tensor(out):
         itemsize = out.element_size()
         strides = tuple(s * itemsize for s in out.stride())
@@ -290,6 +201,10 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
     shape = tuple(out.shape)
     if 0 in shape:
         return
+    # Apart for certain: sorted by stride, each axis steps past the extent of the
+    # axes inside it, as in every view NumPy, PyTorch and CuPy make but a
+    # broadcast (a stride of 0) or an as_strided one; the rare other layouts
+    # whose elements happen to be apart are refused as well.
     extent = itemsize
     for stride, n in sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1):
         if stride < extent:
@@ -302,23 +217,11 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
         extent += stride * (n - 1)
 
 
-def bits(a: np.ndarray) -> np.ndarray:
-    """``a`` viewed with a same-sized integer dtype for ml_dtypes types."""
-    view = dtypes.int_view_of_numpy(a.dtype)
-    return a if view == a.dtype else a.view(view)
-
-
 # --------------------------------------------------------------------------- foreign
 
 
 def dlpack_device(x: Any, func: str) -> tuple[int, int]:
-    """``x.__dlpack_device__()`` as ``(device type, index)`` ints.
-
-    Raises
-    ------
-    InvalidValueError
-        The call fails or does not return two integers (a ``ValueError``).
-    """
+    """``x.__dlpack_device__()`` as ``(device type, index)`` ints, or InvalidValueError."""
     try:
         kind, index = x.__dlpack_device__()
         return operator.index(kind), operator.index(index)
@@ -339,14 +242,7 @@ def _foreign_failed(func: str, x: Any, exc: Exception) -> InvalidValueError:
 
 
 def host_from_dlpack(x: Any, func: str) -> np.ndarray:
-    """A NumPy array sharing the memory of a foreign CPU DLPack producer.
-
-    Raises
-    ------
-    InvalidValueError
-        The producer refuses the export (odd strides, byte order, a dtype
-        NumPy does not know, a broken ``__dlpack__``), a ``ValueError``.
-    """
+    """A NumPy array sharing a foreign CPU DLPack producer's memory."""
     try:
         return np.from_dlpack(x)
     except Exception as exc:
@@ -354,17 +250,8 @@ def host_from_dlpack(x: Any, func: str) -> np.ndarray:
 
 
 def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
-    """A CuPy array sharing the memory of a foreign CUDA DLPack producer (or an
-    object with ``__cuda_array_interface__`` when ``index`` is None), made on
-    CuPy's current stream of device ``index``.
-
-    Raises
-    ------
-    BackendUnavailableError, NoDeviceError
-        No CuPy, or no usable CUDA device.
-    InvalidValueError
-        The producer refuses the export (a ``ValueError``).
-    """
+    """A CuPy array sharing a foreign CUDA producer's memory (``index`` None: by
+    ``__cuda_array_interface__``), made on CuPy's current stream of ``index``."""
     cp = _backends.require_cupy_device()
     try:
         if index is None:
@@ -376,18 +263,7 @@ def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
 
 
 def import_foreign(x: Any, func: str) -> Any:
-    """A NumPy or CuPy array sharing the memory of a foreign producer (an object
-    with ``__dlpack__`` or ``__cuda_array_interface__``); CUDA data is imported
-    on CuPy's current stream of the data's device.
-
-    Raises
-    ------
-    InvalidValueError
-        DLPack data on a device other than CPU or CUDA, or a producer that
-        fails to export its data (a ``ValueError``).
-    InvalidTypeError
-        ``x`` is no array at all (a ``TypeError``).
-    """
+    """A NumPy or CuPy array sharing a foreign producer's memory, or the error."""
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         kind, index = dlpack_device(x, func)
         if kind in (DL_CPU, DL_CUDA_HOST):
@@ -404,8 +280,7 @@ def import_foreign(x: Any, func: str) -> Any:
 
 
 class Source(NamedTuple):
-    """An array as the transfer functions see it: what kind of array it is is
-    answered once, here, for the whole call."""
+    """An array as the transfer functions see it, described once per call."""
 
     obj: Any  # what chunk views are taken of: ndarray, detached tensor, CuPy or device array
     shape: tuple[int, ...]
@@ -416,56 +291,30 @@ class Source(NamedTuple):
 
 
 def array_source(x: Any, func: str) -> Source:
-    """Describe ``x`` without moving data; foreign ``__dlpack__`` /
-    ``__cuda_array_interface__`` objects are imported zero-copy.
-
-    Raises
-    ------
-    InvalidTypeError
-        ``x`` is not an array (the message names ``func``), or is a nested
-        or non-strided tensor (a ``TypeError``).
-    InvalidValueError
-        A meta tensor, a tensor on a device other than CPU or CUDA, or a
-        foreign producer whose export fails (a ``ValueError``).
-    UnsupportedDtypeError
-        No NumPy dtype holds its values.
-    """
-    if isinstance(x, np.ndarray):
-        return Source(x, x.shape, x.dtype, False)
+    """Describe ``x`` without moving data (a foreign object imported zero-copy)."""
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array, as numpy.asarray gives
         x = np.asarray(x)
+    if isinstance(x, np.ndarray):
         return Source(x, x.shape, x.dtype, False)
     tensor, cupy_array = _backends.array_types()
     backend_of = _device_types.get(type(x))
-    if not isinstance(x, (tensor, cupy_array)) and backend_of is None:
-        if not (hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__")):
-            raise not_an_array(func, x)
+    if backend_of is not None:
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True, None, backend_of(x))
+    if not isinstance(x, (tensor, cupy_array)):
         x = import_foreign(x, func)  # a NumPy or CuPy array now
         if isinstance(x, np.ndarray):
             return Source(x, x.shape, x.dtype, False)
-    if backend_of is not None:
-        return Source(x, tuple(x.shape), np.dtype(x.dtype), True, None, backend_of(x))
-    if isinstance(x, tensor):
-        check_strided_tensor(x, func)
-        cuda = x.device.index if x.device.type == "cuda" else None
-        dtype = dtypes.numpy_dtype_of_torch(x.dtype)
-        return Source(x.detach(), tuple(x.shape), dtype, cuda is not None, cuda)
-    return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))  # CuPy
+    if isinstance(x, cupy_array):
+        return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))
+    check_strided_tensor(x, func)
+    cuda = x.device.index if x.device.type == "cuda" else None
+    dtype = dtypes.numpy_dtype_of_torch(x.dtype)
+    return Source(x.detach(), tuple(x.shape), dtype, cuda is not None, cuda)
 
 
 def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = None) -> None:
-    """Check a host destination for ``src`` before anything is written: a
-    writable NumPy array of its shape and dtype (``cast`` where given) that
-    does not overlap it.
-
-    Raises
-    ------
-    InvalidTypeError
-        ``out`` is not a NumPy array (a ``TypeError``).
-    InvalidValueError
-        Wrong shape or dtype, read-only, overlapping a host source, or with
-        elements that share memory (a ``ValueError``).
-    """
+    """Refuse a host ``out`` for ``src`` before anything is written: it must be a
+    writable NumPy array of its shape and dtype (``cast``), apart from it."""
     if not isinstance(out, np.ndarray):
         raise InvalidTypeError(
             f"{func} expected out to be a writable NumPy array (numpy.memmap included) "

@@ -1,4 +1,5 @@
-"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy.
+"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy,
+and the zero-copy views that read a host array's values through it.
 
 NumPy has no ``bfloat16`` or ``float8`` types of its own; ``ml_dtypes`` provides
 them as NumPy dtypes. PyTorch's ``Tensor.numpy()`` and ``torch.from_numpy`` do
@@ -9,13 +10,16 @@ same-sized integer view on both sides, which never copies.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
 
 from . import _backends
 from .errors import InvalidTypeError, InvalidValueError, UnsupportedDtypeError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__: list[str] = []
 
@@ -55,18 +59,20 @@ def _torch_ml_table() -> dict[Any, tuple[np.dtype, Any]]:
 
 
 def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
-    """For a torch dtype that NumPy only knows through ``ml_dtypes``, return
-    ``(ml_dtypes dtype, torch integer view dtype)``; otherwise ``None``."""
+    """``(ml_dtypes dtype, torch integer view dtype)`` for bfloat16/float8, else None."""
     return _torch_ml_table().get(dtype)
 
 
-@functools.cache  # dtypes are hashable; this is on every exchange's path
+# dtypes are hashable, and the cached answers below are on every exchange's path
+
+
+@functools.cache
 def is_ml_dtype(dtype: Any) -> bool:
     """True for the ``ml_dtypes`` types interop moves by bit view (bfloat16, float8)."""
     return np.dtype(dtype) in _ML_NUMPY
 
 
-@functools.cache  # dtypes are hashable; this is on every exchange's path
+@functools.cache
 def int_view_of_numpy(dtype: Any) -> np.dtype:
     """A same-sized integer dtype for ``dtype``'s bits (itself for standard
     dtypes), in ``dtype``'s byte order (``'>i2'`` for a big-endian bfloat16)."""
@@ -75,16 +81,9 @@ def int_view_of_numpy(dtype: Any) -> np.dtype:
     return dtype if entry is None else entry[1].newbyteorder(dtype.byteorder)
 
 
-@functools.cache  # dtypes are hashable; this is on every exchange's path
+@functools.cache
 def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
-    """For an ``ml_dtypes`` NumPy dtype, return ``(torch dtype, NumPy integer
-    view dtype)``; otherwise ``None``.
-
-    Raises
-    ------
-    UnsupportedDtypeError
-        The installed PyTorch has no dtype of that name.
-    """
+    """``(torch dtype, NumPy integer view dtype)`` for an ``ml_dtypes`` dtype, else None."""
     entry = _ML_NUMPY.get(np.dtype(dtype))
     if entry is None:
         return None
@@ -98,21 +97,15 @@ def ml_view_of_numpy(dtype: np.dtype) -> tuple[Any, np.dtype] | None:
     return tdt, view
 
 
-@functools.cache  # dtypes are hashable; this is on every exchange's path
+@functools.cache
 def is_standard(dtype: np.dtype) -> bool:
     """True for NumPy dtypes that PyTorch has under the same name (bool, ints, floats, complex)."""
     return np.dtype(dtype).name in _STANDARD
 
 
-@functools.cache  # dtypes are hashable; this is on every exchange's path
+@functools.cache
 def torch_dtype_of_numpy(dtype: Any) -> Any:
-    """The torch dtype for a NumPy (or ``ml_dtypes``) dtype.
-
-    Raises
-    ------
-    UnsupportedDtypeError
-        PyTorch has no such dtype (strings, objects, datetimes, ...).
-    """
+    """The torch dtype for a NumPy (or ``ml_dtypes``) dtype, or UnsupportedDtypeError."""
     dtype = np.dtype(dtype)
     ml = ml_view_of_numpy(dtype)
     if ml is not None:
@@ -125,50 +118,28 @@ def torch_dtype_of_numpy(dtype: Any) -> Any:
     return getattr(_backends.torch(), dtype.name)
 
 
-@functools.cache  # dtypes are hashable; this is on every exchange's path
+@functools.cache
 def numpy_dtype_of_torch(dtype: Any) -> np.dtype:
-    """The NumPy dtype that holds a torch dtype's values bit for bit.
-
-    Raises
-    ------
-    UnsupportedDtypeError
-        NumPy and ``ml_dtypes`` have no such type (``complex32``, quantized types).
-    """
+    """The NumPy dtype holding a torch dtype's values bit for bit, or UnsupportedDtypeError."""
     ml = ml_view_of_torch(dtype)
     if ml is not None:
         return ml[0]
     name = _torch_name(dtype)
-    if name not in _STANDARD:
-        raise unsupported_torch_dtype(dtype)
-    return np.dtype(name)
-
-
-def unsupported_torch_dtype(dtype: Any) -> UnsupportedDtypeError:
-    """The error for a torch dtype NumPy cannot hold, with the fix."""
-    name = _torch_name(dtype)
+    if name in _STANDARD:
+        return np.dtype(name)
     if name.startswith(("qint", "quint")):  # quantized: t.to() cannot leave the type
         hint = "take its values with t.dequantize(), or its stored integers with t.int_repr()"
+    elif name == "complex32":
+        hint = "convert first with t.to(torch.complex64)"
     else:
-        hint = {
-            "complex32": "convert first with t.to(torch.complex64)",
-        }.get(name, "convert first with t.to(<a standard dtype>)")
-    return UnsupportedDtypeError(
+        hint = "convert first with t.to(<a standard dtype>)"
+    raise UnsupportedDtypeError(
         f"expected a dtype NumPy or ml_dtypes can hold (got torch.{name}); {hint}"
     )
 
 
 def check_cupy_dtype(dtype: Any) -> None:
-    """Raise if the installed CuPy cannot hold arrays of ``dtype`` (a torch or
-    NumPy dtype).
-
-    Raises
-    ------
-    UnsupportedDtypeError
-        ``bfloat16`` with CuPy < 14, ``float8`` types, ``complex32``, and any
-        other dtype but bool, integers, floats and complex (strings, objects,
-        structured and datetime arrays; quantized, sub-byte and ``float4``
-        tensors).
-    """
+    """Refuse, with the fix, a torch or NumPy dtype the installed CuPy cannot hold."""
     is_numpy = isinstance(dtype, np.dtype)
     name = dtype.name if is_numpy else _torch_name(dtype)
     if name == "bfloat16":
@@ -194,9 +165,7 @@ def check_cupy_dtype(dtype: Any) -> None:
 
 
 def mismatch_message(func: str, want: np.dtype, got: np.dtype, castable: bool = False) -> str:
-    """The message for an ``out`` of dtype ``got`` where ``want`` was expected,
-    with the fix (byte order, the ``ml_dtypes`` type, or the dtype to use;
-    ``castable``: also the ``dtype=`` argument that casts on the way)."""
+    """The message, with the fix, for an ``out`` of dtype ``got`` where ``want`` was expected."""
     if want.newbyteorder("=") == got.newbyteorder("="):
         hint = f"the byte order differs: allocate out with dtype {want.str!r}"
     elif is_ml_dtype(want):
@@ -214,17 +183,7 @@ def _floating(dtype: np.dtype) -> bool:
 
 
 def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
-    """The dtype to cast ``have`` values to on the way, or None for a
-    bit-for-bit copy (``want`` None, or ``have`` itself).
-
-    Raises
-    ------
-    InvalidTypeError
-        ``want`` is not a dtype (a ``TypeError``).
-    InvalidValueError
-        A cast other than between floating dtypes (float16/32/64 and the
-        ``ml_dtypes`` bfloat16 and float8 types), a ``ValueError``.
-    """
+    """The dtype to cast to on the way (floating dtypes only), or None for a bit copy."""
     if want is None:
         return None
     try:
@@ -240,3 +199,30 @@ def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
             "first and call .astype() on the result"
         )
     return target
+
+
+# --------------------------------------------------------------------------- bit views
+
+
+def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits."""
+    ml = ml_view_of_torch(t.dtype)
+    if ml is not None:
+        return t.view(ml[1]).numpy().view(ml[0])
+    numpy_dtype_of_torch(t.dtype)  # raises UnsupportedDtypeError
+    return t.numpy()
+
+
+def host_values(x: Any) -> np.ndarray:
+    """A host chunk's values as NumPy (a tensor's conjugate/negative bit applied)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if x.is_conj() or x.is_neg():
+        x = x.resolve_conj().resolve_neg()
+    return numpy_view_of_cpu_tensor(x)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """``a`` viewed with a same-sized integer dtype for ml_dtypes types."""
+    view = int_view_of_numpy(a.dtype)
+    return a if view == a.dtype else a.view(view)

@@ -286,6 +286,14 @@ def test_read_only_numpy_to_torch_warns_and_shares(torch):
     assert ptr(c) != ptr(a)
 
 
+def test_the_read_only_warning_points_at_the_line_that_called_to_torch(torch):
+    a = np.arange(3.0)
+    a.flags.writeable = False
+    with pytest.warns(interop.ReadOnlyWarning) as record:
+        interop.to_torch(a)
+    assert record[0].filename == __file__
+
+
 def test_read_only_source_to_numpy_is_read_only(torch):
     a = np.arange(3.0)
     a.flags.writeable = False
@@ -715,9 +723,9 @@ def test_gpu_explicit_device_zero_contexts(cp, torch):
 
 @pytest.mark.gpu
 def test_gpu_an_export_on_the_current_device_switches_no_device(cp, torch):
-    from interop import exchange
+    from interop.exchange import _torch
 
-    assert exchange._torch_export_context(0) is exchange._ALREADY_CURRENT
+    assert _torch.export_context(0) is _torch.ALREADY_CURRENT
     t = torch.arange(4.0, device="cuda:0")
     c = interop.to_cupy(t)
     assert ptr(c) == t.data_ptr()
@@ -727,9 +735,9 @@ def test_gpu_an_export_on_the_current_device_switches_no_device(cp, torch):
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_gpu_an_export_from_another_device_switches_there_and_back(cp, torch):
-    from interop import exchange
+    from interop.exchange import _torch
 
-    assert exchange._torch_export_context(1) is not exchange._ALREADY_CURRENT
+    assert _torch.export_context(1) is not _torch.ALREADY_CURRENT
     t = torch.arange(4.0, device="cuda:1")
     c = interop.to_cupy(t)
     assert int(c.device.id) == 1

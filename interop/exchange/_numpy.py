@@ -1,0 +1,143 @@
+"""NumPy arrays (and NumPy scalars, as 0-d arrays) as the source of an exchange."""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _backends, dtypes
+from ..arrays import target_str
+from ..errors import BackendUnavailableError, NoDeviceError, ReadOnlyWarning
+from ..transfer import copy_to_device
+from . import _layout
+from ._layout import copy_required
+
+if TYPE_CHECKING:
+    import cupy
+    import torch
+
+    from ..arrays import Target
+
+__all__: list[str] = []
+
+# The common case of to_torch, answered before the general rules (which give
+# the same result): a writable, aligned, C-contiguous array of a dtype
+# PyTorch shares as it is.
+_SHAREABLE: dict[np.dtype, bool] = {}  # native dtypes torch.from_numpy takes as they are
+
+
+def plain_torch_view(a: np.ndarray) -> torch.Tensor | None:
+    """``torch.from_numpy(a)`` for a plain array that PyTorch shares as it is;
+    None for anything else."""
+    dtype = a.dtype
+    ok = _SHAREABLE.get(dtype)
+    if ok is None:
+        ok = _SHAREABLE[dtype] = _shareable(dtype)
+    flags = a.flags
+    if not (ok and flags.c_contiguous and flags.aligned and flags.writeable):
+        return None
+    shape = a.shape
+    if 1 in shape or 0 in shape:  # C-contiguous, yet any stride on such an axis: the rules
+        return None
+    return _backends.torch().from_numpy(a)
+
+
+def _shareable(dtype: np.dtype) -> bool:
+    # NumPy's "aligned" means aligned to dtype.alignment, which for complex128 is
+    # 8: PyTorch needs the whole itemsize (the general path checks the address)
+    if not dtype.isnative or not dtypes.is_standard(dtype) or dtype.alignment != dtype.itemsize:
+        return False
+    try:
+        dtypes.torch_dtype_of_numpy(dtype)
+    except Exception:
+        return False
+    return True
+
+
+def to_numpy(a: np.ndarray, copy: bool | None) -> np.ndarray:
+    """``to_numpy`` of a NumPy array."""
+    if copy:
+        return a.copy(order="K")
+    return _layout.readonly_if_broadcast(a)
+
+
+def to_torch(a: np.ndarray, target: Target | None, copy: bool | None) -> torch.Tensor:
+    """``to_torch`` of a NumPy array."""
+    _backends.torch()  # BackendUnavailableError before any work
+    if target is not None and target[0] == "cuda":
+        if copy is False:
+            raise copy_required(f"moving a NumPy array to {target_str(target)}")
+        return host_to_torch(a, target[1])
+    return share_with_torch(a, copy)
+
+
+def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
+    """A CPU tensor sharing ``a``'s memory where PyTorch can, else holding a copy."""
+    th = _backends.torch()
+    native = a.dtype if a.dtype.isnative else a.dtype.newbyteorder("=")
+    dtypes.torch_dtype_of_numpy(native)  # UnsupportedDtypeError before any copy
+    copied = False
+    if not a.dtype.isnative:
+        if a.dtype.itemsize == 1:
+            a = a.view(native)  # one byte has no byte order (ml_dtypes' float8 keep a flag)
+        elif copy is False:
+            shown = a.dtype.str if dtypes.is_standard(native) else a.dtype.byteorder + native.name
+            raise copy_required(f"an array in non-native byte order ({shown!r})")
+        else:
+            a = a.astype(native)
+            copied = True
+    if _layout.unshareable(a):  # rare: checked once in the common case
+        a = _layout.normalise_strides(a)
+        problem = _layout.unshareable(a)
+        if problem:
+            if copy is False:
+                raise copy_required(f"an array with {problem}")
+            a = a.copy(order="C")  # a fresh, aligned C array (0-d stays 0-d)
+            copied = True
+    if copy and not copied:
+        a = a.copy(order="K")
+        copied = True
+    ml = dtypes.ml_view_of_numpy(a.dtype)
+    src = a if ml is None else a.view(ml[1])
+    if src.flags.writeable:
+        t = th.from_numpy(src)
+    else:
+        warnings.warn(
+            "to_torch shares a read-only NumPy array; PyTorch cannot mark tensors "
+            "read-only, so writing to the result writes into memory NumPy marked "
+            "read-only. Pass copy=True for a writable copy.",
+            ReadOnlyWarning,
+            stacklevel=4,  # the caller of interop.to_torch
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            t = th.from_numpy(src)
+    return t if ml is None else t.view(ml[0])
+
+
+def host_to_torch(t: Any, index: int | None) -> torch.Tensor:
+    """A new CUDA tensor holding host data's values (a NumPy array or CPU tensor)."""
+    # Through copy_to_device's pinned ring where CuPy can drive the copy (bits
+    # applied chunk by chunk), else Tensor.to (whole-tensor pinned staging).
+    th = _backends.require_torch_cuda()
+    device = th.device("cuda", th.cuda.current_device() if index is None else index)
+    try:
+        _backends.require_cupy_device()
+    except (BackendUnavailableError, NoDeviceError):
+        if isinstance(t, np.ndarray):
+            t = share_with_torch(t, True)  # a private copy: no read-only warning
+        return t.resolve_conj().resolve_neg().to(device)
+    dtype = dtypes.torch_dtype_of_numpy(t.dtype) if isinstance(t, np.ndarray) else t.dtype
+    out = th.empty(tuple(t.shape), dtype=dtype, device=device)
+    return copy_to_device(t, out)
+
+
+def to_cupy(a: np.ndarray, target: Target | None, copy: bool | None) -> cupy.ndarray:
+    """``to_cupy`` of a NumPy array: always a copy, through the pinned ring."""
+    _backends.require_cupy_device()
+    if copy is False:
+        raise copy_required("a NumPy array (to_cupy returns device memory)")
+    # copy_to_device refuses a dtype CuPy cannot hold, before any work
+    return copy_to_device(a, device=None if target is None else target[1])

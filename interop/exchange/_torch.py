@@ -1,0 +1,189 @@
+"""PyTorch tensors (CPU, pinned or CUDA) as the source of an exchange, and the
+device and stream rules that CUDA exchanges between PyTorch and CuPy follow."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _backends, arrays, dtypes, streams
+from ..errors import CaptureError
+from ..transfer import copy_to_device, copy_to_host
+from ._layout import copy_required, readonly_if_broadcast
+from ._numpy import host_to_torch, share_with_torch
+
+if TYPE_CHECKING:
+    import cupy
+    import torch
+
+    from ..arrays import Target
+
+__all__: list[str] = []
+
+
+def plain_numpy_view(t: torch.Tensor) -> np.ndarray | None:
+    """``t.numpy()`` for a plain CPU tensor (the common case of to_numpy, answered
+    before the general rules, which give the same result); else None."""
+    if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
+        return None
+    try:
+        a = t.numpy()  # refuses what it cannot share: bfloat16, sparse, nested, ...
+    except (TypeError, RuntimeError):
+        return None
+    return readonly_if_broadcast(a) if 0 in a.strides else a
+
+
+def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, bool]:
+    """Materialise the conjugate/negative bits; return (tensor, copied)."""
+    if not (t.is_conj() or t.is_neg()):
+        return t, False
+    bit = "the conjugate bit" if t.is_conj() else "the negative bit"
+    if copy is False:
+        raise copy_required(f"a tensor with {bit} set (its memory holds other values)")
+    return t.resolve_conj().resolve_neg(), True
+
+
+def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
+    """``to_numpy`` of a tensor: CPU data shared, device data copied."""
+    arrays.check_strided_tensor(t, "to_numpy")
+    arrays.check_tensor_data(t, "to_numpy")
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_cuda:
+        if copy is False:
+            raise copy_required(f"a tensor on {t.device} (to_numpy returns host memory)")
+        return copy_to_host(t)  # which refuses a dtype NumPy cannot hold before any work
+    t, copied = _resolve_bits(t, copy)
+    arr = dtypes.numpy_view_of_cpu_tensor(t)
+    if copy and not copied:
+        return arr.copy(order="K")
+    return readonly_if_broadcast(arr)
+
+
+def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch.Tensor:
+    """``to_torch`` of a tensor: itself (detached), a clone, or a move."""
+    arrays.check_strided_tensor(t, "to_torch")
+    if t.is_cuda or (target is not None and target[0] == "cuda"):
+        _backends.check_not_forked()  # PyTorch's own error would not say what to do
+    t = t.detach() if t.requires_grad else t
+    if target is None or _same_device(t, target):
+        return t.clone() if copy else t
+    if copy is False:
+        raise copy_required(f"moving a tensor from {t.device} to {arrays.target_str(target)}")
+    if target[0] == "cpu":  # bits are applied chunk by chunk by copy_to_host
+        return share_with_torch(copy_to_host(t), None)
+    if t.device.type == "cpu":
+        return host_to_torch(t, target[1])
+    return t.to(_backends.torch().device("cuda", target[1]))
+
+
+def _same_device(t: torch.Tensor, target: Target) -> bool:
+    kind, index = target
+    if t.device.type != kind:
+        return False
+    if kind == "cpu":
+        return True
+    current = _backends.torch().cuda.current_device() if index is None else index
+    return t.device.index == current
+
+
+def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.ndarray:
+    """``to_cupy`` of a tensor: CUDA data shared on its device, anything else copied."""
+    arrays.check_strided_tensor(t, "to_cupy")  # before the device: a bad argument anywhere
+    arrays.check_tensor_data(t, "to_cupy")
+    _backends.require_cupy_device()
+    dtypes.check_cupy_dtype(t.dtype)  # before DLPack, whose error would not say what to do
+    t = t.detach() if t.requires_grad else t
+    if t.is_cuda and (target is None or t.get_device() == cupy_index(target[1])):
+        if not copy or t.is_conj() or t.is_neg():  # bits are applied into a copy, shared
+            return _export_to_cupy(t, copy)
+        index = t.get_device()
+    elif copy is False:
+        if t.is_cuda and target is not None:
+            where = arrays.target_str(target)
+            raise copy_required(f"moving a tensor from {t.device} to {where}")
+        raise copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
+    else:
+        index = cupy_index(None if target is None else target[1])
+    return copy_to_device(t, device=index)  # ordered both ways: t may be dropped at once
+
+
+def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
+    """A CuPy array sharing a CUDA tensor's memory, on CuPy's current stream."""
+    index = t.get_device()
+    t, copied = _resolve_bits(t, copy)
+    with export_context(index):
+        # Inside the device context: torch's __dlpack__ refuses tensors of
+        # another device, and both libraries' current streams are this device's.
+        cp = _backends.cupy()
+        # The stream CuPy works on and names to producers: its null stream is the
+        # legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) the per-thread one.
+        current = cp.cuda.get_current_stream()
+        handle = streams.cupy_consumer_handle(current)
+        if not streams.same_stream(handle, streams.torch_stream_handle(index)):
+            refuse_split_capture("to_cupy", current)
+        if handle == streams.PER_THREAD_DEFAULT:
+            # PyTorch's __dlpack__ refuses the per-thread default stream: order it
+            # ourselves, on that stream itself (handle 2 names this thread's).
+            ready = cp.cuda.Event(disable_timing=True)
+            ready.record(streams.cupy_stream(streams.torch_stream_handle(index), index))
+            streams.cupy_stream(handle, index).wait_event(ready)
+            c = cp.from_dlpack(streams.Unsynchronised(t))
+        else:
+            c = cp.from_dlpack(t)
+        if copied:
+            # The resolved copy goes back to PyTorch's pool when CuPy drops it:
+            # not for reuse before the work CuPy queued on it is done. (Under
+            # the per-thread default stream this is the stream of the thread
+            # that frees it: drop such arrays in the thread that made them.)
+            t.record_stream(streams.torch_stream(handle, index))
+        return c
+
+
+# ----------------------------------------------------------- devices and streams
+
+ALREADY_CURRENT = contextlib.nullcontext()
+
+
+def export_context(index: int) -> contextlib.AbstractContextManager[Any]:
+    """Device ``index`` current for PyTorch and CuPy while one of its tensors is exported."""
+    # PyTorch's __dlpack__ refuses another device's tensor, and each library names
+    # its current device's stream. Usually both are current already: then nothing
+    # is switched (switching there and back costs several microseconds).
+    cp = _backends.cupy()
+    if cp.cuda.runtime.getDevice() == index and _backends.torch().cuda.current_device() == index:
+        return ALREADY_CURRENT
+    return cuda_context(index)
+
+
+@contextlib.contextmanager
+def cuda_context(index: int) -> Iterator[None]:
+    """Make device ``index`` current for both PyTorch (if imported) and CuPy."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_backends.cupy().cuda.Device(index))
+        if "torch" in sys.modules and _backends.torch().cuda.is_available():
+            stack.enter_context(_backends.torch().cuda.device(index))
+        yield
+
+
+def refuse_split_capture(func: str, cupy_current: Any) -> None:
+    """Refuse an exchange between two different current streams while either is captured."""
+    # Ordering one after the other would wait across the capture's boundary and
+    # invalidate it; called in the data's device context, before anything is queued.
+    th, capturing = _backends.torch(), streams.capturing
+    if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
+        raise CaptureError(
+            f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
+            "two different current streams; ordering one after the other would break the "
+            "capture); run the block under `with interop.stream(s):` with s the capturing "
+            "stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
+        )
+
+
+def cupy_index(index: int | None) -> int:
+    """``index``, or CuPy's current device for None."""
+    return _backends.cupy().cuda.runtime.getDevice() if index is None else index
