@@ -30,8 +30,16 @@ import interop
 from .. import _backends
 from ..config import chunk_bytes_or_default, config, host_copy_threads
 from ..destination import wait_for_replaced_files
-from .measure import Case, Measured, MiB, PeakRss, WrongResultError, expect_equal, measure
-from .results import Ratio
+from .measure import (
+    Case,
+    Measured,
+    MiB,
+    PeakRss,
+    Ratio,
+    WrongResultError,
+    expect_equal,
+    measure,
+)
 
 if TYPE_CHECKING:
     from .measure import BenchSizes
