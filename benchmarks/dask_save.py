@@ -1,19 +1,13 @@
 """How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
 
-``dask_save_npy``: a float32 dask array of NumPy blocks (16 blocks of whole 4 KiB rows,
-half the ``save_npy_rss`` size), persisted on a ``distributed.LocalCluster`` of 2 worker
-processes with 1 thread each that the row starts and always closes; then, alternated,
-``interop.dask.save_npy``, ``da.to_npy_stack`` and ``da.store`` into a ``.npy`` file made with
-``numpy.lib.format.open_memmap``, each output checked on the workers after its first call
-and removed after every call, with each call's peak RSS growth on every worker (``VmHWM``
-reset with ``client.run`` before the call, read after). ``dask_save_npy_cupy`` (GPU): the
-GPU rows' CuPy array as 16 blocks on dask's threaded scheduler (2 threads), against the
-usual recipe, ``numpy.save`` of each block's ``cupy.asnumpy`` copy.
-
-Both are judged on a tmpfs (``/dev/shm`` where it has room), so that the disk's writeback
-does not decide the ratios; interop's save is then timed into ``INTEROP_BENCH_DIR`` too,
-the disk figure beside. Both need the ``dask`` extra (the cluster row ``distributed`` too),
-and are "not available" without it.
+``dask_save_npy``: NumPy blocks (16 of whole 4 KiB rows, half the ``save_npy_rss`` size)
+persisted on a ``distributed.LocalCluster`` of 2 one-thread worker processes, saved by
+``interop.dask.save_npy``, ``da.to_npy_stack`` and ``da.store`` into an ``open_memmap`` file,
+alternated, with each call's peak RSS growth on every worker. ``dask_save_npy_cupy`` (GPU):
+the GPU rows' CuPy array as 16 blocks on the threaded scheduler (2 threads), against
+``numpy.save`` of each block's ``cupy.asnumpy`` copy. Both are judged on a tmpfs
+(``/dev/shm`` where it has room), so that the disk's writeback does not decide the ratios,
+with interop's save into ``INTEROP_BENCH_DIR`` beside; both need the ``dask`` extra.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +31,7 @@ from benchmarks import lab
 from benchmarks.targets import DASK as OURS
 from interop.bench import BenchContext, Measured, Ratio, RowSpec, WrongResultError
 from interop.bench.measure import GiB, MiB, PeakRss, status_bytes
+from interop.bench.report import format_bytes
 from interop.bench.rows import ring_bytes
 from interop.config import config
 from interop.info import install_command
@@ -99,43 +94,26 @@ def peak_rss() -> int | None:
     return status_bytes("VmHWM")
 
 
-class _WorkerPeakRss:
-    """``extra_bytes``: the largest peak RSS growth of any worker over the block (None if
-    any could not be measured, or a worker was replaced meanwhile)."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.extra_bytes: int | None = None
-
-    def __enter__(self) -> _WorkerPeakRss:
-        self._base = self._client.run(reset_peak_rss)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        peaks = self._client.run(peak_rss)
-        grown = [(b, peaks.get(worker)) for worker, b in self._base.items()]
-        if grown and all(b is not None and peak is not None for b, peak in grown):
-            self.extra_bytes = max(0, *(peak - b for b, peak in grown))
+@contextlib.contextmanager
+def _worker_rss(client: Any) -> Iterator[dict[str, int | None]]:
+    """The largest peak RSS growth of any worker over the block (None if one was not
+    measured, or was replaced meanwhile)."""
+    probe: dict[str, int | None] = {"host": None, "device": None}
+    base = client.run(reset_peak_rss)
+    yield probe
+    peaks = client.run(peak_rss)
+    grown = [(b, peaks.get(worker)) for worker, b in base.items()]
+    if grown and all(b is not None and peak is not None for b, peak in grown):
+        probe["host"] = max(0, *(peak - b for b, peak in grown))
 
 
-class _ProcessMemory(contextlib.ExitStack):
-    """This process's peak RSS growth (``extra_bytes``) and, with ``growth``, the device
-    memory taken (``extra_device_bytes``) over the block."""
-
-    def __init__(self, growth: Callable[[], lab.DeviceGrowth] | None) -> None:
-        super().__init__()
-        self._growth, self.extra_bytes, self.extra_device_bytes = growth, None, None
-
-    def __enter__(self) -> _ProcessMemory:
-        self._rss = self.enter_context(PeakRss())
-        self._device = self.enter_context(self._growth()) if self._growth else None
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        handled = super().__exit__(*exc)
-        self.extra_bytes = self._rss.extra_bytes
-        self.extra_device_bytes = self._device.extra_bytes if self._device else None
-        return handled
+@contextlib.contextmanager
+def _process_memory(growth: Callable[[], Any] | None) -> Iterator[dict[str, int | None]]:
+    """This process's peak RSS growth over the block and, with ``growth``, device memory."""
+    probe: dict[str, int | None] = {"host": None, "device": None}
+    with PeakRss() as rss, growth() if growth else contextlib.nullcontext() as device:
+        yield probe
+    probe.update(host=rss.extra_bytes, device=device.extra_bytes if device else None)
 
 
 class MemmapOnWorker:
@@ -207,8 +185,8 @@ def _alternate(
                 save.check(path)
             else:
                 got[save.label].seconds.append(seconds)
-            host[save.label].append(probe.extra_bytes)
-            device[save.label].append(getattr(probe, "extra_device_bytes", None))
+            host[save.label].append(probe["host"])
+            device[save.label].append(probe["device"])
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     for label, measured in got.items():
         measured.extra_host_bytes = None if None in host[label] else max(host[label])
@@ -272,7 +250,7 @@ def _fields(
 
 
 def _size(nbytes: int, block_bytes: int) -> str:
-    total = f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
+    total = format_bytes(nbytes) if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
     return f"{total} float32 in {BLOCKS} blocks of {block_bytes / MiB:.2f} MiB"
 
 
@@ -334,7 +312,7 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
             _Save(STACK, "stack", lambda p: da.to_npy_stack(p, x), check(STACK, _block_in_stack)),
             _Save(MEMMAP, "memmap.npy", memmap, check(MEMMAP, _block_in_file)),
         ]
-        got, where = _judged_and_disk(ctx, saves, nbytes, lambda: _WorkerPeakRss(client))
+        got, where = _judged_and_disk(ctx, saves, nbytes, lambda: _worker_rss(client))
         workers = len(client.scheduler_info()["workers"])
     bound = block_bytes + 2 * ring_bytes()
     fields = _fields(
@@ -389,7 +367,7 @@ def threaded_saves(
     ]
     with dask.config.set(scheduler="threads", num_workers=WORKERS):
         got, where = _judged_and_disk(
-            ctx, saves, int(x.nbytes), lambda: _ProcessMemory(growth), release=release
+            ctx, saves, int(x.nbytes), lambda: _process_memory(growth), release=release
         )
     block_bytes = block_rows * x.shape[1] * x.itemsize
     words = f"{WORKERS} threads x 2 x num_buffers x chunk_bytes"

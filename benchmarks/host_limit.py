@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -250,17 +251,18 @@ def stages_and_trace(ctx: BenchContext, fields: dict[str, Any], to_host: bool) -
     g = ctx.gpu()
     host = np.zeros(g.ref.shape, np.float32) if to_host else np.array(g.ref)  # pageable, touched
     stages = ring_stages(g, host, to_host, ctx.sizes.repeats)
-    call = (
-        (lambda: interop.copy_to_host(g.x, host))
+    where = lab.traced(
+        partial(interop.copy_to_host, g.x, host)
         if to_host
-        else (lambda: interop.copy_to_device(host))
+        else partial(interop.copy_to_device, host)
     )
-    ours = fields["ratios"][0].of
-    slower = Ratio.between(
-        ours, "throughput", "the slower ring stage alone", fields["gbps"], stages.get("bound GB/s")
-    )
-    ratios = [*fields["ratios"], *([slower] if "bound GB/s" in stages else [])]
-    return fields | {"stages": stages, "trace": lab.traced(call), "ratios": ratios}
+    ratios = list(fields["ratios"])
+    if "bound GB/s" in stages:  # context: the row against the slower stage alone
+        to = "the slower ring stage alone"
+        ratios.append(
+            Ratio.between(ratios[0].of, "throughput", to, fields["gbps"], stages["bound GB/s"])
+        )
+    return fields | {"stages": stages, "trace": where, "ratios": ratios}
 
 
 # ------------------------------------------------------------------ emulated_overlap
@@ -323,20 +325,11 @@ def emulated_overlap(ctx: BenchContext) -> dict[str, Any]:
         "anchors": {f"{k} GB/s": v for k, v in gbps.items() if k != ours},
         "overlap": (link + host - pipe) / min(link, host),
         "ratios": [
-            Ratio.between(
-                ours,
-                "throughput",
-                "max(link, host stage)",
-                gbps[ours],
-                nbytes / max(link, host) / 1e9,
-            ),
-            Ratio.between(
-                ours,
-                "throughput",
-                "link + host stage, one after the other",
-                gbps[ours],
-                nbytes / (link + host) / 1e9,
-            ),
+            Ratio.between(ours, "throughput", to, gbps[ours], nbytes / seconds / 1e9)
+            for to, seconds in (
+                ("max(link, host stage)", max(link, host)),
+                ("link + host stage, one after the other", link + host),
+            )
         ],
     }
 

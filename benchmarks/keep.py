@@ -1,15 +1,11 @@
 """Keep a GPU run: ``python -m benchmarks keep OUTDIR [--branch main] > report.md``
 
-Reads what ``scripts/gpu-check OUTDIR`` wrote: ``bench.json`` (needed), ``sweep.json``,
-``steps.tsv`` and the JUnit files (their counts summed); checks that they are one full run
-on a CUDA device at a commit of ``--branch`` without uncommitted changes; writes
-``benchmarks/results/<date>-<device>.json`` (device, date, commit, versions, gpu-check's
-steps and test counts, the bench and sweep whole; ``...-<commit>.json``, then
-``...-<commit>-<time>.json`` where another run holds the name: a kept run is never
-replaced) and its plot ``docs/img/throughput-<name>.png``; and prints, in Markdown, what to
-paste into docs/benchmarks.md: the results table's row, every judged ratio, where the time
-went in the missed rows, the sweep's suggested defaults. Exit status: 0 when kept, 1 when
-the results cannot be kept (nothing written, the reason on stderr), 2 for bad usage.
+Checks that what ``scripts/gpu-check OUTDIR`` wrote (``bench.json``, ``sweep.json``,
+``steps.tsv``, the JUnit files) is one full run on a CUDA device at a commit of the branch
+without uncommitted changes; keeps it whole as ``benchmarks/results/<date>-<device>.json``
+(then ``...-<commit>``, ``...-<commit>-<time>``: a kept run is never replaced) with its plot
+``docs/img/throughput-<name>.png``; prints in Markdown what docs/benchmarks.md takes. Exit
+status 0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -30,16 +26,6 @@ from interop.bench.report import ratio_text
 from interop.errors import BackendUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The columns of the results table in docs/benchmarks.md, in order.
-TABLE_ROWS = (
-    "d2h_prealloc",
-    "d2h_fresh",
-    "d2h_strided",
-    "h2d_pageable",
-    "exchange_us",
-    "save_npy",
-    "dask_save_npy_cupy",
-)
 VERDICT = {True: "met", False: "**missed**", None: "reference"}
 
 
@@ -103,29 +89,9 @@ def _gpu_check(outdir: Path) -> dict[str, Any]:
     return {"steps": steps, "tests": tests}
 
 
-def _cell(row: dict[str, Any] | None) -> str:
-    """A row's cell of the results table: its judged ratios (and the ratio to the link where
-    it is judged against something lower), and the verdict."""
-    if row is None or row["status"] != "ok":
-        return "not run" if row is None else row["status"]
-    ratios = row.get("ratios", [])
-    judged = [r for r in ratios if r.get("target")]
-    ours = {r["of"] for r in judged}
-    judged = [
-        r
-        for r in ratios
-        if r["to"] in ("d2h_limit", "h2d_limit") and r["of"] in ours and not r.get("target")
-    ] + judged
-    parts = [
-        f"{'n/a' if r['value'] is None else format(r['value'], '.2f')}x {r['to']}" for r in judged
-    ]
-    return f"{'; '.join(parts)} ({VERDICT[row['met']]})"
-
-
 def report(kept: dict[str, Any], name: str) -> str:
     """The Markdown to paste into docs/benchmarks.md for one kept run."""
     bench, sweep = kept["bench"], kept.get("sweep")
-    rows = {row["name"]: row for row in bench["rows"]}
     commit = kept["commit"][:8]
     lines = [f"## {kept['device']}, {kept['date'][:10]}, commit `{commit}`", ""]
     tests, steps = kept["gpu_check"]["tests"], kept["gpu_check"]["steps"]
@@ -138,13 +104,6 @@ def report(kept: dict[str, Any], name: str) -> str:
         lines.append(
             "gpu-check steps: " + ", ".join(f"{s['step']} {s['status']}" for s in steps) + "."
         )
-    cells = " | ".join(_cell(rows.get(n)) for n in TABLE_ROWS)
-    lines += [
-        "",
-        "Results table row:",
-        "",
-        f"| {kept['device']} | {kept['date'][:10]} | `{commit}` | {cells} |",
-    ]
     lines += ["", "| row | measured | target | met |", "|---|---|---|---|"]
     for row in bench["rows"]:
         if row["status"] != "ok":

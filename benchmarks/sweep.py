@@ -361,16 +361,6 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds (got {text!r})")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks sweep``: print the summary, write JSON (rewritten after every
     point with ``"partial": true``); exit status 0, 1 when a row or point failed, 2 for bad
@@ -378,25 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks sweep", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="small arrays, few repeats, a two-value grid"
-    )
+    parser.add_argument("--quick", action="store_true", help="small arrays, a two-value grid")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument(
-        "--chunk-mib", type=_ints, metavar="LIST", help="default 4,8,16,32,64,128 (--quick 8,32)"
-    )
-    parser.add_argument(
-        "--host-threads", type=_ints, metavar="LIST", help="default powers of two up to the cores"
-    )
-    parser.add_argument(
-        "--num-buffers", type=_ints, metavar="LIST", help="default 2,3,4,6 (--quick 2,4)"
-    )
-    parser.add_argument(
-        "--rows", metavar="LIST", help="default host_copy,d2h_prealloc,h2d_pageable"
-    )
-    parser.add_argument(
-        "--max-seconds", type=_seconds, metavar="S", help="points not started within it are not run"
-    )
+    for flag, kind, default in (
+        ("--chunk-mib", _ints, "4,8,16,32,64,128 (--quick 8,32)"),
+        ("--host-threads", _ints, "powers of two up to the cores"),
+        ("--num-buffers", _ints, "2,3,4,6 (--quick 2,4)"),
+        ("--rows", str, "host_copy,d2h_prealloc,h2d_pageable"),
+        ("--max-seconds", float, "none; points not started in time are not run"),
+    ):
+        parser.add_argument(flag, type=kind, metavar="LIST", help=f"default: {default}")
     args = parser.parse_args(argv)
     named = {row.name: row for row in SWEEP_ROWS}
     chosen = [name.strip() for name in (args.rows or ",".join(named)).split(",") if name.strip()]
@@ -408,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if any(name not in named for name in chosen):
             raise ValueError(f"expected rows among {sorted(named)} (got {chosen!r})")
+        if args.max_seconds is not None and not args.max_seconds > 0:
+            raise ValueError(f"expected a positive number of seconds (got {args.max_seconds})")
         sizes = BenchSizes.choose(args.quick, scale_from_env())
         grid = default_grid(args.quick) | {k: v for k, v in given.items() if v}
         _check_grid(grid)
@@ -463,20 +446,6 @@ class Panel:
     lines: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
     hlines: dict[str, float] = dataclasses.field(default_factory=dict)
     markers: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
-
-
-def load_results(paths: Sequence[str | os.PathLike[str]]) -> list[dict[str, Any]]:
-    """Bench or sweep JSON files; ValueError for a file without a ``rows`` list."""
-    results = []
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-            raise ValueError(
-                f"expected a bench or sweep JSON file with a 'rows' list (got {str(path)!r}); "
-                "make one with python -m benchmarks run --json PATH (or sweep --json PATH)"
-            )
-        results.append(data)
-    return results
 
 
 def _anchor_values(row: dict[str, Any]) -> dict[str, float]:
@@ -624,7 +593,13 @@ def plot_main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", nargs="+", metavar="JSON", help="bench or sweep results")
     args = parser.parse_args(argv)
     try:
-        panels = plot_results(load_results(args.inputs), args.png)
+        results = [json.loads(Path(path).read_text()) for path in args.inputs]
+        if not all(isinstance(r, dict) and isinstance(r.get("rows"), list) for r in results):
+            raise ValueError(
+                f"expected bench or sweep JSON files with a 'rows' list (got {args.inputs}); "
+                "make one with python -m benchmarks run --json PATH (or sweep --json PATH)"
+            )
+        panels = plot_results(results, args.png)
     except (OSError, ValueError, BackendUnavailableError) as exc:
         print(f"benchmarks plot: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import cProfile
 import gc
-import importlib.util
 import pstats
 import statistics
 import sys
@@ -28,7 +27,6 @@ import interop
 from benchmarks import lab
 from interop.bench import BenchContext, Ratio, RowSpec
 from interop.bench.measure import gpu_unavailable
-from interop.info import install_command
 
 HAND = "a hand-written torch.library.custom_op"
 _OPS: dict[str, tuple[Any, Any]] = {}
@@ -111,13 +109,6 @@ def measure(n_calls: int = 5000, *, repeats: int = 7, device: str = "cpu") -> di
     }
 
 
-def torch_op_unavailable() -> str | None:
-    """Why ``torch_op_us`` cannot run: PyTorch is not installed."""
-    if importlib.util.find_spec("torch") is None:
-        return f"PyTorch is not installed: {install_command('torch')}"
-    return None
-
-
 def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
     """The ``torch_op_us`` row, in blocks of a quarter of the per-call rows' calls."""
     device = "cpu" if gpu_unavailable() is not None else "cuda"
@@ -189,14 +180,7 @@ ROWS = (
     lab.package_row("to_numpy_us"),
     lab.package_row("to_torch_us"),
     lab.diagnosed(lab.package_row("exchange_us"), _profiled),
-    RowSpec(
-        "torch_op_us",
-        "an interop.torch_op call, per call",
-        False,
-        torch_op_us,
-        "us",
-        unavailable=torch_op_unavailable,
-    ),
+    RowSpec("torch_op_us", "an interop.torch_op call, per call", False, torch_op_us, "us"),
 )
 
 if __name__ == "__main__":
