@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from .. import _backends
 from ..config import chunk_bytes_or_default, config, host_copy_threads
 from ..destination import wait_for_replaced_files
 from .measure import (
+    BenchSizes,
     Case,
     Measured,
     MiB,
@@ -40,9 +41,6 @@ from .measure import (
     expect_equal,
     measure,
 )
-
-if TYPE_CHECKING:
-    from .measure import BenchSizes
 
 
 class BenchContext:

@@ -35,8 +35,7 @@ Row = dict[str, Any]
 
 def _read(path: str) -> str | None:
     try:
-        with open(path) as f:
-            return f.read().strip()
+        return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -91,11 +90,10 @@ def machine() -> dict[str, Any]:
 def _git(*args: str) -> str | None:
     cmd = ["git", "-C", str(Path(__file__).resolve().parent), *args]
     try:
-        return subprocess.check_output(
-            cmd, stderr=subprocess.DEVNULL, text=True, timeout=10
-        ).strip()
+        out = subprocess.check_output(cmd, stderr=subprocess.DEVNULL, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
+    return out.strip()
 
 
 def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) -> dict[str, Any]:
@@ -198,9 +196,9 @@ def run_row(
     return row | fields
 
 
-def bench_directory(workdir: str | os.PathLike[str] | None = None) -> Path:
-    """Where file rows write: ``workdir``, else ``INTEROP_BENCH_DIR``, else the temp directory."""
-    return Path(workdir or os.environ.get("INTEROP_BENCH_DIR") or tempfile.gettempdir())
+def bench_directory() -> Path:
+    """Where file rows write: ``INTEROP_BENCH_DIR``, else the temporary directory."""
+    return Path(os.environ.get("INTEROP_BENCH_DIR") or tempfile.gettempdir())
 
 
 def collect_results(
