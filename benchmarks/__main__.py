@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "run":
         from benchmarks import lab
 
-        return lab.main(lab.all_rows(), "benchmarks run", __doc__, rest)
+        return lab.main(lab.all_rows(), "benchmarks run", "every script's rows, judged", rest)
     if command in ("sweep", "plot"):
         from benchmarks import sweep
 

@@ -75,7 +75,7 @@ def main(
     prog = f"python -m {script}"
     parser = argparse.ArgumentParser(
         prog=prog,
-        description=(doc or "").split("\n\n")[0],
+        description=(doc or "").split("\n\n")[0].replace("``", ""),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -386,7 +386,7 @@ def test_the_table_shows_figures_anchors_and_directions(quick_run):
 
 
 def test_ratio_text_says_which_way_is_better():
-    """Targets and verdicts are the lab's (benchmarks/tests/test_report.py): never shown here."""
+    """Targets and verdicts are the lab's (benchmarks/lab.py): never shown here."""
     time_ = Ratio.between("to_numpy", "time", "numpy.from_dlpack", 1.29, 1.0).record()
     assert ratio_text(time_) == "to_numpy: 1.29x the time of numpy.from_dlpack"
     rate = Ratio.between("copy_to_host", "throughput", "numpy.copyto", 1.14, 1.0).record()
