@@ -1,87 +1,56 @@
-"""The dask rows: ``interop.dask.save_npy`` against Dask's own ways of writing an array.
+"""How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
 
-``dask_save_npy`` runs on a short-lived ``distributed.LocalCluster`` of worker
-processes that the row starts and always closes: NumPy blocks made and
-persisted on the workers, then, alternated, ``interop.dask.save_npy``,
-``da.to_npy_stack`` and ``da.store`` into a ``.npy`` file made with
-``numpy.lib.format.open_memmap``, each output removed before the next call.
-Each call's peak RSS growth is read on every worker (``VmHWM`` reset with
-``client.run`` before the call, read after).
-
-``dask_save_npy_cupy`` (GPU) saves CuPy blocks on dask's threaded scheduler
-against the usual recipe: ``numpy.save`` of each block's ``cupy.asnumpy``
-copy.
-
-Both need the ``dask`` extra; without it they are "not available", with the
-reason. dask and distributed are imported only when a row runs. Lab rows:
-they run under ``python -m benchmarks run``.
+``dask_save_npy``: NumPy blocks (16 of whole 4 KiB rows, half the ``save_npy_rss`` size)
+persisted on a ``distributed.LocalCluster`` of 2 one-thread worker processes, saved by
+``interop.dask.save_npy``, ``da.to_npy_stack`` and ``da.store`` into an ``open_memmap`` file,
+alternated, with each call's peak RSS growth on every worker. ``dask_save_npy_cupy`` (GPU):
+the GPU rows' CuPy array as 16 blocks on the threaded scheduler (2 threads), against
+``numpy.save`` of each block's ``cupy.asnumpy`` copy. Both are judged on a tmpfs
+(``/dev/shm`` where it has room), so that the disk's writeback does not decide the ratios,
+with interop's save into ``INTEROP_BENCH_DIR`` beside; both need the ``dask`` extra.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import shutil
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.diagnostics import DeviceGrowth
-from interop.bench.measure import (
-    GiB,
-    Measured,
-    MiB,
-    PeakRss,
-    WrongResultError,
-    status_bytes,
-)
-from interop.bench.results import Ratio
-from interop.bench.rows import BenchContext, ring_bytes
+from benchmarks import lab
+from benchmarks.targets import DASK as OURS
+from interop.bench import BenchContext, Measured, Ratio, RowSpec, WrongResultError
+from interop.bench.measure import GiB, MiB, PeakRss, status_bytes
+from interop.bench.report import format_bytes
+from interop.bench.rows import ring_bytes
 from interop.config import config
 from interop.info import install_command
 
-__all__ = [
-    "WORKERS",
-    "MemmapOnWorker",
-    "cluster_unavailable",
-    "dask_save_npy",
-    "dask_save_npy_cupy",
-    "dask_unavailable",
-    "local_cluster",
-    "peak_rss",
-    "reset_peak_rss",
-    "threaded_saves",
-]
-
-#: Worker processes of the row's cluster (one thread each), and threads of the
-#: threaded scheduler in the CuPy row.
+#: Worker processes of the cluster (one thread each), and threads of the CuPy row.
 WORKERS = 2
-#: Blocks of every saved array: ``BLOCKS`` row blocks of whole rows.
 BLOCKS = 16
-#: Elements per row of the saved float32 arrays (4 KiB rows).
-ROW = 1024
-
-OURS = "interop.dask.save_npy"
+ROW = 1024  # float32 elements per row of the saved arrays: 4 KiB
 STACK = "da.to_npy_stack"
 MEMMAP = "da.store(open_memmap)"
 
 
-# ------------------------------------------------------------------ availability
-
-
 def dask_unavailable() -> str | None:
-    """Why ``interop.dask.save_npy`` cannot run here (dask missing), or None when it can."""
+    """Why ``interop.dask.save_npy`` cannot run here (dask missing), or None."""
     try:
         importlib.import_module("interop.dask")
     except ImportError as exc:  # BackendUnavailableError names the extra
         return str(exc)
-    except Exception as exc:  # a broken dask install: the row cannot run, the bench goes on
+    except Exception as exc:  # a broken dask install: the row cannot run, the run goes on
         return f"interop.dask cannot be imported ({type(exc).__name__}: {exc})"
     return None
 
@@ -89,24 +58,29 @@ def dask_unavailable() -> str | None:
 def cluster_unavailable() -> str | None:
     """Why the cluster row cannot run here (dask or distributed missing), or None."""
     reason = dask_unavailable()
-    if reason is not None:
-        return reason
+    if reason is None:
+        try:
+            importlib.import_module("distributed")
+        except Exception as exc:  # ImportError, or a broken install
+            how = install_command("dask")
+            return f"distributed cannot be imported ({exc}); install it with: {how}"
+    return reason
+
+
+def tmpfs_directory(nbytes: int) -> Path | None:
+    """``/dev/shm`` where it is a tmpfs with room for twice ``nbytes``, else None."""
     try:
-        importlib.import_module("distributed")
-    except Exception as exc:  # ImportError, or a broken install
-        return f"distributed cannot be imported ({exc}); install it with: {install_command('dask')}"
-    return None
-
-
-# ------------------------------------------------------------------ run on the workers
+        mounts = Path("/proc/mounts").read_text().splitlines()
+        room = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return None
+    tmpfs = any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in mounts)
+    return Path("/dev/shm") if tmpfs and room >= 2 * nbytes else None
 
 
 def reset_peak_rss() -> int | None:
-    """Reset this process's peak RSS (``VmHWM``) to its current RSS; return that.
-
-    Run on each worker with ``client.run``. None where the kernel refuses the
-    reset or has no ``/proc`` (the peak is then not measured).
-    """
+    """Reset this process's peak RSS (``VmHWM``) to its RSS and return that (run on each
+    worker by ``client.run``); None where the kernel refuses or has no ``/proc``."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -120,71 +94,33 @@ def peak_rss() -> int | None:
     return status_bytes("VmHWM")
 
 
-class _WorkerPeakRss:
-    """Peak RSS growth of every worker over a ``with`` block.
-
-    Attributes
-    ----------
-    per_worker : dict of str to int or None
-        Growth by worker address (None where it could not be measured, or the
-        worker was replaced meanwhile).
-    extra_bytes : int or None
-        The largest growth of any worker; None if any is unmeasured.
-    """
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self._base: dict[str, int | None] = {}
-        self.per_worker: dict[str, int | None] = {}
-        self.extra_bytes: int | None = None
-
-    def __enter__(self) -> _WorkerPeakRss:
-        self._base = self._client.run(reset_peak_rss)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        peaks = self._client.run(peak_rss)
-        for worker, base in self._base.items():
-            peak = peaks.get(worker)
-            self.per_worker[worker] = None if base is None or peak is None else peak - base
-        grown = list(self.per_worker.values())
-        if grown and all(g is not None for g in grown):
-            self.extra_bytes = max(0, *(g for g in grown if g is not None))
+@contextlib.contextmanager
+def _worker_rss(client: Any) -> Iterator[dict[str, int | None]]:
+    """The largest peak RSS growth of any worker over the block (None if one was not
+    measured, or was replaced meanwhile)."""
+    probe: dict[str, int | None] = {"host": None, "device": None}
+    base = client.run(reset_peak_rss)
+    yield probe
+    peaks = client.run(peak_rss)
+    grown = [(b, peaks.get(worker)) for worker, b in base.items()]
+    if grown and all(b is not None and peak is not None for b, peak in grown):
+        probe["host"] = max(0, *(peak - b for b, peak in grown))
 
 
-class _ProcessMemory:
-    """Peak RSS growth of this process and, optionally, device memory taken, over a block."""
-
-    def __init__(self, growth: Callable[[], DeviceGrowth] | None) -> None:
-        self._growth = growth
-        self._stack = contextlib.ExitStack()
-        self._rss = PeakRss()
-        self._device: DeviceGrowth | None = None
-        self.extra_bytes: int | None = None
-        self.extra_device_bytes: int | None = None
-
-    def __enter__(self) -> _ProcessMemory:
-        self._stack.enter_context(self._rss)
-        if self._growth is not None:
-            self._device = self._stack.enter_context(self._growth())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
-        self.extra_bytes = self._rss.extra_bytes
-        if self._device is not None:
-            self.extra_device_bytes = self._device.extra_bytes
+@contextlib.contextmanager
+def _process_memory(growth: Callable[[], Any] | None) -> Iterator[dict[str, int | None]]:
+    """This process's peak RSS growth over the block and, with ``growth``, device memory."""
+    probe: dict[str, int | None] = {"host": None, "device": None}
+    with PeakRss() as rss, growth() if growth else contextlib.nullcontext() as device:
+        yield probe
+    probe.update(host=rss.extra_bytes, device=device.extra_bytes if device else None)
 
 
 class MemmapOnWorker:
-    """A ``da.store`` target: a ``.npy`` file mapped on the worker storing each block.
-
-    A ``numpy.memmap`` made on the caller cannot be a target on a cluster of
-    processes: it is pickled to the workers as a copy of its data, and the
-    file is never written. So each block's store maps the file (made by
-    ``numpy.lib.format.open_memmap`` on the caller) with
-    ``open_memmap(path, mode="r+")``, assigns the block and unmaps it.
-    """
+    """A ``da.store`` target: each block's store maps the ``.npy`` file at ``path`` (made by
+    ``open_memmap`` on the caller) on its worker, assigns the block and unmaps it. A
+    ``numpy.memmap`` made on the caller would be pickled to the workers as a copy of its
+    data, and the file never written."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -200,50 +136,25 @@ class MemmapOnWorker:
 def _block_in_file(block: np.ndarray, path: str, block_info: Any = None) -> np.ndarray:
     """Whether ``block`` is at its place in the ``.npy`` file ``path`` (read on the worker)."""
     region = tuple(slice(lo, hi) for lo, hi in block_info[0]["array-location"])
-    on_disk = np.load(path, mmap_mode="r")
-    same = bool(np.array_equal(on_disk[region], block))
-    del on_disk
+    same = bool(np.array_equal(np.load(path, mmap_mode="r")[region], block))
     return np.full((1,) * block.ndim, same)
 
 
 def _block_in_stack(block: np.ndarray, directory: str, block_info: Any = None) -> np.ndarray:
     """Whether ``block`` is the file ``da.to_npy_stack`` wrote for it."""
-    index = block_info[0]["chunk-location"][0]
-    on_disk = np.load(Path(directory) / f"{index}.npy", mmap_mode="r")
-    same = bool(np.array_equal(on_disk, block))
-    del on_disk
-    return np.full((1,) * block.ndim, same)
-
-
-# ------------------------------------------------------------------ the alternated saves
+    path = Path(directory) / f"{block_info[0]['chunk-location'][0]}.npy"
+    return np.full((1,) * block.ndim, bool(np.array_equal(np.load(path, mmap_mode="r"), block)))
 
 
 @dataclasses.dataclass
 class _Save:
-    """One way of saving the row's array.
-
-    Attributes
-    ----------
-    label : str
-    output : str
-        The name of its output (a file or a directory) in the row's directory.
-    write : callable
-        Saves the array under the given path.
-    check : callable
-        Raises :class:`WrongResultError` if the output differs from the array.
-    """
+    """One way of saving the row's array: ``write(path)`` into ``output`` (a file or a
+    directory of the row's directory); ``check(path)`` raises WrongResultError if it differs."""
 
     label: str
     output: str
     write: Callable[[Path], object]
     check: Callable[[Path], None]
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _alternate(
@@ -252,17 +163,12 @@ def _alternate(
     nbytes: int,
     repeats: int,
     memory: Callable[[], Any],
-    *,
     release: Callable[[], None] | None = None,
 ) -> dict[str, Measured]:
-    """Time ``saves``, alternated, each output removed after its call.
-
-    Each save runs once untimed (after ``release``), its output checked; then
-    ``repeats`` timed rounds, save after save. Every call, timed or not, runs
-    inside ``memory()`` (a context manager with ``extra_bytes`` and maybe
-    ``extra_device_bytes`` after it); a save's memory is its largest over
-    its calls, None if any call could not be measured.
-    """
+    """Time ``saves`` alternated: each once untimed (after ``release``), its output checked,
+    then ``repeats`` timed rounds; every output removed after its call. Every call runs
+    inside ``memory()``; a save's memory is its largest over its calls (None if any was
+    not measured)."""
     got = {s.label: Measured([], nbytes, checked=True) for s in saves}
     host: dict[str, list[int | None]] = {s.label: [] for s in saves}
     device: dict[str, list[int | None]] = {s.label: [] for s in saves}
@@ -279,58 +185,79 @@ def _alternate(
                 save.check(path)
             else:
                 got[save.label].seconds.append(seconds)
-            host[save.label].append(probe.extra_bytes)
-            device[save.label].append(getattr(probe, "extra_device_bytes", None))
-            _remove(path)
+            host[save.label].append(probe["host"])
+            device[save.label].append(probe["device"])
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     for label, measured in got.items():
-        measured.extra_host_bytes = _largest(host[label])
-        measured.extra_device_bytes = _largest(device[label])
+        measured.extra_host_bytes = None if None in host[label] else max(host[label])
+        measured.extra_device_bytes = None if None in device[label] else max(device[label])
     return got
 
 
-def _largest(values: list[int | None]) -> int | None:
-    if not values or any(v is None for v in values):
-        return None
-    return max(v for v in values if v is not None)
+def _judged_and_disk(
+    ctx: BenchContext, saves: list[_Save], nbytes: int, memory: Callable[[], Any], **kw: Any
+) -> tuple[dict[str, Measured], dict[str, Any]]:
+    """``saves`` alternated on a tmpfs (or, without one, in ``ctx.workdir``), then interop's
+    save alone in ``ctx.workdir``: the measured saves, and the fields that say where."""
+    tmpfs = tmpfs_directory(nbytes)
+    where: dict[str, Any] = {
+        "directory": str(tmpfs or ctx.workdir),
+        "disk_directory": str(ctx.workdir),
+    }
+    with tempfile.TemporaryDirectory(dir=tmpfs or ctx.workdir) as tmp:
+        got = _alternate(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory, **kw)
+    if tmpfs is None:
+        return got, where | {"tmpfs": "not used: /dev/shm is not a tmpfs with room for the array"}
+    disk = dataclasses.replace(saves[0], label=f"{OURS} on disk")
+    with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
+        got |= _alternate([disk], Path(tmp), nbytes, ctx.sizes.repeats, memory, **kw)
+    return got, where
 
 
-def _shape(nbytes: int) -> tuple[tuple[int, int], int]:
-    """The float32 array of about ``nbytes``: (rows, ROW) in whole 4 KiB rows; rows per block."""
-    rows = max(BLOCKS, nbytes // (4 * ROW))
-    return (rows, ROW), -(-rows // BLOCKS)
+def _fields(
+    got: dict[str, Measured], anchors: list[str], size: str, who: str, bound: int, words: str
+) -> dict[str, Any]:
+    """The row's figure, anchors and ratios (interop's throughput to each anchor's and to
+    its own on disk; every save's extra RSS to ``bound``), memory and samples."""
+    ours = got[OURS].gbps
+    others = [label for label in got if label != OURS]
+    ratios = [Ratio.between(OURS, "throughput", a, ours, got[a].gbps) for a in anchors]
+    if f"{OURS} on disk" in got:
+        ratios.append(
+            Ratio.between(f"{OURS} on disk", "throughput", OURS, got[f"{OURS} on disk"].gbps, ours)
+        )
+    ratios += [
+        Ratio.between(
+            f"peak extra RSS {who} of {label}",
+            "memory",
+            f"the bound {words}",
+            m.extra_host_bytes,
+            bound,
+        )
+        for label, m in got.items()
+        if label in (OURS, *anchors)
+    ]
+    memory = {"extra_host_rss_bytes": got[OURS].extra_host_bytes}
+    memory |= {f"{label} extra_host_rss_bytes": got[label].extra_host_bytes for label in others}
+    return {
+        "size": size,
+        "gbps": ours,
+        "anchors": {f"{label} GB/s": got[label].gbps for label in others},
+        "ratios": ratios,
+        "memory": memory | {"ring_bytes": ring_bytes(), "bound_bytes": bound},
+        "samples": {label: m.record() for label, m in got.items()},
+    }
 
 
 def _size(nbytes: int, block_bytes: int) -> str:
-    total = f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
+    total = format_bytes(nbytes) if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
     return f"{total} float32 in {BLOCKS} blocks of {block_bytes / MiB:.2f} MiB"
 
 
-def _memory_ratios(got: dict[str, Measured], who: str, bound: int, bound_words: str) -> list[Ratio]:
-    """Each save's extra RSS over ``bound`` (interop's is the one judged)."""
-    ratios = []
-    for label, measured in got.items():
-        ratios.append(
-            Ratio.between(
-                f"peak extra RSS {who} of {label}",
-                "memory",
-                bound_words,
-                measured.extra_host_bytes,
-                bound,
-            )
-        )
-    return ratios
-
-
-# ------------------------------------------------------------------ dask_save_npy
-
-
 def local_cluster(env: dict[str, str]) -> Any:
-    """The row's ``distributed.LocalCluster``: :data:`WORKERS` one-thread processes, no dashboard.
-
-    The scheduler's HTTP server, which starts without a dashboard too, listens
-    on a free local port instead of 8787, which another cluster on the same
-    machine may hold (distributed then warns, an error where warnings are).
-    """
+    """:data:`WORKERS` one-thread worker processes, no dashboard; the scheduler's HTTP
+    server on a free port, not 8787, which another cluster may hold (distributed then
+    warns, an error where warnings are)."""
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -344,32 +271,23 @@ def local_cluster(env: dict[str, str]) -> Any:
 
 
 def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
-    """``interop.dask.save_npy`` against ``da.to_npy_stack`` and ``da.store`` into a memmap.
-
-    On a ``distributed.LocalCluster`` of :data:`WORKERS` worker processes (one
-    thread each, interop's settings passed in their environment), started
-    here and closed on every path. The array (``ctx.sizes.dask_bytes``
-    float32, :data:`BLOCKS` blocks of whole rows) is made and persisted on
-    the workers before anything is timed.
-    """
+    """The cluster row (see the module); interop's settings reach the workers in their
+    environment."""
     import dask.array as da
     from distributed import Client, wait
 
     save_npy = importlib.import_module("interop.dask").save_npy
-    shape, block_rows = _shape(ctx.sizes.dask_bytes)
-    nbytes = shape[0] * shape[1] * 4
-    block_bytes = block_rows * shape[1] * 4
-    ring = ring_bytes()
-    bound = block_bytes + 2 * ring
+    rows = max(BLOCKS, ctx.sizes.rss_bytes // 2 // (4 * ROW))
+    block_rows = -(-rows // BLOCKS)
+    nbytes, block_bytes = rows * ROW * 4, block_rows * ROW * 4
     env = {f"INTEROP_{k.upper()}": str(v) for k, v in config.as_dict().items()}
     with (
-        tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp,
         local_cluster(env) as cluster,
         Client(cluster, set_as_default=False) as client,
         client.as_current(),
     ):
         rng = da.random.default_rng(0)
-        x = client.persist(rng.random(shape, dtype=np.float32, chunks=(block_rows, shape[1])))
+        x = client.persist(rng.random((rows, ROW), dtype=np.float32, chunks=(block_rows, ROW)))
         wait(x)
         flags = {
             "chunks": tuple((1,) * n for n in x.numblocks),
@@ -387,45 +305,26 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
         def memmap(path: Path) -> None:
             mapped = np.lib.format.open_memmap(path, mode="w+", dtype=x.dtype, shape=x.shape)
             del mapped  # the header written and the file sized, as save_npy does
-            target: Any = MemmapOnWorker(str(path))  # has __setitem__, all store needs
-            da.store(x, target, lock=False)  # blocks are disjoint: no lock
+            da.store(x, MemmapOnWorker(str(path)), lock=False)  # type: ignore[arg-type]
 
         saves = [
             _Save(OURS, "interop.npy", lambda p: save_npy(x, p), check(OURS, _block_in_file)),
             _Save(STACK, "stack", lambda p: da.to_npy_stack(p, x), check(STACK, _block_in_stack)),
             _Save(MEMMAP, "memmap.npy", memmap, check(MEMMAP, _block_in_file)),
         ]
-        got = _alternate(
-            saves, Path(tmp), nbytes, ctx.sizes.repeats, lambda: _WorkerPeakRss(client)
-        )
+        got, where = _judged_and_disk(ctx, saves, nbytes, lambda: _worker_rss(client))
         workers = len(client.scheduler_info()["workers"])
-    ours = got[OURS]
-    bound_words = "the bound one block + 2 x num_buffers x chunk_bytes"
-    return {
-        "size": _size(nbytes, block_bytes),
-        "gbps": ours.gbps,
-        "anchors": {f"{label} GB/s": got[label].gbps for label in (STACK, MEMMAP)},
-        "ratios": [
-            Ratio.between(OURS, "throughput", MEMMAP, ours.gbps, got[MEMMAP].gbps),
-            Ratio.between(OURS, "throughput", STACK, ours.gbps, got[STACK].gbps),
-            *_memory_ratios(got, "per worker", bound, bound_words),
-        ],
-        "memory": {
-            "extra_host_rss_bytes": ours.extra_host_bytes,
-            f"{STACK} extra_host_rss_bytes": got[STACK].extra_host_bytes,
-            f"{MEMMAP} extra_host_rss_bytes": got[MEMMAP].extra_host_bytes,
-            "block_bytes": block_bytes,
-            "ring_bytes": ring,
-            "bound_bytes": bound,
-            "rss_method": "VmHWM of each worker process, the largest growth of any worker",
-        },
-        "cluster": {"workers": workers, "threads_per_worker": 1, "processes": True},
-        "directory": str(ctx.workdir),
-        "samples": {label: m.record() for label, m in got.items()},
-    }
-
-
-# ------------------------------------------------------------------ dask_save_npy_cupy
+    bound = block_bytes + 2 * ring_bytes()
+    fields = _fields(
+        got, [MEMMAP, STACK], _size(nbytes, block_bytes), "per worker", bound,
+        "one block + 2 x num_buffers x chunk_bytes",
+    )  # fmt: skip
+    fields["memory"] |= {"block_bytes": block_bytes, "rss_method": "VmHWM of each worker process"}
+    return (
+        fields
+        | where
+        | {"cluster": {"workers": workers, "threads_per_worker": 1, "processes": True}}
+    )
 
 
 def threaded_saves(
@@ -434,45 +333,19 @@ def threaded_saves(
     reference: np.ndarray,
     to_host: Callable[[Any], np.ndarray],
     recipe: str,
-    *,
     release: Callable[[], None] | None = None,
-    growth: Callable[[], DeviceGrowth] | None = None,
+    growth: Callable[[], lab.DeviceGrowth] | None = None,
 ) -> dict[str, Any]:
-    """``interop.dask.save_npy`` of ``x``'s blocks on the threaded scheduler, against
-    ``numpy.save`` of each block's ``to_host`` copy (``da.to_npy_stack`` of the
-    blocks mapped through ``to_host``).
-
-    Parameters
-    ----------
-    ctx : BenchContext
-    x : array
-        A 2-D C-contiguous array (CuPy on a GPU runner), cut into
-        :data:`BLOCKS` blocks of whole rows, each block a view of ``x``.
-    reference : numpy.ndarray
-        ``x``'s values on the host, to check the files against.
-    to_host : callable
-        The recipe's copy of a block to a NumPy array (``cupy.asnumpy``).
-    recipe : str
-        The recipe's label.
-    release, growth : callable, optional
-        Empty caches before each save's first call; measure device memory.
-
-    Returns
-    -------
-    dict
-        The row's fields; the memory bound is :data:`WORKERS` threads x 2 x
-        the ring.
-    """
+    """The CuPy row's body: ``interop.dask.save_npy`` of ``x`` (2-D, C-contiguous; CuPy on
+    a GPU) as :data:`BLOCKS` blocks of views, on the threaded scheduler, against the
+    ``recipe``: ``da.to_npy_stack`` of the blocks mapped through ``to_host``. Outputs are
+    checked against ``reference``; ``release`` empties caches before each first call and
+    ``growth`` measures device memory."""
     import dask
     import dask.array as da
 
     save_npy = importlib.import_module("interop.dask").save_npy
-    rows = x.shape[0]
-    block_rows = -(-rows // BLOCKS)
-    nbytes = int(x.nbytes)
-    block_bytes = block_rows * x.shape[1] * x.itemsize
-    ring = ring_bytes()
-    bound = WORKERS * 2 * ring
+    block_rows = -(-x.shape[0] // BLOCKS)
     darr = da.from_array(
         x, chunks=(block_rows, x.shape[1]), asarray=False, name=f"bench-{uuid.uuid4().hex}"
     )
@@ -492,55 +365,54 @@ def threaded_saves(
         _Save(OURS, "interop.npy", lambda p: save_npy(darr, p), file_matches),
         _Save(recipe, "stack", lambda p: da.to_npy_stack(p, host_blocks), stack_matches),
     ]
-    with (
-        dask.config.set(scheduler="threads", num_workers=WORKERS),
-        tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp,
-    ):
-        got = _alternate(
-            saves,
-            Path(tmp),
-            nbytes,
-            ctx.sizes.repeats,
-            lambda: _ProcessMemory(growth),
-            release=release,
+    with dask.config.set(scheduler="threads", num_workers=WORKERS):
+        got, where = _judged_and_disk(
+            ctx, saves, int(x.nbytes), lambda: _process_memory(growth), release=release
         )
-    ours = got[OURS]
-    bound_words = f"the bound {WORKERS} threads x 2 x num_buffers x chunk_bytes"
-    return {
-        "size": _size(nbytes, block_bytes),
-        "gbps": ours.gbps,
-        "anchors": {f"{recipe} GB/s": got[recipe].gbps},
-        "ratios": [
-            Ratio.between(OURS, "throughput", recipe, ours.gbps, got[recipe].gbps),
-            *_memory_ratios(got, "of the process", bound, bound_words),
-        ],
-        "memory": {
-            "extra_host_rss_bytes": ours.extra_host_bytes,
-            "extra_device_bytes": ours.extra_device_bytes,
-            f"{recipe} extra_host_rss_bytes": got[recipe].extra_host_bytes,
-            "block_bytes": block_bytes,
-            "ring_bytes": ring,
-            "bound_bytes": bound,
-        },
-        "scheduler": {"name": "threads", "num_workers": WORKERS},
-        "directory": str(ctx.workdir),
-        "samples": {label: m.record() for label, m in got.items()},
+    block_bytes = block_rows * x.shape[1] * x.itemsize
+    words = f"{WORKERS} threads x 2 x num_buffers x chunk_bytes"
+    fields = _fields(
+        got,
+        [recipe],
+        _size(int(x.nbytes), block_bytes),
+        "of the process",
+        WORKERS * 2 * ring_bytes(),
+        words,
+    )
+    fields["memory"] |= {
+        "block_bytes": block_bytes,
+        "extra_device_bytes": got[OURS].extra_device_bytes,
     }
+    return fields | where | {"scheduler": {"name": "threads", "num_workers": WORKERS}}
 
 
 def dask_save_npy_cupy(ctx: BenchContext) -> dict[str, Any]:
-    """CuPy blocks on the threaded scheduler: ``interop.dask.save_npy`` against
-    ``cupy.asnumpy`` + ``numpy.save`` per block, on the run's shared GPU array."""
+    """CuPy blocks of the run's shared GPU array (see the module)."""
     g = ctx.gpu()
     rows = g.x.size // ROW
-    x = g.x[: rows * ROW].reshape(rows, ROW)
-    reference = g.ref[: rows * ROW].reshape(rows, ROW)
-    return threaded_saves(
-        ctx,
-        x,
-        reference,
-        g.cp.asnumpy,
-        "cupy.asnumpy+numpy.save per block",
-        release=g.release,
-        growth=lambda: DeviceGrowth(g.cp, g.th),
-    )
+    x, reference = (a[: rows * ROW].reshape(rows, ROW) for a in (g.x, g.ref))
+    recipe = "cupy.asnumpy+numpy.save per block"
+    growth = functools.partial(lab.DeviceGrowth, g.cp, g.th)
+    return threaded_saves(ctx, x, reference, g.cp.asnumpy, recipe, g.release, growth)
+
+
+ROWS = (
+    RowSpec(
+        "dask_save_npy",
+        "interop.dask.save_npy of NumPy blocks persisted on a distributed.LocalCluster of "
+        "2 worker processes (1 thread each)",
+        False,
+        dask_save_npy,
+        unavailable=cluster_unavailable,
+    ),
+    RowSpec(
+        "dask_save_npy_cupy",
+        "interop.dask.save_npy of CuPy blocks on the threaded scheduler (2 threads)",
+        True,
+        dask_save_npy_cupy,
+        unavailable=dask_unavailable,
+    ),
+)
+
+if __name__ == "__main__":
+    sys.exit(lab.main(ROWS, __spec__.name, __doc__))

@@ -1,40 +1,40 @@
-"""The ``host_limit`` row: the ceilings of the staging ring's host side, measured alone.
+"""What bounds the staging ring? ``python -m benchmarks.host_limit [--quick] [--json PATH]``
 
-A transfer through the ring is bounded by its DMA (the link) and by its host
-threads copying chunks between pinned slots and the caller's pageable memory.
-This row measures the second, as the pipeline does it, one whole chunk
-(``chunk_bytes``) per thread at a time, each thread with its own pinned slot:
-
-- ``copies``: pinned->pageable (the D2H side) and pageable->pinned (the H2D
-  side) with 1, 2, 4, 8 and 16 threads, each alone and while a second stream
-  keeps the link busy with DMAs in the same direction (the ring's real
-  ceiling: the DMA and the host copies share the memory bus);
-- ``registration``: ``cudaHostRegister`` + ``cudaHostUnregister`` of the
-  pageable array, whole, chunk by chunk, and chunk by chunk from N threads
-  (the rate at which pinning the caller's array in place could go).
-
-On a machine without a CUDA device it measures pageable->pageable copies by
-the same threads (what the host side of a ring could do there), and says why
-the rest is not measured. The figure is the best D2H-side rate with the link
-busy (pageable->pageable without a GPU).
+A transfer through the ring is bounded by its DMA (the link) and by its host threads
+copying chunks between pinned slots and the caller's pageable memory. ``host_limit``
+measures the second as the pipeline does it, one whole chunk per thread at a time, each
+thread with its own pinned slot: pinned->pageable (the D2H side) and pageable->pinned
+(H2D) by 1-16 threads, alone and while a second stream keeps the link busy in the same
+direction (the ring's real ceiling: both share the memory bus), and the rate of
+``cudaHostRegister`` + unregister of a pageable array, whole and by chunks from N threads.
+Its figure is the best D2H-side rate with the link busy; without a GPU it measures
+pageable->pageable copies and says why not the rest. ``emulated_overlap`` measures, on any
+machine, how well the pipeline overlaps its DMAs with its host copies, through the emulated
+device's 2 GB/s link. :func:`ring_stages` measures a GPU row's two stages each alone.
 """
 
 from __future__ import annotations
 
 import itertools
 import mmap
+import statistics
+import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from interop.bench.measure import Case, Measured, MiB, WrongResultError, measure
-from interop.bench.results import Ratio, gpu_unavailable
-from interop.bench.rows import BenchContext, GpuArrays
-from interop.config import chunk_bytes_or_default
+import interop
+from benchmarks import lab
+from interop.bench import BenchContext, Case, GpuArrays, Ratio, RowSpec, WrongResultError, measure
+from interop.bench.measure import MiB, gpu_unavailable
+from interop.config import chunk_bytes_or_default, config
+from interop.testing import EmulatedDevice
 
 THREADS = (1, 2, 4, 8, 16)
 PAGE = mmap.PAGESIZE
@@ -48,9 +48,9 @@ def threaded_copies(
     chunk: int,
     to_flat: bool,
 ) -> Case:
-    """Copy ``flat`` through ``slots`` by ``threads`` threads: thread ``i`` copies chunks
-    ``i``, ``i + threads``, ... whole, each between ``flat`` and its slot ``i``. The
-    first call is checked: each thread's last chunk and its slot hold the same bytes."""
+    """Copy ``flat`` through ``slots`` by ``threads`` threads: thread ``i`` copies chunks ``i``,
+    ``i + threads``, ... whole, between ``flat`` and its slot ``i``. The first call is
+    checked: each thread's last chunk and its slot hold the same bytes."""
     offsets = list(range(0, flat.nbytes, chunk))
 
     def part(i: int, off: int) -> tuple[np.ndarray, np.ndarray]:
@@ -60,10 +60,7 @@ def threaded_copies(
     def worker(i: int) -> None:
         for off in offsets[i::threads]:
             mine, slot = part(i, off)
-            if to_flat:
-                np.copyto(mine, slot)
-            else:
-                np.copyto(slot, mine)
+            np.copyto(*((mine, slot) if to_flat else (slot, mine)))
 
     def check(_: Any) -> None:
         for i in range(min(threads, len(offsets))):
@@ -75,8 +72,8 @@ def threaded_copies(
 
 @contextmanager
 def _busy_link(g: GpuArrays | None, to_host: bool) -> Iterator[None]:
-    """While the block runs, a thread on its own stream issues whole-array DMAs (device
-    to pinned host for ``to_host``, else back), one after another."""
+    """While the block runs, a thread on its own stream issues whole-array DMAs (device to
+    pinned host for ``to_host``, else back), one after another."""
     if g is None:
         yield
         return
@@ -106,49 +103,19 @@ def _busy_link(g: GpuArrays | None, to_host: bool) -> Iterator[None]:
         g.sync()
 
 
-def _copies(ctx: BenchContext, g: GpuArrays | None, repeats: int) -> dict[str, Any]:
-    """The host copies by each number of threads: per side, ``alone`` and (with a GPU)
-    ``link busy``, GB/s by thread count; and the samples."""
-    chunk = chunk_bytes_or_default(None)
-    if g is None:  # a chunk for every thread at the host_copy size
-        chunk = min(chunk, max(64 << 10, ctx.sizes.host_bytes // max(THREADS) >> 12 << 12))
-    nbytes = max(max(THREADS), ctx.sizes.host_bytes // chunk) * chunk
-    flat = np.arange(nbytes // 4, dtype=np.float32).view(np.uint8)  # pageable, touched
-    if g is not None:
-        slots_mem = g.cp.cuda.alloc_pinned_memory(max(THREADS) * chunk)
-        slots = np.frombuffer(slots_mem, np.uint8, max(THREADS) * chunk)
-        sides = {"pinned->pageable": True, "pageable->pinned": False}
-    else:
-        slots = np.zeros(max(THREADS) * chunk, np.uint8)
-        sides = {"pageable->pageable": True}
-    gbps: dict[str, dict[str, dict[str, float]]] = {side: {} for side in sides}
-    got: dict[str, Measured] = {}
-    for threads in THREADS:
-        with ThreadPoolExecutor(threads, thread_name_prefix="host-limit") as pool:
-            for side, to_flat in sides.items():
-                case = threaded_copies(pool, threads, flat, slots, chunk, to_flat)
-                for busy in ("alone", "link busy") if g is not None else ("alone",):
-                    label = f"{side}, {threads} threads, {busy}"
-                    with _busy_link(g if busy == "link busy" else None, to_flat):
-                        got |= measure({label: case}, repeats)
-                    gbps[side].setdefault(busy, {})[str(threads)] = got[label].gbps
-    samples = {label: m.record() for label, m in got.items()}
-    return {"bytes": nbytes, "chunk_bytes": chunk, "gbps": gbps, "samples": samples}
-
-
 def register_spans(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
-    """``[base, base + nbytes)`` as ``(address, bytes)`` spans of about ``chunk`` bytes,
-    to register one by one, meeting at page boundaries: ``cudaHostRegister`` locks
-    whole pages, and refuses a span sharing a page with one registered already (712)."""
+    """``[base, base + nbytes)`` as ``(address, bytes)`` spans of about ``chunk`` bytes, to
+    register one by one, meeting at page boundaries: ``cudaHostRegister`` locks whole pages,
+    and refuses a span sharing a page with one registered already (712)."""
     end = base + nbytes
     cuts = {min(end, -(-(base + off) // PAGE) * PAGE) for off in range(chunk, nbytes, chunk)}
     bounds = [base, *sorted(cuts), end]
     return [(lo, hi - lo) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
-def _registration(g: GpuArrays, nbytes: int, repeats: int) -> dict[str, Any]:
-    """``cudaHostRegister`` + ``cudaHostUnregister`` of a pageable array: whole, by
-    chunks, and by chunks from N threads; GB/s of the array's bytes."""
+def _registration(g: GpuArrays, nbytes: int, repeats: int) -> dict[str, float]:
+    """GB/s of ``cudaHostRegister`` + unregister of a pageable array: whole, and by chunks
+    from each number of threads."""
     runtime = g.cp.cuda.runtime
     host = np.ones(nbytes, np.uint8)  # pageable, touched
     base = host.ctypes.data
@@ -162,11 +129,7 @@ def _registration(g: GpuArrays, nbytes: int, repeats: int) -> dict[str, Any]:
     pools = {n: ThreadPoolExecutor(n) for n in THREADS}
     try:
         for n, pool in pools.items():
-
-            def chunks(pool: ThreadPoolExecutor = pool) -> None:
-                list(pool.map(pin, spans))
-
-            cases[f"chunks, {n} threads"] = Case(chunks, nbytes)
+            cases[f"chunks, {n} threads"] = Case(lambda p=pool: list(p.map(pin, spans)), nbytes)
         got = measure(cases, repeats)
     finally:
         for pool in pools.values():
@@ -175,44 +138,219 @@ def _registration(g: GpuArrays, nbytes: int, repeats: int) -> dict[str, Any]:
 
 
 def host_limit(ctx: BenchContext) -> dict[str, Any]:
-    """The ``host_limit`` row (see the module): host copies by 1-16 threads, alone and
-    with the link busy, and pinning rates; pageable copies only without a GPU."""
+    """The ``host_limit`` row (see the module)."""
     reason = gpu_unavailable()
     g = ctx.gpu() if reason is None else None
     repeats = max(2, ctx.sizes.repeats - 3)
-    copies = _copies(ctx, g, repeats)
+    chunk = chunk_bytes_or_default(None)
+    if g is None:  # a chunk for every thread at the host_copy size
+        chunk = min(chunk, max(64 << 10, ctx.sizes.host_bytes // max(THREADS) >> 12 << 12))
+    nbytes = max(max(THREADS), ctx.sizes.host_bytes // chunk) * chunk
+    flat = np.arange(nbytes // 4, dtype=np.float32).view(np.uint8)  # pageable, touched
+    sides = {"pageable->pageable": True}
+    slots = np.zeros(max(THREADS) * chunk, np.uint8)
+    if g is not None:
+        slots_mem = g.cp.cuda.alloc_pinned_memory(max(THREADS) * chunk)
+        slots = np.frombuffer(slots_mem, np.uint8, max(THREADS) * chunk)
+        sides = {"pinned->pageable": True, "pageable->pinned": False}
+    gbps: dict[str, dict[str, dict[str, float]]] = {side: {} for side in sides}
+    got = {}
+    for threads in THREADS:
+        with ThreadPoolExecutor(threads, thread_name_prefix="host-limit") as pool:
+            for side, to_flat in sides.items():
+                case = threaded_copies(pool, threads, flat, slots, chunk, to_flat)
+                for busy in ("alone", "link busy") if g is not None else ("alone",):
+                    label = f"{side}, {threads} threads, {busy}"
+                    with _busy_link(g if busy == "link busy" else None, to_flat):
+                        got |= measure({label: case}, repeats)
+                    gbps[side].setdefault(busy, {})[str(threads)] = got[label].gbps
+    best = {side: {k: max(v.values()) for k, v in by.items()} for side, by in gbps.items()}
     fields: dict[str, Any] = {
-        "size": f"{copies['bytes'] / MiB:.0f} MiB in chunks of {copies['chunk_bytes'] / MiB:g} MiB",
+        "size": f"{nbytes / MiB:.0f} MiB in chunks of {chunk / MiB:g} MiB",
         "threads": list(THREADS),
-        "copies": copies["gbps"],
-        "chunk_bytes": copies["chunk_bytes"],
-        "samples": copies["samples"],
+        "copies": gbps,
+        "chunk_bytes": chunk,
+        "samples": {label: m.record() for label, m in got.items()},
     }
-    best = {
-        side: {k: max(v.values()) for k, v in by.items()} for side, by in copies["gbps"].items()
-    }
-    ratios = [
-        Ratio.between(
-            f"{side}, link busy", "throughput", f"{side}, alone", b["link busy"], b["alone"]
-        )
-        for side, b in best.items()
-        if "link busy" in b
-    ]
     if g is None:
-        one = copies["gbps"]["pageable->pageable"]["alone"]["1"]
-        best_side = best["pageable->pageable"]["alone"]
+        one, top = gbps["pageable->pageable"]["alone"]["1"], best["pageable->pageable"]["alone"]
         return fields | {
-            "gbps": best_side,
+            "gbps": top,
             "anchors": {"pageable->pageable, 1 thread GB/s": one},
-            "ratios": [
-                Ratio.between("the best thread count", "throughput", "1 thread", best_side, one)
-            ],
+            "ratios": [Ratio.between("the best thread count", "throughput", "1 thread", top, one)],
             "not_measured": "pinned copies, a busy link and pinning rates: "
             + (reason or "").split(":")[0],
         }
-    fields["registration"] = _registration(g, copies["bytes"], min(repeats, 3))
     return fields | {
+        "registration": _registration(g, nbytes, min(repeats, 3)),
         "gbps": best["pinned->pageable"]["link busy"],
         "anchors": {f"{side} ceiling GB/s": b["link busy"] for side, b in best.items()},
-        "ratios": ratios,
+        "ratios": [
+            Ratio.between(
+                f"{s}, link busy", "throughput", f"{s}, alone", b["link busy"], b["alone"]
+            )
+            for s, b in best.items()
+        ],
     }
+
+
+def ring_stages(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int) -> dict[str, Any]:
+    """A GPU row's ring stages, each alone at the current settings: ``DMA``, the array as
+    ``chunk_bytes`` copies on one stream between the device and ``num_buffers`` pinned slots;
+    ``host``, ``host_threads`` threads copying the same chunks between the slots and ``host``.
+    The pipeline overlaps them, so its throughput is at most the smaller (``bound GB/s``);
+    ``error`` where measuring failed."""
+    cp, runtime = g.cp, g.cp.cuda.runtime
+    chunk, count, threads = chunk_bytes_or_default(None), config.num_buffers, config.host_threads
+    settings = {"chunk_bytes": chunk, "num_buffers": count, "host_threads": threads}
+    try:
+        ring_mem = cp.cuda.alloc_pinned_memory(chunk * count)
+        ring = np.frombuffer(ring_mem, np.uint8, chunk * count)
+        flat = host.reshape(-1).view(np.uint8)
+        offsets = [
+            (k, off, min(chunk, g.nbytes - off)) for k, off in enumerate(range(0, g.nbytes, chunk))
+        ]
+        kind = runtime.memcpyDeviceToHost if to_host else runtime.memcpyHostToDevice
+        on_device = g.x if to_host else cp.empty_like(g.x)  # held while the cases live
+
+        def dma() -> None:
+            stream, device = cp.cuda.get_current_stream().ptr, on_device.data.ptr
+            for k, off, n in offsets:
+                at = ring.ctypes.data + (k % count) * chunk
+                dst, src = (at, device + off) if to_host else (device + off, at)
+                runtime.memcpyAsync(dst, src, n, kind, stream)
+
+        def one_chunk(item: tuple[int, int, int]) -> None:
+            k, off, n = item
+            pinned, mine = ring[(k % count) * chunk :][:n], flat[off : off + n]
+            np.copyto(*((mine, pinned) if to_host else (pinned, mine)))
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="bench-host") as pool:
+            list(pool.map(one_chunk, offsets[:threads]))  # the threads started
+            cases = {
+                "DMA": Case(dma, g.nbytes),
+                "host": Case(lambda: list(pool.map(one_chunk, offsets)), g.nbytes),
+            }
+            got = measure(cases, repeats, sync=g.sync)
+    except Exception as exc:  # a diagnosis: its failure must not cost the row
+        traceback.print_exc(file=sys.stderr)
+        return {"settings": settings, "error": f"{type(exc).__name__}: {exc}"}
+    dma_gbps, host_gbps = got["DMA"].gbps, got["host"].gbps
+    return {
+        "settings": settings,
+        "DMA GB/s": dma_gbps,
+        "host GB/s": host_gbps,
+        "bound GB/s": min(dma_gbps, host_gbps),
+        "samples": {label: m.record() for label, m in got.items()},
+    }
+
+
+def stages_and_trace(ctx: BenchContext, fields: dict[str, Any], to_host: bool) -> dict[str, Any]:
+    """A pageable transfer row's diagnoses: its ring stages alone, with its throughput over the
+    slower one (context), and one traced run of its call."""
+    g = ctx.gpu()
+    host = np.zeros(g.ref.shape, np.float32) if to_host else np.array(g.ref)  # pageable, touched
+    stages = ring_stages(g, host, to_host, ctx.sizes.repeats)
+    where = lab.traced(
+        partial(interop.copy_to_host, g.x, host)
+        if to_host
+        else partial(interop.copy_to_device, host)
+    )
+    ratios = list(fields["ratios"])
+    if "bound GB/s" in stages:  # context: the row against the slower stage alone
+        to = "the slower ring stage alone"
+        ratios.append(
+            Ratio.between(ratios[0].of, "throughput", to, fields["gbps"], stages["bound GB/s"])
+        )
+    return fields | {"stages": stages, "trace": where, "ratios": ratios}
+
+
+# ------------------------------------------------------------------ emulated_overlap
+
+#: The emulated link's rate, GB/s (below one thread's memcpy on small machines), and the
+#: pipeline's settings for the row.
+LINK_GBPS = 2.0
+SETTINGS = {"chunk_bytes": 8 * MiB, "num_buffers": 4, "host_threads": 2}
+
+
+def overlap_seconds(
+    nbytes: int, *, link_gbps: float = LINK_GBPS, repeats: int = 5, **settings: int
+) -> dict[str, float]:
+    """Median seconds, interleaved and first calls checked, for an ``nbytes`` float64 array:
+    ``link`` (its bytes at the emulated rate, or one thread's memcpy of them where longer:
+    the emulated DMA is such a memcpy), ``host stage`` (as ``host_limit`` measures it: whole
+    chunks from a slot per thread into ``out``) and ``copy_to_host(x, out)`` through the ring."""
+    settings = SETTINGS | settings
+    chunk, threads = settings["chunk_bytes"], settings["host_threads"]
+    dev = EmulatedDevice(link_gbps=link_gbps)
+    host = np.random.default_rng(0).random(nbytes // 8)
+    x = dev.asarray(host)
+    out = np.zeros_like(host)  # touched, as d2h_prealloc's out
+
+    def pipeline() -> np.ndarray:
+        with interop.config.set(**settings):
+            return interop.copy_to_host(x, out)
+
+    def right(got: np.ndarray) -> None:
+        if not np.array_equal(got, host):
+            raise WrongResultError("copy_to_host through the emulated link gave wrong values")
+
+    slots = np.ones(threads * chunk, np.uint8)
+    with ThreadPoolExecutor(threads) as pool:
+        cases = {
+            "memcpy": Case(lambda: np.copyto(out, host), nbytes),
+            "host stage": threaded_copies(
+                pool, threads, out.reshape(-1).view(np.uint8), slots, chunk, True
+            ),
+            "copy_to_host(x, out)": Case(pipeline, nbytes, right),
+        }
+        seconds = {
+            label: statistics.median(m.seconds) for label, m in measure(cases, repeats).items()
+        }
+    return {"link": max(nbytes / (link_gbps * 1e9), seconds.pop("memcpy")), **seconds}
+
+
+def emulated_overlap(ctx: BenchContext) -> dict[str, Any]:
+    """``copy_to_host``'s throughput over that of a perfect overlap, ``max(link, host stage)``,
+    and over none (their sum); ``overlap``: the share of the shorter stage hidden."""
+    nbytes = min(ctx.sizes.host_bytes, 256 * MiB)
+    s = overlap_seconds(nbytes, repeats=ctx.sizes.repeats)
+    link, host, pipe = s["link"], s["host stage"], s["copy_to_host(x, out)"]
+    gbps = {k: nbytes / v / 1e9 for k, v in s.items()}
+    ours = "copy_to_host(x, out)"
+    return {
+        "size": f"{nbytes / MiB:.0f} MiB float64, emulated link {LINK_GBPS:g} GB/s",
+        "settings": SETTINGS,
+        "gbps": gbps[ours],
+        "anchors": {f"{k} GB/s": v for k, v in gbps.items() if k != ours},
+        "overlap": (link + host - pipe) / min(link, host),
+        "ratios": [
+            Ratio.between(ours, "throughput", to, gbps[ours], nbytes / seconds / 1e9)
+            for to, seconds in (
+                ("max(link, host stage)", max(link, host)),
+                ("link + host stage, one after the other", link + host),
+            )
+        ],
+    }
+
+
+HOST_LIMIT = RowSpec(
+    "host_limit",
+    "host copies by 1-16 threads, one whole chunk each, alone and with the link busy; "
+    "cudaHostRegister rates",
+    False,
+    host_limit,
+)
+ROWS = (
+    HOST_LIMIT,
+    RowSpec(
+        "emulated_overlap",
+        "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap of its "
+        "DMAs with its host copies, on any machine",
+        False,
+        emulated_overlap,
+    ),
+)
+
+if __name__ == "__main__":
+    sys.exit(lab.main(ROWS, __spec__.name, __doc__))

@@ -1,148 +1,243 @@
-"""The lab's run: the package's rows with their diagnoses, the lab's own rows, verdicts.
+"""What the lab's scripts share: running rows with their targets, the report, diagnoses.
 
-``python -m benchmarks run`` measures every row of ``python -m interop bench``
-(with the stages, traces and profiles of :mod:`benchmarks.diagnostics`) and
-the rows that need more than the package: ``host_limit`` (the ring's
-ceilings), ``dask_save_npy`` (a ``distributed.LocalCluster``),
-``dask_save_npy_cupy`` and ``torch_op_us``; then judges every row against
-its targets (:mod:`benchmarks.targets`). The results file has the package's
-layout, so the same readers (the plot, ``keep``) read both.
+A script lists its rows (:class:`interop.bench.RowSpec`: the package's own, or the lab's)
+as ``ROWS`` and ends with ``sys.exit(lab.main(ROWS, __spec__.name, __doc__))``: :func:`main`
+gives it the lab's command line and runs the rows through ``interop.bench``'s runner
+(checked first calls, partial JSON after every row), judged (:mod:`benchmarks.targets`),
+with the lab's report. ``python -m benchmarks run`` runs the rows of every script of
+:data:`SCRIPTS` in one process, so that rows judged against another row (``host_limit``,
+``d2h_prealloc``) find it. A diagnosis adds fields to a row after it ran
+(:func:`diagnosed`): its failure never costs the row its figures.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import dataclasses
+import importlib
 import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.dask_save import (
-    cluster_unavailable,
-    dask_save_npy,
-    dask_save_npy_cupy,
-    dask_unavailable,
-)
-from benchmarks.diagnostics import diagnosed
-from benchmarks.emulated_overlap import emulated_overlap
-from benchmarks.host_limit import host_limit
-from benchmarks.report import format_report
 from benchmarks.targets import RunJudge
-from interop.bench.results import Ratio, gpu_unavailable
-from interop.bench.rows import ROWS, BenchContext, RowSpec
-from interop.bench.run import run_bench
-from interop.info import install_command
+from interop.bench import ROWS, RowSpec, run_bench
+from interop.bench.report import figure_text, format_table, memory_text, ratio_text
+from interop.pipeline import trace
 
-#: The module that measures ``torch_op_us``, and the call it compares with.
-TORCH_OP_MODULE = "benchmarks.torch_op_overhead"
-HAND = "a hand-written torch.library.custom_op"
+#: The scripts whose rows ``python -m benchmarks run`` runs, in this order (host_limit first:
+#: the transfer rows are judged against its ceilings).
+SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save")
 
+EPILOG = """\
+environment variables:
+  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1). At
+                        scale 1 the GPU rows move 1 GiB float32 arrays, host_copy
+                        copies 256 MiB, save_npy_rss saves 768 MiB and the dask rows
+                        384 MiB (the CuPy one 1 GiB); --quick uses a quarter or less.
+  INTEROP_BENCH_DIR     where the file rows write (default: the system temporary
+                        directory); point it at the disk you use.
+  INTEROP_CHUNK_BYTES, INTEROP_NUM_BUFFERS, INTEROP_HOST_THREADS
+                        interop's transfer settings, used and reported (the sweep
+                        varies them itself)
 
-def torch_op_unavailable() -> str | None:
-    """Why ``torch_op_us`` cannot run: PyTorch, or its measuring module, is missing."""
-    if importlib.util.find_spec("torch") is None:
-        return f"PyTorch is not installed: {install_command('torch')}"
-    if importlib.util.find_spec(TORCH_OP_MODULE) is None:
-        return "benchmarks/torch_op_overhead.py is not in this checkout"
-    return None
-
-
-def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
-    """An ``interop.torch_op`` call against a hand-written ``torch.library.custom_op`` doing
-    its own DLPack exchange, per call, on CUDA where usable (else the CPU).
-
-    Measured by ``benchmarks.torch_op_overhead.measure`` in interleaved blocks of a
-    quarter of the per-call rows' calls.
-    """
-    device = "cpu" if gpu_unavailable() is not None else "cuda"
-    calls = max(100, ctx.sizes.calls // 4)
-    module = importlib.import_module(TORCH_OP_MODULE)
-    got = module.measure(calls, repeats=ctx.sizes.repeats, device=device)
-    ours, hand = got["interop_us"], got["custom_op_us"]
-    return {
-        "size": f"{got['size']}, {device}",
-        "us": ours,
-        "anchors": {f"{HAND} us": hand},
-        "ratios": [Ratio.between("interop.torch_op", "time", HAND, ours, hand)],
-        "samples": {
-            label: {"seconds": [us * calls / 1e6 for us in per_call], "calls": calls}
-            for label, per_call in got["samples"].items()
-        },
-    }
+exit status: 0 when every row ran or was skipped for a stated reason (a missed target
+is a result, not a failure); 1 when a row raised or returned wrong data (traceback on
+stderr); 2 for bad arguments, a bad INTEROP_BENCH_SCALE or a --json PATH that cannot
+be written."""
 
 
-def _rows() -> tuple[RowSpec, ...]:
-    host = [diagnosed(spec) for spec in ROWS if not spec.gpu]
-    gpu = [diagnosed(spec) for spec in ROWS if spec.gpu]
-    return (
-        *host,
-        RowSpec(
-            "host_limit",
-            "host copies by 1-16 threads, one whole chunk each, alone and with the link "
-            "busy; cudaHostRegister rates",
-            False,
-            host_limit,
-        ),
-        RowSpec(
-            "emulated_overlap",
-            "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap "
-            "of its DMAs with its host copies, on any machine",
-            False,
-            emulated_overlap,
-        ),
-        RowSpec(
-            "dask_save_npy",
-            "interop.dask.save_npy of NumPy blocks persisted on a distributed.LocalCluster "
-            "of 2 worker processes (1 thread each)",
-            False,
-            dask_save_npy,
-            unavailable=cluster_unavailable,
-        ),
-        *gpu,
-        RowSpec(
-            "torch_op_us",
-            "an interop.torch_op call, per call",
-            False,
-            torch_op_us,
-            "us",
-            unavailable=torch_op_unavailable,
-        ),
-        RowSpec(
-            "dask_save_npy_cupy",
-            "interop.dask.save_npy of CuPy blocks on the threaded scheduler (2 threads)",
-            True,
-            dask_save_npy_cupy,
-            unavailable=dask_unavailable,
-        ),
-    )
+def package_row(name: str) -> RowSpec:
+    """The row ``name`` of ``python -m interop bench``."""
+    return next(spec for spec in ROWS if spec.name == name)
 
 
-#: Every row of a lab run, in order.
-LAB_ROWS: tuple[RowSpec, ...] = _rows()
+def all_rows() -> list[RowSpec]:
+    """The rows of every script, in :data:`SCRIPTS` order, each once."""
+    rows: dict[str, RowSpec] = {}
+    for script in SCRIPTS:
+        for spec in importlib.import_module(f"benchmarks.{script}").ROWS:
+            rows.setdefault(spec.name, spec)
+    return list(rows.values())
 
 
-def run_lab(
-    quick: bool = False, json_path: str | None = None, rows: list[str] | None = None
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def main(
+    rows: Sequence[RowSpec], script: str, doc: str | None, argv: list[str] | None = None
 ) -> int:
-    """``python -m benchmarks run``: every row (or those named), judged; report and JSON.
-
-    Returns the exit status as :func:`interop.bench.run.run_bench` does (2 also for an
-    unknown row name).
-    """
-    chosen = list(LAB_ROWS)
-    if rows:
-        names = {spec.name: spec for spec in LAB_ROWS}
-        unknown = [name for name in rows if name not in names]
-        if unknown:
-            print(
-                f"benchmarks run: expected rows among {sorted(names)} (got {unknown!r})",
-                file=sys.stderr,
-            )
-            return 2
-        chosen = [names[name] for name in rows]
-    return run_bench(
-        quick,
-        json_path,
-        chosen,
-        judge=RunJudge(),
-        report=format_report,
-        command="benchmarks run",
+    """The command line ``python -m SCRIPT [--quick] [--json PATH] [--rows LIST]`` of a script
+    (``doc``: its docstring) that runs ``rows``; returns the exit status."""
+    prog = f"python -m {script}"
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(doc or "").split("\n\n")[0].replace("``", ""),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    quick = "a smoke run: small sizes, few repeats; checks that every row runs, judges nothing"
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--rows", type=_names, metavar="LIST", help="only these rows, in order")
+    args = parser.parse_args(argv)
+    named = {spec.name: spec for spec in rows}
+    unknown = [name for name in args.rows or () if name not in named]
+    if unknown:
+        print(f"{prog}: expected rows among {sorted(named)} (got {unknown!r})", file=sys.stderr)
+        return 2
+    chosen = [named[name] for name in args.rows] if args.rows else list(rows)
+    return run_bench(
+        args.quick, args.json, chosen, judge=RunJudge(), report=format_report, command=prog
+    )
+
+
+# ------------------------------------------------------------------ diagnoses
+
+
+def diagnosed(spec: RowSpec, diagnose: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> RowSpec:
+    """``spec`` whose fields, after the row ran, go through ``diagnose(ctx, fields)``; a
+    diagnosis that raises leaves the fields and a ``diagnosis_error``."""
+
+    def run(ctx: Any) -> dict[str, Any]:
+        fields = spec.run(ctx)
+        try:
+            return diagnose(ctx, fields)
+        except Exception as exc:  # a diagnosis: its failure must not cost the row
+            traceback.print_exc(file=sys.stderr)
+            return fields | {"diagnosis_error": f"{type(exc).__name__}: {exc}"}
+
+    return dataclasses.replace(spec, run=run)
+
+
+def traced(call: Callable[[], Any]) -> dict[str, Any]:
+    """One more, untimed ``call`` with the slot pipeline traced: its
+    :meth:`~interop.pipeline.trace.SlotTrace.summary`, the call's own time beside the
+    transfer's; or ``error`` where tracing failed or no single slot transfer ran."""
+    try:
+        with trace.recording() as traces:
+            start = time.perf_counter()
+            call()
+            seconds = time.perf_counter() - start
+    except Exception as exc:  # a diagnosis: its failure must not cost the row
+        traceback.print_exc(file=sys.stderr)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if len(traces) != 1:
+        return {"error": f"expected one slot transfer to trace (got {len(traces)})"}
+    return traces[0].summary(call_seconds=seconds)
+
+
+class DeviceGrowth:
+    """Peak device memory taken in a block from CuPy's pool (it only grows while nothing
+    frees its blocks) and PyTorch's allocator (its peak); a raw ``cudaMalloc`` is not seen."""
+
+    def __init__(self, cp: Any, th: Any) -> None:
+        self._cp, self._th = cp, th
+        self.extra_bytes: int | None = None
+
+    def __enter__(self) -> DeviceGrowth:
+        self._pool = self._cp.get_default_memory_pool().total_bytes()
+        self._th.cuda.reset_peak_memory_stats()
+        self._torch = self._th.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pool = self._cp.get_default_memory_pool().total_bytes() - self._pool
+        self.extra_bytes = max(0, pool) + max(0, self._th.cuda.max_memory_allocated() - self._torch)
+
+
+# ------------------------------------------------------------------ the report
+
+
+def _rate(gbps: float | None) -> str:
+    return "-" if gbps is None else f"{gbps:.2f} GB/s"
+
+
+def stages_text(stages: dict[str, Any]) -> str:
+    """The DMA and host stages of a GPU row measured alone, or why they were not."""
+    st = stages["settings"]
+    at = (
+        f"at chunk_bytes {st['chunk_bytes'] >> 20} MiB, num_buffers {st['num_buffers']}, "
+        f"host_threads {st['host_threads']}"
+    )
+    if "error" in stages:
+        return f"not measured ({stages['error']}) {at}"
+    return f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"
+
+
+def trace_text(where: dict[str, Any]) -> str:
+    """Where a traced transfer spent its time, or why it was not traced."""
+    if "error" in where:
+        return f"not traced ({where['error']})"
+    host = "no host threads (DMAs straight to or from pinned memory)"
+    if where["threads"]:
+        host = (
+            f"{where['threads']} host threads {_rate(where['host_gbps_per_thread'])} each "
+            f"(busy {where['host_busy']:.0%})"
+        )
+    outside = ""
+    if "call_seconds" in where:
+        outside = (
+            f"; the call took {where['call_seconds']:.3f} s, "
+            f"{where['outside_seconds']:.3f} s of it outside the transfer"
+        )
+    return (
+        f"{_rate(where['rate_gbps'])} in all; device copies {_rate(where['device_gbps'])} "
+        f"(busy {where['device_busy']:.0%}); {host}; issuer waited "
+        f"{where['issuer_wait_seconds']:.3f} s{outside}: limited by {where['limited_by']}"
+    )
+
+
+def explain(row: dict[str, Any]) -> list[str]:
+    """The lines that say what a row's diagnoses found: ring stages, trace, profile,
+    ``host_limit``'s ceilings."""
+    lines = [f"ring stages alone: {stages_text(row['stages'])}"] if row.get("stages") else []
+    if row.get("trace"):
+        lines.append(f"where the time went: {trace_text(row['trace'])}")
+    for label, top in row.get("profile", {}).items():
+        costs = "; ".join(f"{entry['function']} {entry['own_us']:.1f} us" for entry in top[:4])
+        lines.append(f"profile of {label}: {costs} (own time per call under cProfile)")
+    for side, by in row.get("copies", {}).items():
+        for condition, rates in by.items():
+            at = ", ".join(f"{n} threads {v:.2f}" for n, v in rates.items())
+            lines.append(f"{side}, {condition}: {at} GB/s")
+    if row.get("registration"):
+        at = ", ".join(f"{label} {v:.2f}" for label, v in row["registration"].items())
+        lines.append(f"cudaHostRegister + unregister: {at} GB/s")
+    for key in ("not_measured", "diagnosis_error"):
+        if row.get(key):
+            lines.append(f"{key.replace('_', ' ')}: {row[key]}")
+    return lines
+
+
+def judged_ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
+    """A ratio in words with its target where it has one: ``"... (target <= 1.2x)"``, and
+    ``": MISSED"`` or ``", not judged"``."""
+    if not ratio.get("target"):
+        return ratio_text(ratio)
+    verdict = ", not judged" if not judged else ": MISSED" if ratio.get("met") is False else ""
+    return f"{ratio_text(ratio)} (target {ratio['target']}{verdict})"
+
+
+def format_report(results: dict[str, Any]) -> str:
+    """The printed report of a lab run, or of a kept results file of any schema: the
+    package's table with each row's verdict, ratios with their targets, memory and
+    diagnoses, and a summary line counting rows by verdict and status."""
+    judged = bool(results.get("judged", not results.get("quick")))  # schema 2 has no judged
+    counts = Counter(row["status"] for row in results["rows"] if row["status"] != "ok")
+
+    def row_lines(row: dict[str, Any], memory_first: bool) -> list[str]:
+        verdict = {True: "met", False: "MISSED", None: "reference"}[row.get("met")]
+        verdict = verdict if judged else "not judged"
+        counts[verdict.lower()] += 1
+        lines = [f"{figure_text(row, memory_first):<32} {verdict}"]
+        lines += [judged_ratio_text(r, judged) for r in row.get("ratios", [])]
+        if row.get("memory"):
+            lines.append(f"memory: {memory_text(row['memory'])}")
+        return lines + explain(row)
+
+    table = format_table(results, "interop lab", row_lines)
+    return table + "\nsummary: " + ", ".join(f"{n} {what}" for what, n in counts.items())

@@ -1,110 +1,60 @@
-"""The sweep: transfer throughput over ``chunk_bytes`` x ``host_threads`` x ``num_buffers``.
+"""Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``
 
-Each point sets the three values with ``interop.config.set`` and times the
-row's interop call interleaved with its reference (the pinned-link limit for
-the GPU rows, one ``numpy.copyto`` for ``host_copy``), so every point's ratio
-holds on a noisy machine. Each point's first call is checked (a wrong copy is
-an error, never a figure). The anchors users compare with (``cupy.asnumpy``,
-``t.cpu()``, ``cupy.asarray``) do not depend on interop's settings and are
-measured once per row.
-
-GPU rows (``d2h_prealloc``, ``h2d_pageable``) run where CuPy and PyTorch see
-a CUDA device; ``host_copy`` runs anywhere (its engine needs no staging
-ring, so ``num_buffers`` is not swept for it).
+Transfer throughput over ``chunk_bytes`` x ``host_threads`` x ``num_buffers``: each point sets
+them with ``interop.config.set`` and times the row's call interleaved with its reference (the
+pinned link for ``d2h_prealloc`` and ``h2d_pageable`` on a GPU, one ``numpy.copyto`` for
+``host_copy``, which has no ring, so ``num_buffers`` is not swept there), its first call
+checked. The anchors users compare with do not depend on the settings: measured once per
+row. It ends with the defaults it suggests (:func:`suggest_defaults`). ``python -m
+benchmarks plot PNG JSON...`` (:func:`plot_main`) draws bench and sweep results.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
+import json
 import os
 import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from interop.bench.measure import BenchSizes, Case, GiB, Measured, MiB, measure, scale_from_env
+from interop.bench import BenchContext, BenchSizes, Case, GpuArrays, Ratio, measure, write_json
+from interop.bench.measure import GiB, MiB, gpu_unavailable, host_unavailable, scale_from_env
 from interop.bench.report import format_bytes
-from interop.bench.results import (
-    Ratio,
-    gpu_unavailable,
-    host_unavailable,
-    json_path_problem,
-    run_header,
-    write_json,
-)
-from interop.bench.rows import (
-    BenchContext,
-    GpuArrays,
-    d2h_prealloc_cases,
-    h2d_pageable_cases,
-    host_copy_cases,
-)
-from interop.bench.run import bench_directory, log_done
+from interop.bench.rows import d2h_prealloc_cases, h2d_pageable_cases, host_copy_cases
+from interop.bench.run import bench_directory, json_path_problem, log_done, run_header
 from interop.config import config
+from interop.errors import BackendUnavailableError
 
-__all__ = [
-    "SWEEP_ROWS",
-    "Subject",
-    "SweepRow",
-    "default_grid",
-    "format_sweep",
-    "run_sweep",
-    "sweep",
-]
-
-#: Every ``CHECK_STRIDE``-th element is poisoned and checked at each GPU point (a prime).
-CHECK_STRIDE = 4099
+CHECK_STRIDE = 4099  # every CHECK_STRIDE-th element is poisoned and checked at a GPU point
 SETTINGS = ("chunk_bytes", "host_threads", "num_buffers")
 
 
 @dataclasses.dataclass
 class Subject:
-    """What a sweep row times at each point, made once per row.
-
-    Attributes
-    ----------
-    size : str
-        The array measured, in words.
-    call, reference : str
-        Labels in ``cases``: the interop call and what its ratio is taken to.
-    cases : dict of str to Case
-        Measured at every point, interleaved.
-    anchors : dict of str to Case
-        Measured once, before the points (they ignore interop's settings).
-    measure : callable
-        ``measure(cases, repeats)`` returning :class:`~interop.bench.measure.Measured`
-        by label.
-    """
+    """What a row times at each point (``cases``, among them its ``call`` and ``reference``)
+    and once before them (``anchors``), made once per row; ``sync`` waits for the device."""
 
     size: str
     call: str
     reference: str
     cases: dict[str, Case]
     anchors: dict[str, Case]
-    measure: Callable[[dict[str, Case], int], dict[str, Measured]]
+    sync: Callable[[], object] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepRow:
-    """One swept row.
-
-    Attributes
-    ----------
-    name, what : str
-        The bench row it sweeps, and its call in words.
-    gpu : bool
-        Needs a CUDA device visible to CuPy and PyTorch.
-    setup : callable
-        Makes the row's :class:`Subject` from the run's context.
-    num_buffers_matters : bool
-        False where the path has no staging ring: ``num_buffers`` stays at
-        its current value.
-    """
+    """A swept row: its bench row's ``name``, its call in words, whether it needs a ``gpu``,
+    the ``setup`` that makes its :class:`Subject`, and whether ``num_buffers`` matters."""
 
     name: str
     what: str
@@ -113,112 +63,66 @@ class SweepRow:
     num_buffers_matters: bool = True
 
 
-def _gpu_measure(g: GpuArrays) -> Callable[[dict[str, Case], int], dict[str, Measured]]:
-    return lambda cases, repeats: measure(cases, repeats, sync=g.sync)
-
-
 def _d2h_prealloc(ctx: BenchContext) -> Subject:
-    g = ctx.gpu()
-    cp = g.cp
+    g: GpuArrays = ctx.gpu()
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched
-    return Subject(
-        size=f"{g.nbytes / GiB:.2f} GiB float32",
-        call="copy_to_host(x, out)",
-        reference="d2h_limit",
-        cases=d2h_prealloc_cases(g, out, every=CHECK_STRIDE),
-        anchors={
-            "cupy.asnumpy(x)": Case(lambda: cp.asnumpy(g.x), g.nbytes),
-            "cupy.asnumpy(x, out=out)": Case(lambda: cp.asnumpy(g.x, out=out), g.nbytes),
-            "t.cpu().numpy()": Case(lambda: g.t.cpu().numpy(), g.nbytes),
-        },
-        measure=_gpu_measure(g),
-    )
+    anchors = {
+        "cupy.asnumpy(x)": Case(lambda: g.cp.asnumpy(g.x), g.nbytes),
+        "cupy.asnumpy(x, out=out)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
+        "t.cpu().numpy()": Case(lambda: g.t.cpu().numpy(), g.nbytes),
+    }
+    cases = d2h_prealloc_cases(g, out, every=CHECK_STRIDE)
+    size = f"{g.nbytes / GiB:.2f} GiB float32"
+    return Subject(size, "copy_to_host(x, out)", "d2h_limit", cases, anchors, g.sync)
 
 
 def _h2d_pageable(ctx: BenchContext) -> Subject:
-    g = ctx.gpu()
-    cp, th = g.cp, g.th
+    g: GpuArrays = ctx.gpu()
     host = np.array(g.ref)  # pageable, touched
+    anchors = {
+        "cupy.asarray(host)": Case(lambda: g.cp.asarray(host), g.nbytes),
+        "torch.from_numpy(host).cuda()": Case(lambda: g.th.from_numpy(host).cuda(), g.nbytes),
+    }
+    size = f"{g.nbytes / GiB:.2f} GiB float32"
     return Subject(
-        size=f"{g.nbytes / GiB:.2f} GiB float32",
-        call="copy_to_device(host)",
-        reference="h2d_limit",
-        cases=h2d_pageable_cases(g, host),
-        anchors={
-            "cupy.asarray(host)": Case(lambda: cp.asarray(host), g.nbytes),
-            "torch.from_numpy(host).cuda()": Case(lambda: th.from_numpy(host).cuda(), g.nbytes),
-        },
-        measure=_gpu_measure(g),
+        size, "copy_to_device(host)", "h2d_limit", h2d_pageable_cases(g, host), anchors, g.sync
     )
 
 
 def _host_copy(ctx: BenchContext) -> Subject:
     cases, nbytes = host_copy_cases(ctx.sizes.host_bytes)
-    return Subject(
-        size=f"{nbytes / MiB:.0f} MiB float32",
-        call="copy_to_host",
-        reference="numpy.copyto",
-        cases=cases,
-        anchors={},
-        measure=lambda cases, repeats: measure(cases, repeats),
-    )
+    return Subject(f"{nbytes / MiB:.0f} MiB float32", "copy_to_host", "numpy.copyto", cases, {})
 
 
-#: The rows a sweep measures by default. ``host_copy`` comes first: it takes seconds, and a
-#: time budget is shared among the rows still to run, so what it leaves goes to the GPU rows.
-SWEEP_ROWS: tuple[SweepRow, ...] = (
-    SweepRow(
-        "host_copy",
-        "copy_to_host(cpu_tensor, out)",
-        False,
-        _host_copy,
-        num_buffers_matters=False,
-    ),
-    SweepRow(
-        "d2h_prealloc",
-        "copy_to_host(x, out), out pageable and touched",
-        True,
-        _d2h_prealloc,
-    ),
-    SweepRow(
-        "h2d_pageable",
-        "copy_to_device(host), host pageable",
-        True,
-        _h2d_pageable,
-    ),
+#: The rows swept by default; ``host_copy`` first (seconds), so a time budget, shared among
+#: the rows still to run, leaves what it does not use to the GPU rows.
+SWEEP_ROWS = (
+    SweepRow("host_copy", "copy_to_host(cpu_tensor, out)", False, _host_copy, False),
+    SweepRow("d2h_prealloc", "copy_to_host(x, out), out pageable and touched", True, _d2h_prealloc),
+    SweepRow("h2d_pageable", "copy_to_device(host), host pageable", True, _h2d_pageable),
 )
 
 
-def _threads(cpu_count: int, candidates: Sequence[int]) -> list[int]:
-    return sorted({n for n in candidates if n <= cpu_count} | {cpu_count})
-
-
 def default_grid(quick: bool, cpu_count: int | None = None) -> dict[str, list[int]]:
-    """The values swept by default, by setting name.
-
-    ``host_threads`` goes in powers of two up to the machine's cores (and
-    includes the core count); a ``quick`` grid has about two values per
-    setting. Every grid includes the current settings, so the report can set
-    them beside the best point.
-    """
+    """The values swept by default: chunk sizes, ``host_threads`` in powers of two up to the
+    cores and the core count, buffer counts (about two values each when ``quick``), each
+    list with the current setting, so the summary can set it beside the best point."""
     cores = max(1, cpu_count or os.cpu_count() or 1)
-    if quick:
-        grid = {
-            "chunk_bytes": [8 * MiB, 32 * MiB],
-            "host_threads": _threads(cores, [1]),
-            "num_buffers": [2, 4],
-        }
-    else:
-        grid = {
-            "chunk_bytes": [n * MiB for n in (4, 8, 16, 32, 64, 128)],
-            "host_threads": _threads(cores, [1, 2, 4, 8, 16]),
-            "num_buffers": [2, 3, 4, 6],
-        }
+    chunks, threads, buffers = (
+        ((8, 32), [1], [2, 4])
+        if quick
+        else ((4, 8, 16, 32, 64, 128), [1, 2, 4, 8, 16], [2, 3, 4, 6])
+    )
+    grid = {
+        "chunk_bytes": [n * MiB for n in chunks],
+        "host_threads": [n for n in threads if n <= cores] + [cores],
+        "num_buffers": buffers,
+    }
     return {name: sorted(set(values) | {getattr(config, name)}) for name, values in grid.items()}
 
 
 def _check_grid(grid: dict[str, list[int]]) -> None:
-    """Every value is accepted by ``interop.config`` (its own validation), and no list is empty."""
+    """Every value is one ``interop.config`` accepts, and no list is empty."""
     for name in SETTINGS:
         values = grid.get(name)
         if not values:
@@ -228,28 +132,18 @@ def _check_grid(grid: dict[str, list[int]]) -> None:
                 pass
 
 
-def _points(grid: dict[str, list[int]]) -> list[dict[str, int]]:
-    """The grid's points: the current ``num_buffers`` plane first, so a cut-short sweep has it."""
-    buffers = sorted(grid["num_buffers"], key=lambda b: (b != config.num_buffers, b))
-    return [
-        {"chunk_bytes": c, "host_threads": t, "num_buffers": b}
-        for b, c, t in itertools.product(buffers, grid["chunk_bytes"], grid["host_threads"])
-    ]
-
-
 def _measure_point(subject: Subject, point: dict[str, int], repeats: int) -> dict[str, Any]:
     try:
         with config.set(**point):
-            got = subject.measure(subject.cases, repeats)
+            got = measure(subject.cases, repeats, sync=subject.sync)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         return point | {"error": f"{type(exc).__name__}: {exc}"}
-    ours, ref = got[subject.call], got[subject.reference]
-    ratio = Ratio.between(subject.call, "throughput", subject.reference, ours.gbps, ref.gbps)
+    ours, ref = got[subject.call].gbps, got[subject.reference].gbps
     return point | {
-        "gbps": ours.gbps,
-        "reference_gbps": ref.gbps,
-        "ratio": ratio.record(),
+        "gbps": ours,
+        "reference_gbps": ref,
+        "ratio": Ratio.between(subject.call, "throughput", subject.reference, ours, ref).record(),
         "samples": {label: m.record() for label, m in got.items()},
     }
 
@@ -263,17 +157,10 @@ def sweep_row(
     deadline: float | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Sweep one row over ``grid``; points not started by ``deadline`` (monotonic) are counted.
-
-    Returns
-    -------
-    dict
-        ``name``, ``what``, ``status``, ``grid``, and when it ran ``size``,
-        ``call``, ``reference``, ``anchors`` (GB/s, the reference's median
-        over the points included), ``points`` (each with its settings and
-        ``gbps``, ``reference_gbps``, ``ratio`` and ``samples``, or ``error``),
-        ``points_not_run`` and ``best``.
-    """
+    """One row over ``grid``, the current ``num_buffers`` plane first (a sweep cut short has
+    it); points not started by ``deadline`` (monotonic) are counted in ``points_not_run``.
+    The row's ``anchors`` (GB/s) gain the reference's median over the points; ``best`` is
+    the fastest point."""
     if not row.num_buffers_matters:
         grid = grid | {"num_buffers": [config.num_buffers]}
     record: dict[str, Any] = {"name": row.name, "what": row.what, "grid": grid}
@@ -281,22 +168,20 @@ def sweep_row(
         return record | {"status": "skipped", "reason": reason}
     points: list[dict[str, Any]] = []
     record |= {"status": "ok", "points": points, "points_not_run": 0}
+    buffers = sorted(grid["num_buffers"], key=lambda b: (b != config.num_buffers, b))
     try:
         subject = row.setup(ctx)
-        anchors = subject.measure(subject.anchors, repeats) if subject.anchors else {}
-        record |= {
-            "size": subject.size,
-            "call": subject.call,
-            "reference": subject.reference,
-            "anchors": {f"{label} GB/s": m.gbps for label, m in anchors.items()},
-        }
-        for point in _points(grid):
+        anchors = measure(subject.anchors, repeats, sync=subject.sync) if subject.anchors else {}
+        record |= {"size": subject.size, "call": subject.call, "reference": subject.reference}
+        record["anchors"] = {f"{label} GB/s": m.gbps for label, m in anchors.items()}
+        for b, c, t in itertools.product(buffers, grid["chunk_bytes"], grid["host_threads"]):
             if deadline is not None and time.monotonic() >= deadline:
                 record["points_not_run"] += 1
                 continue
+            point = {"chunk_bytes": c, "host_threads": t, "num_buffers": b}
             points.append(_measure_point(subject, point, repeats))
             if on_point is not None:
-                on_point(record)
+                on_point(record | {"points": list(points)})  # a snapshot: the list grows
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         record |= {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
@@ -309,8 +194,9 @@ def sweep_row(
         )
     measured = [p for p in points if "gbps" in p]
     if measured:
-        reference = statistics.median(p["reference_gbps"] for p in measured)
-        record["anchors"][f"{record['reference']} GB/s"] = reference
+        record["anchors"][f"{record['reference']} GB/s"] = statistics.median(
+            p["reference_gbps"] for p in measured
+        )
         record["best"] = max(measured, key=lambda p: p["gbps"])
     return record
 
@@ -322,54 +208,25 @@ def sweep(
     *,
     quick: bool = False,
     max_seconds: float | None = None,
-    workdir: str | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Sweep ``rows`` over ``grid`` and return the results with the run's context.
-
-    Parameters
-    ----------
-    sizes : BenchSizes
-        Array sizes (``gpu_bytes``, ``host_bytes``) and repeats (two fewer
-        than the bench's, at least 2).
-    grid : dict
-        ``chunk_bytes``, ``host_threads`` and ``num_buffers``: the values to
-        sweep (every combination).
-    rows : sequence of SweepRow
-    quick : bool
-        Recorded in the results (a smoke run).
-    max_seconds : float, optional
-        Time budget: each row gets an equal share of what is left when it
-        starts, and points not started in time are counted as not run.
-    workdir : str, optional
-        Scratch directory (as for the bench).
-    on_point : callable, optional
-        Called after every point with the results so far (``"partial": True``).
-
-    Returns
-    -------
-    dict
-        The run header (``kind: "sweep"``), ``grid``, ``notes`` and ``rows``
-        (see :func:`sweep_row`).
-
-    Raises
-    ------
-    ValueError, TypeError
-        A grid value ``interop.config`` refuses, or an empty list; raised
-        before anything is measured.
-    """
+    """Sweep ``rows`` over every combination of ``grid`` (``repeats`` two fewer than the
+    bench's, at least 2), each row given an equal share of what is left of ``max_seconds``
+    when it starts; ``on_point`` gets the results so far after every point (``"partial":
+    True``). Returns the run header (``kind: "sweep"``), ``grid``, ``notes``, ``rows`` and
+    ``suggested_defaults``. ValueError or TypeError for a grid value ``interop.config``
+    refuses or an empty list, before anything is measured."""
     _check_grid(grid)
     header = run_header("sweep", sizes, quick) | {"grid": grid}
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
     repeats = max(2, sizes.repeats - 2)
-    ctx = BenchContext(sizes, bench_directory(workdir))
+    ctx = BenchContext(sizes, bench_directory())
     start = time.monotonic()
     done: list[dict[str, Any]] = []
 
-    def partial(current: dict[str, Any]) -> None:
+    def partial(*current: dict[str, Any]) -> None:
         if on_point is not None:
-            now = current | {"points": list(current["points"])}  # a snapshot: it grows
-            on_point(header | {"notes": ctx.notes, "rows": [*done, now], "partial": True})
+            on_point(header | {"notes": ctx.notes, "rows": [*done, *current], "partial": True})
 
     try:
         for i, row in enumerate(rows):
@@ -377,49 +234,29 @@ def sweep(
             if max_seconds is not None:
                 now = time.monotonic()
                 deadline = now + (start + max_seconds - now) / (len(rows) - i)
-            reason = gpu_reason if row.gpu else host_reason
             began = time.perf_counter()
+            reason = gpu_reason if row.gpu else host_reason
             done.append(sweep_row(row, ctx, grid, repeats, reason, deadline, partial))
             log_done("sweep", row.name, done[-1]["status"], began)
-            if on_point is not None:
-                on_point(header | {"notes": ctx.notes, "rows": list(done), "partial": True})
+            partial()
     finally:
         ctx.close_keeping_results()
     results = header | {"notes": ctx.notes, "rows": done}
     return results | {"suggested_defaults": suggest_defaults(results)}
 
 
-def _settings_text(point: dict[str, Any]) -> str:
-    return (
-        f"chunk_bytes {format_bytes(point['chunk_bytes'])}, host_threads {point['host_threads']}, "
-        f"num_buffers {point['num_buffers']}"
-    )
-
-
-TRANSFER_ROWS = ("d2h_prealloc", "h2d_pageable")
-
-
 def suggest_defaults(
-    results: dict[str, Any], rows: Sequence[str] = TRANSFER_ROWS, tolerance: float = 0.05
+    results: dict[str, Any],
+    rows: Sequence[str] = ("d2h_prealloc", "h2d_pageable"),
+    tolerance: float = 0.05,
 ) -> dict[str, Any] | None:
-    """The settings to make the defaults, from a sweep's points.
-
-    Each point measured in every one of ``rows`` scores the smallest of its
-    throughputs there, each divided by that row's best. Among the points
-    that score within ``tolerance`` of the best score, the one that costs
-    least is chosen: the smallest ring (``num_buffers x chunk_bytes``, pinned
-    memory held per device), then the fewest host threads, then the fewest
-    buffers. Both directions share the settings, so no row is sacrificed to
-    the other.
-
-    Returns
-    -------
-    dict or None
-        ``settings`` (the chosen point), ``score`` and ``best_score``, per row
-        its ``gbps`` there and its ``best_gbps``, and ``rule`` (this rule in
-        words); None when no point was measured in every row (the rows were
-        skipped, cut short or failed).
-    """
+    """The settings to make the defaults: each point measured in every one of ``rows``
+    scores the smallest of its throughputs there, each over that row's best (both
+    directions share the settings, so neither is sacrificed to the other); of the points
+    within ``tolerance`` of the best score, the cheapest: the smallest ring (pinned memory
+    held per device), then the fewest host threads, then buffers. Returns ``settings``,
+    ``score``, ``best_score``, per row its ``gbps`` and ``best_gbps``, and the ``rule`` in
+    words; None without a point measured in every row."""
     measured = {
         row["name"]: {
             tuple(p[k] for k in SETTINGS): p["gbps"] for p in row.get("points", []) if "gbps" in p
@@ -435,12 +272,11 @@ def suggest_defaults(
         return None
     score = {key: min(measured[name][key] / best[name] for name in rows) for key in common}
     top = max(score.values())
-
-    def cost(key: tuple[int, ...]) -> tuple[int, int, int]:
-        p = dict(zip(SETTINGS, key, strict=True))
-        return p["chunk_bytes"] * p["num_buffers"], p["host_threads"], p["num_buffers"]
-
-    chosen = min((key for key in common if score[key] >= top * (1 - tolerance)), key=cost)
+    # the smallest ring (chunk_bytes x num_buffers), then threads, then buffers
+    chosen = min(
+        (k for k in common if score[k] >= top * (1 - tolerance)),
+        key=lambda k: (k[0] * k[2], k[1], k[2]),
+    )
     return {
         "settings": dict(zip(SETTINGS, chosen, strict=True)),
         "score": score[chosen],
@@ -453,49 +289,44 @@ def suggest_defaults(
     }
 
 
-def format_sweep(results: dict[str, Any], top: int = 8) -> str:
-    """The printed summary of a sweep: per row its anchors, best points and the current settings.
+def _settings_text(p: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {format_bytes(p[k]) if k == 'chunk_bytes' else p[k]}" for k in SETTINGS)
 
-    Every ratio is "Nx the throughput of" the row's reference (higher is better).
-    """
-    current = results["config"]
+
+def format_sweep(results: dict[str, Any], top: int = 8) -> str:
+    """The printed summary of a sweep: per row its anchors, best points (each "Nx the
+    throughput of" its reference) and the figure at the current settings; the suggested
+    defaults; the rows that did not run."""
+    now = results["config"]
     lines = [
         "benchmarks sweep" + (" (--quick: a smoke run)" if results.get("quick") else ""),
         f"device   {results['device']}",
         f"run      {results['date']}, commit {results['commit'][:12]}",
-        f"settings now: {_settings_text(current)}",
+        f"settings now: {_settings_text(now)}",
     ]
     not_run: dict[tuple[str, str], list[str]] = {}
     for row in results["rows"]:
         if "points" not in row:
             not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
             continue
-        lines.append("")
-        lines.append(f"{row['name']}: {row.get('call', row['what'])}, {row.get('size', '')}")
+        lines += ["", f"{row['name']}: {row.get('call', row['what'])}, {row.get('size', '')}"]
         if row["status"] == "error":
             lines.append(f"  error: {row['reason']}")
-        anchors = ", ".join(
-            f"{label.removesuffix(' GB/s')} {v:.2f} GB/s"
-            for label, v in row.get("anchors", {}).items()
-        )
-        if anchors:
-            lines.append(f"  anchors: {anchors}")
-        measured = sorted(
-            (p for p in row["points"] if "gbps" in p), key=lambda p: p["gbps"], reverse=True
-        )
+        anchors = [
+            f"{k.removesuffix(' GB/s')} {v:.2f} GB/s" for k, v in row.get("anchors", {}).items()
+        ]
+        lines += [f"  anchors: {', '.join(anchors)}"] if anchors else []
+        measured = sorted((p for p in row["points"] if "gbps" in p), key=lambda p: -p["gbps"])
         for p in measured[:top]:
             value = p["ratio"]["value"]
             ratio = "n/a" if value is None else f"{value:.2f}x"
-            lines.append(
-                f"  {p['gbps']:7.2f} GB/s  {ratio} the throughput of {row['reference']}  "
-                f"at {_settings_text(p)}"
-            )
-        now = [p for p in measured if all(p[k] == current[k] for k in SETTINGS)]
-        if now:
-            lines.append(f"  settings now: {now[0]['gbps']:.2f} GB/s")
-        errors = [p for p in row["points"] if "error" in p]
-        for p in errors:
-            lines.append(f"  error at {_settings_text(p)}: {p['error']}")
+            to = f"{ratio} the throughput of {row['reference']}"
+            lines.append(f"  {p['gbps']:7.2f} GB/s  {to}  at {_settings_text(p)}")
+        current = [p for p in measured if all(p[k] == now[k] for k in SETTINGS)]
+        lines += [f"  settings now: {current[0]['gbps']:.2f} GB/s"] if current else []
+        lines += [
+            f"  error at {_settings_text(p)}: {p['error']}" for p in row["points"] if "error" in p
+        ]
         if row["points_not_run"]:
             lines.append(f"  {row['points_not_run']} points not run: the time budget ran out")
     suggested = suggest_defaults(results)
@@ -509,82 +340,278 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             f"suggested defaults: {_settings_text(suggested['settings'])}: {at}",
             f"  rule: {suggested['rule']}",
         ]
-    if not_run:
-        lines.append("")
-    for (status, reason), names in not_run.items():
-        lines.append(f"{status} ({', '.join(names)}): {reason}")
+    lines += [""] if not_run else []
+    lines += [
+        f"{status} ({', '.join(names)}): {reason}" for (status, reason), names in not_run.items()
+    ]
     notes = results.get("notes", {})
     lines += [f"note: releasing caches failed {error}" for error in notes.get("release_errors", [])]
-    if notes.get("close_error"):
-        lines.append(f"note: closing the GPU arrays failed: {notes['close_error']}")
     return "\n".join(lines)
 
 
-def run_sweep(
-    quick: bool = False,
-    json_path: str | None = None,
-    grid: dict[str, list[int]] | None = None,
-    max_seconds: float | None = None,
-    rows: Sequence[str] | None = None,
-) -> int:
-    """Run the sweep, print its summary, optionally write JSON; return the exit status.
-
-    Parameters
-    ----------
-    quick : bool
-        Smaller arrays, fewer repeats and a two-value default grid.
-    json_path : str, optional
-        Where to write the results (rewritten after every point with
-        ``"partial": true``; the final file has no ``partial`` key).
-    grid : dict, optional
-        Values to sweep by setting name; missing settings use
-        :func:`default_grid`.
-    max_seconds : float, optional
-        Time budget (see :func:`sweep`).
-    rows : sequence of str, optional
-        Names of the rows to sweep (default: all of :data:`SWEEP_ROWS`).
-
-    Returns
-    -------
-    int
-        0 when every row ran or was skipped for a stated reason, 1 when a
-        row or a point failed (traceback on stderr), 2 for bad arguments or
-        a bad ``INTEROP_BENCH_SCALE``.
-    """
-    chosen = list(SWEEP_ROWS)
-    if rows:
-        names = {row.name: row for row in SWEEP_ROWS}
-        unknown = [name for name in rows if name not in names]
-        if unknown:
-            print(
-                f"benchmarks sweep: expected rows among {sorted(names)} (got {unknown!r})",
-                file=sys.stderr,
-            )
-            return 2
-        chosen = [names[name] for name in rows]
+def _ints(text: str) -> list[int]:
     try:
-        sizes = BenchSizes.choose(quick, scale_from_env())
-        full_grid = default_grid(quick) | (grid or {})
-        _check_grid(full_grid)
-        problem = json_path_problem(json_path) if json_path else None
+        values = [int(part, 0) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of positive integers, e.g. 4,8,16 (got {text!r})"
+        )
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks sweep``: print the summary, write JSON (rewritten after every
+    point with ``"partial": true``); exit status 0, 1 when a row or point failed, 2 for bad
+    arguments or a bad ``INTEROP_BENCH_SCALE``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks sweep", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="small arrays, a two-value grid")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    for flag, kind, default in (
+        ("--chunk-mib", _ints, "4,8,16,32,64,128 (--quick 8,32)"),
+        ("--host-threads", _ints, "powers of two up to the cores"),
+        ("--num-buffers", _ints, "2,3,4,6 (--quick 2,4)"),
+        ("--rows", str, "host_copy,d2h_prealloc,h2d_pageable"),
+        ("--max-seconds", float, "none; points not started in time are not run"),
+    ):
+        parser.add_argument(flag, type=kind, metavar="LIST", help=f"default: {default}")
+    args = parser.parse_args(argv)
+    named = {row.name: row for row in SWEEP_ROWS}
+    chosen = [name.strip() for name in (args.rows or ",".join(named)).split(",") if name.strip()]
+    given = {
+        "chunk_bytes": [n << 20 for n in args.chunk_mib or []],
+        "host_threads": args.host_threads,
+        "num_buffers": args.num_buffers,
+    }
+    try:
+        if any(name not in named for name in chosen):
+            raise ValueError(f"expected rows among {sorted(named)} (got {chosen!r})")
+        if args.max_seconds is not None and not args.max_seconds > 0:
+            raise ValueError(f"expected a positive number of seconds (got {args.max_seconds})")
+        sizes = BenchSizes.choose(args.quick, scale_from_env())
+        grid = default_grid(args.quick) | {k: v for k, v in given.items() if v}
+        _check_grid(grid)
+        problem = json_path_problem(args.json) if args.json else None
         if problem is not None:
             raise ValueError(problem)
     except (ValueError, TypeError) as exc:
         print(f"benchmarks sweep: {exc}", file=sys.stderr)
         return 2
-
-    def save_partial(partial: dict[str, Any]) -> None:
-        if json_path:
-            write_json(partial, json_path)
-
+    save = (lambda partial: write_json(partial, args.json)) if args.json else None
     results = sweep(
-        sizes, full_grid, chosen, quick=quick, max_seconds=max_seconds, on_point=save_partial
+        sizes,
+        grid,
+        [named[n] for n in chosen],
+        quick=args.quick,
+        max_seconds=args.max_seconds,
+        on_point=save,
     )
     print(format_sweep(results))
-    if json_path:
-        print(f"wrote {write_json(results, json_path)}")
+    if args.json:
+        print(f"wrote {write_json(results, args.json)}")
     failed = any(
         row["status"] == "error" or any("error" in p for p in row.get("points", []))
         for row in results["rows"]
     )
     return 1 if failed else 0
+
+
+# ------------------------------------------------------------------ the plot
+
+#: Per plotted row: the bench rows whose figures and anchors it draws, and the anchors drawn.
+PLOTTED_ROWS = {
+    "d2h_prealloc": (
+        ("d2h_prealloc", "d2h_fresh", "d2h_limit"),
+        ("d2h_limit", "cupy.asnumpy(x)", "cupy.asnumpy(x, out=out)", "t.cpu().numpy()"),
+    ),
+    "h2d_pageable": (
+        ("h2d_pageable", "h2d_limit"),
+        ("h2d_limit", "cupy.asarray(host)", "torch.from_numpy(host).cuda()"),
+    ),
+    "host_copy": (("host_copy",), ("numpy.copyto",)),
+}
+
+
+@dataclasses.dataclass
+class Panel:
+    """One panel of the plot: a ``row``'s throughput against ``x`` (a setting): swept
+    ``lines`` by label (chunk sizes in MiB), horizontal ``hlines`` (GB/s) and single bench
+    figures, ``markers``."""
+
+    row: str
+    x: str
+    lines: dict[str, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    hlines: dict[str, float] = dataclasses.field(default_factory=dict)
+    markers: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+
+def _anchor_values(row: dict[str, Any]) -> dict[str, float]:
+    values = {
+        label.removesuffix(" GB/s"): v
+        for label, v in row.get("anchors", {}).items()
+        if label.endswith(" GB/s") and isinstance(v, (int, float))
+    }
+    if row.get("name", "").endswith("_limit") and isinstance(row.get("gbps"), (int, float)):
+        values[row["name"]] = row["gbps"]
+    return values
+
+
+def _at(point: dict[str, Any], setting: str) -> float:
+    return point[setting] / MiB if setting == "chunk_bytes" else point[setting]
+
+
+def _label(setting: str, value: int) -> str:
+    return f"chunk_bytes {value / MiB:g} MiB" if setting == "chunk_bytes" else f"{setting} {value}"
+
+
+def _panels(results: list[dict[str, Any]]) -> list[Panel]:
+    sweeps = {
+        r["name"]: r
+        for d in results
+        if d.get("kind") == "sweep"
+        for r in d["rows"]
+        if r.get("points")
+    }
+    bench = {
+        r["name"]: (d, r)
+        for d in results
+        if d.get("kind", "bench") == "bench"
+        for r in d["rows"]
+        if r.get("status") == "ok"
+    }
+    panels: list[Panel] = []
+    for name, (related, wanted) in PLOTTED_ROWS.items():
+        swept, ran = sweeps.get(name), bench.get(name)
+        if swept is None and ran is None:
+            continue
+        hlines: dict[str, float] = {}
+        for other in related:  # bench figures first; the sweep's (same run as its points) win
+            hlines |= _anchor_values(bench[other][1]) if other in bench else {}
+        hlines |= _anchor_values(swept) if swept else {}
+        hlines = {label: hlines[label] for label in wanted if label in hlines}
+        points = [p for p in swept["points"] if "gbps" in p] if swept else []
+        axes = ["chunk_bytes", "host_threads"] + ["num_buffers"] * (
+            len({p["num_buffers"] for p in points}) > 1
+        )
+        for x in axes:
+            panel = Panel(name, x, hlines=dict(hlines))
+            by = "chunk_bytes" if x != "chunk_bytes" else "host_threads"
+            best: dict[Any, dict[float, float]] = {}  # per line, the best GB/s at each x
+            for p in points:
+                line = best.setdefault(p[by], {})
+                line[_at(p, x)] = max(line.get(_at(p, x), 0.0), p["gbps"])
+            panel.lines = {
+                _label(by, key): sorted(line.items()) for key, line in sorted(best.items())
+            }
+            if ran is not None:
+                panel.markers[f"bench run: {name} at its settings"] = (
+                    _at(ran[0]["config"], x),
+                    ran[1]["gbps"],
+                )
+            panels.append(panel)
+    return panels
+
+
+def plot_results(results: list[dict[str, Any]], path: str | os.PathLike[str]) -> list[Panel]:
+    """Draw ``results`` (bench and sweep JSON) into a PNG at ``path`` (parents made), a row of
+    panels per plotted row: throughput against ``chunk_bytes`` (a line per ``host_threads``),
+    against ``host_threads`` (a line per chunk size) and against ``num_buffers`` where swept,
+    each point the best over the setting not shown; the link and the anchors as horizontal
+    lines, a bench run's figure as a star. Returns the panels. ValueError when no row has a
+    figure; BackendUnavailableError without matplotlib."""
+    panels = _panels(results)
+    if not panels:
+        raise ValueError(
+            "expected results with a measured d2h_prealloc, h2d_pageable or host_copy row "
+            "(got none: every such row was skipped or absent); plot a run that measured one"
+        )
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"the plot needs matplotlib, which cannot be imported ({exc}); "
+            "install it with: pip install matplotlib"
+        ) from exc
+    names = list(dict.fromkeys(p.row for p in panels))
+    cols = max(sum(p.row == n for p in panels) for n in names)
+    fig = Figure(figsize=(6.4 * cols, 4.2 * len(names)), layout="constrained")
+    axes = fig.subplots(len(names), cols, squeeze=False)
+    source = next((r for r in results if r.get("kind") == "sweep"), results[0])
+    where = (
+        "a machine without a CUDA device"
+        if source["device"] == "no CUDA device"
+        else source["device"]
+    )
+    fig.suptitle(f"interop transfer throughput on {where} ({source['date'][:10]})")
+    for i, name in enumerate(names):
+        row_panels = [p for p in panels if p.row == name]
+        for j in range(cols):
+            if j < len(row_panels):
+                _draw(axes[i][j], row_panels[j])
+            else:
+                axes[i][j].set_visible(False)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=100)
+    return panels
+
+
+def _draw(ax: Any, panel: Panel) -> None:
+    for label, line in panel.lines.items():
+        ax.plot([x for x, _ in line], [y for _, y in line], marker="o", label=label)
+    for label, (x, y) in panel.markers.items():
+        ax.plot([x], [y], marker="*", markersize=14, linestyle="none", color="black", label=label)
+    styles = ["--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))]
+    for k, (label, y) in enumerate(panel.hlines.items()):
+        ax.axhline(
+            y, linestyle=styles[k % len(styles)], color=f"C{k + 5}", label=f"{label} {y:.1f} GB/s"
+        )
+    ticks = sorted(
+        {x for line in panel.lines.values() for x, _ in line}
+        | {x for x, _ in panel.markers.values()}
+    )
+    if ticks:  # powers of two, labelled as plain numbers
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel("chunk_bytes (MiB)" if panel.x == "chunk_bytes" else panel.x)
+    ax.set_ylabel("GB/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{panel.row}: throughput against {panel.x}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+
+
+def plot_main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks plot PNG JSON...``: draw, say what was drawn; the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks plot", description="draw bench and sweep JSON into a PNG"
+    )
+    parser.add_argument("png", metavar="PNG")
+    parser.add_argument("inputs", nargs="+", metavar="JSON", help="bench or sweep results")
+    args = parser.parse_args(argv)
+    try:
+        results = [json.loads(Path(path).read_text()) for path in args.inputs]
+        if not all(isinstance(r, dict) and isinstance(r.get("rows"), list) for r in results):
+            raise ValueError(
+                f"expected bench or sweep JSON files with a 'rows' list (got {args.inputs}); "
+                "make one with python -m benchmarks run --json PATH (or sweep --json PATH)"
+            )
+        panels = plot_results(results, args.png)
+    except (OSError, ValueError, BackendUnavailableError) as exc:
+        print(f"benchmarks plot: {exc}", file=sys.stderr)
+        return 2
+    for panel in panels:
+        hlines = ", ".join(f"{label} {y:.2f} GB/s" for label, y in panel.hlines.items())
+        print(
+            f"{panel.row} against {panel.x}: {len(panel.lines)} lines"
+            + (f"; horizontal lines: {hlines}" if hlines else "")
+        )
+    print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -921,7 +921,7 @@ print("opcheck")
 def test_the_overhead_benchmark_runs():
     """benchmarks/torch_op_overhead.py at a small size (figures, not speed)."""
     spec = importlib.util.spec_from_file_location(
-        "torch_op_overhead", REPO_ROOT / "benchmarks" / "torch_op_overhead.py"
+        "torch_op_overhead", REPO_ROOT / "benchmarks" / "torch_op.py"
     )
     assert spec is not None
     assert spec.loader is not None

@@ -4,8 +4,23 @@ run where CuPy and PyTorch see a CUDA device; host rows wherever PyTorch is inst
 
 from __future__ import annotations
 
-from .results import SCHEMA, Ratio, write_json
-from .rows import ROWS, RowSpec
-from .run import collect_results, run_bench
+from .measure import BenchSizes, Case, Measured, Ratio, WrongResultError, measure
+from .rows import ROWS, BenchContext, GpuArrays, RowSpec
+from .run import SCHEMA, collect_results, run_bench, write_json
 
-__all__ = ["ROWS", "SCHEMA", "Ratio", "RowSpec", "collect_results", "run_bench", "write_json"]
+__all__ = [
+    "ROWS",
+    "SCHEMA",
+    "BenchContext",
+    "BenchSizes",
+    "Case",
+    "GpuArrays",
+    "Measured",
+    "Ratio",
+    "RowSpec",
+    "WrongResultError",
+    "collect_results",
+    "measure",
+    "run_bench",
+    "write_json",
+]

@@ -1,4 +1,4 @@
-"""Sizes, timers, peak memory and checked first calls: how every row measures."""
+"""How every row measures: sizes, timers, peak memory, checked first calls, and ratios."""
 
 from __future__ import annotations
 
@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import _backends
+from ..errors import BackendUnavailableError, NoDeviceError
+
 GB, MiB, GiB = 1e9, 1 << 20, 1 << 30
+#: What a ratio compares: time and memory, lower is better; throughput, higher is better.
+QUANTITIES = ("time", "throughput", "memory")
 
 
 class WrongResultError(AssertionError):
@@ -21,16 +26,62 @@ class WrongResultError(AssertionError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Ratio:
+    """``value = ours / reference`` of one ``quantity`` (see :data:`QUANTITIES`), both
+    measured in the same run, ``of`` what (``"to_numpy"``) ``to`` what (``"numpy.from_dlpack"``,
+    or a memory bound in words); None where either side was not measured or is zero."""
+
+    of: str
+    quantity: str
+    to: str
+    value: float | None
+
+    def __post_init__(self) -> None:
+        if self.quantity not in QUANTITIES:
+            raise ValueError(f"expected a quantity in {QUANTITIES} (got {self.quantity!r})")
+
+    @classmethod
+    def between(cls, of: str, quantity: str, to: str, ours: Any, reference: Any) -> Ratio:
+        """The ratio ``ours / reference``; None when it is not a finite number."""
+        value = ours / reference if ours is not None and reference else None
+        return cls(of, quantity, to, value if value is not None and math.isfinite(value) else None)
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form."""
+        return dataclasses.asdict(self)
+
+
+def gpu_unavailable() -> str | None:
+    """Why the GPU rows cannot run here, or None when they can."""
+    try:
+        _backends.require_cupy_device()
+        _backends.require_torch_cuda()
+    except NoDeviceError as exc:
+        return f"no CUDA device: {str(exc).split(';')[0]}"
+    except BackendUnavailableError as exc:
+        return f"no CUDA device usable: {exc}"
+    return None
+
+
+def host_unavailable() -> str | None:
+    """Why the host rows cannot run here (PyTorch missing), or None when they can."""
+    try:
+        _backends.torch()
+    except BackendUnavailableError as exc:
+        return f"PyTorch is not installed: {exc}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchSizes:
-    """Repeats, calls per repeat of per-call rows, each kind of row's bytes (``dask_bytes``:
-    the lab's), and the ``scale`` (``INTEROP_BENCH_SCALE``) that multiplied them."""
+    """Repeats, calls per repeat of per-call rows, each kind of row's bytes, and the
+    ``scale`` (``INTEROP_BENCH_SCALE``) that multiplied them."""
 
     repeats: int
     calls: int
     host_bytes: int
     rss_bytes: int
     gpu_bytes: int
-    dask_bytes: int
     scale: float = 1.0
 
     @classmethod
@@ -38,12 +89,10 @@ class BenchSizes:
         """A full or ``quick`` run's sizes times ``scale``; ValueError for a bad ``scale``."""
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"expected a positive scale (got {scale!r})")
-        # repeats, calls, then the bytes in MiB of host_copy, save_npy_rss, GPU and dask rows
-        repeats, calls, *mib = (
-            (3, 2000, 64, 64, 256, 32) if quick else (5, 20000, 256, 768, 1024, 384)
-        )
-        host, rss, gpu, dask = (max(MiB, int(n * MiB * scale) // 4096 * 4096) for n in mib)
-        return cls(repeats, max(100, int(calls * scale)), host, rss, gpu, dask, float(scale))
+        # repeats, calls, then the bytes in MiB of host_copy, save_npy_rss and the GPU rows
+        repeats, calls, *mib = (3, 2000, 64, 64, 256) if quick else (5, 20000, 256, 768, 1024)
+        host, rss, gpu = (max(MiB, int(n * MiB * scale) // 4096 * 4096) for n in mib)
+        return cls(repeats, max(100, int(calls * scale)), host, rss, gpu, float(scale))
 
 
 def scale_from_env() -> float:

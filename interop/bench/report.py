@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .measure import GiB, MiB
@@ -83,16 +84,21 @@ def not_run_lines(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def format_table(results: dict[str, Any]) -> str:
-    """The printed table of a run: the run's header, then per measured row its figure,
-    ratios and memory, then the rows that did not run, grouped by reason."""
+def format_table(
+    results: dict[str, Any],
+    title: str = "interop bench",
+    row_lines: Callable[[dict[str, Any], bool], list[str]] | None = None,
+) -> str:
+    """The printed table of a run: ``title``, the run's header, then per measured row its
+    figure and :func:`row_lines` (or the given function of the row and whether its figure
+    is memory), then the rows that did not run, grouped by reason."""
     from .rows import ROWS
 
     memory_rows = {spec.name for spec in ROWS if spec.figure == "memory"}
     cfg, sizes = results["config"], results["sizes"]
     quick = " --quick: a smoke run (small sizes, few repeats)" if results.get("quick") else ""
     lines = [
-        f"interop bench{quick}",
+        title + quick,
         f"device   {results['device']}",
         f"machine  {machine_text(results.get('machine') or {})}",
         f"run      {results['date']}, commit {results['commit'][:12]}",
@@ -107,11 +113,16 @@ def format_table(results: dict[str, Any]) -> str:
     width = max([14] + [len(row["name"]) for row in results["rows"]])
     for row in results["rows"]:
         if row["status"] == "ok":
-            lines.append(f"{row['name']:<{width}} {figure_text(row, row['name'] in memory_rows)}")
-            lines += [" " * (width + 1) + ratio_text(r) for r in row.get("ratios", [])]
-            if row.get("memory"):
-                lines.append(" " * (width + 1) + "memory: " + memory_text(row["memory"]))
+            more = (row_lines or _row_lines)(row, row["name"] in memory_rows)
+            lines += [f"{row['name']:<{width}} {more[0]}".rstrip()]
+            lines += [" " * (width + 1) + line for line in more[1:]]
     lines += not_run_lines(results["rows"])
     if results.get("notes", {}).get("pinned_pages_in_rss") is False:
         lines.append("note: this driver does not count pinned pages in RSS")
     return "\n".join(lines)
+
+
+def _row_lines(row: dict[str, Any], memory_first: bool) -> list[str]:
+    """A measured row's figure, then its ratios and memory, one a line."""
+    lines = [figure_text(row, memory_first), *map(ratio_text, row.get("ratios", []))]
+    return lines + ([f"memory: {memory_text(row['memory'])}"] if row.get("memory") else [])

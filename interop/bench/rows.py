@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -30,11 +30,17 @@ import interop
 from .. import _backends
 from ..config import chunk_bytes_or_default, config, host_copy_threads
 from ..destination import wait_for_replaced_files
-from .measure import Case, Measured, MiB, PeakRss, WrongResultError, expect_equal, measure
-from .results import Ratio
-
-if TYPE_CHECKING:
-    from .measure import BenchSizes
+from .measure import (
+    BenchSizes,
+    Case,
+    Measured,
+    MiB,
+    PeakRss,
+    Ratio,
+    WrongResultError,
+    expect_equal,
+    measure,
+)
 
 
 class BenchContext:

@@ -1,0 +1,61 @@
+"""How fast is copy_to_host? ``python -m benchmarks.d2h [--quick] [--json PATH]``
+
+The package's device-to-host rows (into pageable, pinned and fresh memory, from transposed
+sources) and host rows (``host_copy``, ``host_fresh``: the host engine), judged against the
+ring's ceiling that ``host_limit`` measures in the same run. ``d2h_prealloc`` also carries
+its ring stages measured alone and a traced run; ``d2h_strided`` a traced run and the
+device memory each transposed copy takes, judged against the ring.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import interop
+from benchmarks import lab
+from benchmarks.host_limit import HOST_LIMIT, stages_and_trace
+from benchmarks.targets import RING
+from interop.bench import BenchContext, Ratio
+from interop.bench.rows import ring_bytes, strided
+
+
+def _strided(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:
+    """A traced ``copy_to_host(x.T, out)``, and the device memory each transposed source's
+    copy takes (its first call after the caches were emptied), against the ring."""
+    g = ctx.gpu()
+    x_t, t_t, _, out = strided(g)
+    where = lab.traced(lambda: interop.copy_to_host(x_t, out))
+    taken = {}
+    for label, source in (("copy_to_host(x.T, out)", x_t), ("copy_to_host(t.T, out)", t_t)):
+        g.release()
+        with lab.DeviceGrowth(g.cp, g.th) as growth:
+            interop.copy_to_host(source, out)
+            g.sync()
+        taken[label] = growth.extra_bytes
+    ratios = [
+        Ratio.between(f"extra device memory of {label}", "memory", RING, value, ring_bytes())
+        for label, value in taken.items()
+    ]
+    memory = fields["memory"] | {
+        "extra_device_bytes": taken["copy_to_host(x.T, out)"],
+        "copy_to_host(t.T) extra_device_bytes": taken["copy_to_host(t.T, out)"],
+    }
+    return fields | {"trace": where, "ratios": [*fields["ratios"], *ratios], "memory": memory}
+
+
+ROWS = (
+    HOST_LIMIT,
+    lab.package_row("host_copy"),
+    lab.package_row("host_fresh"),
+    lab.package_row("d2h_limit"),
+    lab.diagnosed(
+        lab.package_row("d2h_prealloc"), lambda ctx, f: stages_and_trace(ctx, f, to_host=True)
+    ),
+    lab.package_row("d2h_pinned"),
+    lab.package_row("d2h_fresh"),
+    lab.diagnosed(lab.package_row("d2h_strided"), _strided),
+)
+
+if __name__ == "__main__":
+    sys.exit(lab.main(ROWS, __spec__.name, __doc__))

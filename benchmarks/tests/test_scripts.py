@@ -1,0 +1,232 @@
+"""Every script of the lab at a tiny size, from its command line, with the GPU hidden (the
+GPU rows run in ``test_gpu_rows_run_with_their_diagnoses``): what it writes and prints,
+judged. No timing asserts: whether a ratio meets its target is a result, not an outcome."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import lab
+from benchmarks.dask_save import reset_peak_rss
+from benchmarks.targets import REFERENCES, TARGETS, target_words
+from interop.bench import ROWS
+from interop.info import install_command
+from tests.helpers import NO_GPU, REPO_ROOT, child_env
+
+SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save")
+GPU_ROWS = {spec.name for spec in ROWS if spec.gpu} | {"dask_save_npy_cupy"}
+HAVE_DASK = all(importlib.util.find_spec(name) for name in ("dask", "distributed"))
+
+
+def run(directory, *args: str, scale: str = "0.01", gpu: bool = False):
+    """``python -m ARGS`` from the repository root, file rows writing in ``directory``."""
+    env = {"INTEROP_BENCH_SCALE": scale, "INTEROP_BENCH_DIR": str(directory)}
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(env if gpu else env | NO_GPU),
+        cwd=REPO_ROOT,
+        check=False,
+    )
+
+
+def _host_limit(rows: dict, data: dict, directory) -> None:
+    host = rows["host_limit"]
+    assert host["threads"] == [1, 2, 4, 8, 16]
+    rates = host["copies"]["pageable->pageable"]["alone"]  # no GPU: no pinned side, no link
+    assert list(rates) == ["1", "2", "4", "8", "16"]
+    assert host["gbps"] == max(rates.values())
+    assert host["not_measured"] == "pinned copies, a busy link and pinning rates: no CUDA device"
+    for n in rates:
+        sample = host["samples"][f"pageable->pageable, {n} threads, alone"]
+        assert sample["result_checked"] is True
+        assert sample["bytes"] >= 16 * host["chunk_bytes"]  # a whole chunk for every thread
+    overlap = rows["emulated_overlap"]
+    assert overlap["anchors"]["link GB/s"] <= 2.0 * 1.0001  # never faster than its link
+    ideal, serial = overlap["ratios"]
+    assert (ideal["to"], serial["to"]) == (
+        "max(link, host stage)",
+        "link + host stage, one after the other",
+    )
+    assert ideal["value"] == pytest.approx(overlap["gbps"] / min(overlap["anchors"].values()))
+    assert serial["value"] > ideal["value"] > 0
+
+
+def _torch_op(rows: dict, data: dict, directory) -> None:
+    row = rows["torch_op_us"]
+    assert row["size"] == "16 float32, x + y, cpu"  # the GPU is hidden
+    (ratio,) = row["ratios"]
+    assert ratio["value"] == pytest.approx(row["us"] / row["anchors"][f"{ratio['to']} us"])
+    calls = max(100, data["sizes"]["calls"] // 4)
+    assert all(s["calls"] == calls for s in row["samples"].values())
+
+
+def _dask_save(rows: dict, data: dict, directory) -> None:
+    row = rows["dask_save_npy"]
+    if not HAVE_DASK:  # e.g. the GPU runner
+        assert row["status"] == "not available"
+        assert install_command("dask") in row["reason"]
+        return
+    ours, stack, memmap = "interop.dask.save_npy", "da.to_npy_stack", "da.store(open_memmap)"
+    nbytes = data["sizes"]["rss_bytes"] // 2 // 4096 * 4096  # whole 4 KiB rows
+    assert row["size"].startswith(f"{nbytes / (1 << 20):.1f} MiB float32 in 16 blocks")
+    judged_on = {ours, stack, memmap}
+    if row.get("tmpfs") is None:  # judged on a tmpfs; interop's save on disk beside
+        assert row["directory"] == "/dev/shm"
+        judged_on.add(f"{ours} on disk")
+    assert row["disk_directory"] == str(directory)  # INTEROP_BENCH_DIR
+    assert set(row["samples"]) == judged_on
+    for sample in row["samples"].values():
+        assert sample["result_checked"] is True
+        assert sample["bytes"] == nbytes
+        assert len(sample["seconds"]) == data["sizes"]["repeats"]
+    memory = row["memory"]
+    assert memory["bound_bytes"] == memory["block_bytes"] + 2 * memory["ring_bytes"]
+    assert row["cluster"] == {"workers": 2, "threads_per_worker": 1, "processes": True}
+
+
+CHECKS = {"host_limit": _host_limit, "torch_op": _torch_op, "dask_save": _dask_save}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_script_runs_its_rows_judged_at_a_tiny_size(script, tmp_path):
+    """Its rows in order, each measured and judged (a reference's verdict None), skipped for
+    want of a GPU or not available, with the reason; every target matched by a ratio."""
+    path = tmp_path / "out.json"
+    proc = run(tmp_path, f"benchmarks.{script}", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(path.read_text())
+    assert (data["kind"], data["quick"], data["judged"]) == ("bench", False, True)
+    module = importlib.import_module(f"benchmarks.{script}")
+    assert [row["name"] for row in data["rows"]] == [spec.name for spec in module.ROWS]
+    rows = {row["name"]: row for row in data["rows"]}
+    for name, row in rows.items():
+        assert row["target"] == target_words(name)
+        assert row["status"] in {"ok", "skipped", "not available"}, row
+        assert name in proc.stdout
+        if row["status"] != "ok":
+            assert row["met"] is None
+            assert row["reason"].startswith("no CUDA device") == (row["status"] == "skipped")
+            assert name in GPU_ROWS or row["status"] == "not available"
+            continue
+        targeted = [r for r in row["ratios"] if r["target"]]
+        assert row["met"] == (all(r["met"] for r in targeted) if name in TARGETS else None)
+        for r in targeted:
+            op, limit = r["target"].split()
+            bound = float(limit.rstrip("x"))
+            assert r["met"] == (
+                r["value"] is not None
+                and (r["value"] <= bound if op == "<=" else r["value"] >= bound)
+            )
+        for target in TARGETS.get(name, ()):
+            if target.quantity != "memory" or reset_peak_rss() is not None:
+                assert any(target.matches(r) and r["value"] is not None for r in row["ratios"])
+    CHECKS.get(script, lambda *args: None)(rows, data, tmp_path)
+    assert proc.stdout.splitlines()[-2].startswith("summary: ")
+
+
+def test_the_lab_runs_each_row_once_in_the_order_the_judge_needs():
+    names = [spec.name for spec in lab.all_rows()]
+    scripts = [
+        spec.name for s in SCRIPTS for spec in importlib.import_module(f"benchmarks.{s}").ROWS
+    ]
+    assert names == list(dict.fromkeys(scripts))
+    assert set(names) >= {spec.name for spec in ROWS}  # every row of python -m interop bench
+    assert names.index("host_limit") < min(names.index("d2h_prealloc"), names.index("h2d_pageable"))
+    assert names.index("d2h_prealloc") < names.index("d2h_fresh")
+    assert set(TARGETS) | set(REFERENCES) == set(names)
+    texts = [*REPO_ROOT.glob("benchmarks/*.py"), REPO_ROOT / "docs" / "benchmark-method.md"]
+    for path in [*texts, REPO_ROOT / "scripts" / "gpu-check"]:  # no private references
+        text = path.read_text()
+        assert "SPEC" not in text, path
+        assert "§" not in text, path
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["benchmarks", "run", "--rows", "host_copy,d2h_sweep"], "expected rows among"),
+        (["benchmarks.d2h", "--json", "{tmp}/afile/x.json"], "is a file); choose another path"),
+        (["benchmarks", "sweep", "--rows", "d2h_fresh"], "expected rows among"),
+        (["benchmarks", "sweep", "--chunk-mib", "0,4"], "positive integers"),
+        (["benchmarks", "plot", "{tmp}/x.png", "{tmp}/afile"], "expected bench or sweep JSON"),
+        (["benchmarks", "bench"], "usage: python -m benchmarks {run,sweep,plot,keep}"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_runs(args, message, tmp_path):
+    (tmp_path / "afile").write_text("{}")
+    proc = run(tmp_path, *(a.format(tmp=tmp_path) for a in args))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_failing_diagnosis_keeps_the_rows_figures(capsys):
+    from interop.bench import BenchSizes, collect_results
+
+    def diagnose(ctx, fields):
+        raise RuntimeError("cudaErrorIllegalAddress")
+
+    spec = lab.diagnosed(lab.package_row("to_numpy_us"), diagnose)
+    data = collect_results(BenchSizes.choose(True, 0.02), (spec,), judge=lab.RunJudge())
+    (row,) = data["rows"]
+    assert (row["status"], row["met"] is not None) == ("ok", True)
+    assert row["us"] > 0
+    assert row["diagnosis_error"] == "RuntimeError: cudaErrorIllegalAddress"
+    assert "cudaErrorIllegalAddress" in capsys.readouterr().err
+    assert "diagnosis error: RuntimeError: cudaErrorIllegalAddress" in lab.format_report(data)
+
+
+@pytest.mark.gpu
+def test_gpu_rows_run_with_their_diagnoses(tmp_path):
+    """On a GPU runner every GPU row runs, checks its result and carries its diagnoses."""
+    path = tmp_path / "bench.json"
+    proc = run(
+        tmp_path, "benchmarks", "run", "--quick", "--json", str(path), scale="0.125", gpu=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(path.read_text())
+    rows = {row["name"]: row for row in data["rows"]}
+    if rows["dask_save_npy_cupy"]["status"] == "not available":  # no dask on the runner
+        rows.pop("dask_save_npy_cupy")
+    for name in GPU_ROWS & set(rows):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert (
+            any(s.get("result_checked") for s in rows[name]["samples"].values())
+            or "us" in rows[name]
+        )
+    for name in ("d2h_prealloc", "h2d_pageable"):  # what bounds the ring, stage by stage
+        stages = rows[name]["stages"]
+        assert stages["bound GB/s"] == min(stages["DMA GB/s"], stages["host GB/s"]) > 0
+        assert any(r["to"] == "the slower ring stage alone" for r in rows[name]["ratios"])
+    for name in ("d2h_prealloc", "d2h_strided", "h2d_pageable", "save_npy"):
+        assert "error" not in rows[name]["trace"], rows[name]["trace"]
+    assert rows["save_npy"]["trace"]["call_seconds"] >= rows["save_npy"]["trace"]["wall_seconds"]
+    strided = rows["d2h_strided"]  # the device memory of transposed copies, against the ring
+    memory = {r["of"]: r for r in strided["ratios"] if r["quantity"] == "memory"}
+    assert set(memory) == {f"extra device memory of copy_to_host({s}.T, out)" for s in "xt"}
+    assert all(r["value"] is not None and r["target"] == "<= 1x" for r in memory.values())
+    for label in ("to_cupy(t)", "to_torch(c)"):  # where a call's time goes
+        assert rows["exchange_us"]["profile"][label]
+    host = rows["host_limit"]  # the host side's ceilings, alone and with the link busy
+    assert set(host["copies"]) == {"pinned->pageable", "pageable->pinned"}
+    for side, by in host["copies"].items():
+        assert set(by) == {"alone", "link busy"}
+        assert host["anchors"][f"{side} ceiling GB/s"] == max(by["link busy"].values()) > 0
+    assert set(host["registration"]) == {"whole"} | {
+        f"chunks, {n} threads" for n in (1, 2, 4, 8, 16)
+    }
+    if "dask_save_npy_cupy" in rows:
+        assert rows["dask_save_npy_cupy"]["memory"]["extra_device_bytes"] is not None
+    for fragment in ("ring stages alone: DMA ", "profile of to_cupy(t): ", "cudaHostRegister"):
+        assert fragment in proc.stdout

@@ -1,0 +1,187 @@
+"""What does a call cost? ``python -m benchmarks.torch_op [--quick] [--json PATH]``
+
+Per-call overhead, 16 floats, against the plain calls: the package's exchange rows
+(``to_numpy``, ``to_torch`` on the host, ``to_cupy``/``to_torch`` on the device, the latter
+with a profile of where a call's time goes), and ``torch_op_us``: ``x + y`` as an
+``interop.torch_op`` against a hand-written ``torch.library.custom_op`` doing its own
+exchange (``numpy``/``cupy.from_dlpack`` in, ``torch.from_dlpack`` out). Both go through
+PyTorch's dispatcher and custom-op machinery, which dominate a call; the ratio is interop's
+cost on top. Timed in interleaved blocks of calls, on CUDA where usable, else the CPU.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import pstats
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import interop
+from benchmarks import lab
+from interop.bench import BenchContext, Ratio, RowSpec
+from interop.bench.measure import gpu_unavailable
+
+HAND = "a hand-written torch.library.custom_op"
+_OPS: dict[str, tuple[Any, Any]] = {}
+_COPY = uuid.uuid4().hex[:8]  # operators are process-wide: a name of this module copy's own
+
+
+def _make_ops(device: str) -> tuple[Any, Any]:
+    """(the interop.torch_op, the hand-written custom_op) for ``device``."""
+    import torch
+
+    if device not in _OPS:
+        tag = f"{device.replace(':', '_')}_{_COPY}"
+
+        @interop.torch_op(f"interop_bench::interop_add_{tag}", like=0)
+        def interop_add(x, y):
+            return x + y
+
+        @torch.library.custom_op(
+            f"interop_bench::hand_add_{tag}",
+            mutates_args=(),
+            schema="(Tensor x, Tensor y) -> Tensor",
+        )
+        def hand_add(x, y):
+            if x.is_cuda:
+                import cupy
+
+                return torch.from_dlpack(cupy.from_dlpack(x) + cupy.from_dlpack(y))
+            return torch.from_dlpack(np.from_dlpack(x) + np.from_dlpack(y))
+
+        hand_add.register_fake(lambda x, y: torch.empty_like(x))
+        _OPS[device] = (interop_add, hand_add)
+    return _OPS[device]
+
+
+def _block(call: Callable[[], Any], n_calls: int, sync: Callable[[], None]) -> float:
+    """Seconds per call over ``n_calls`` calls (queued work included)."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(n_calls):
+        call()
+    sync()
+    return (time.perf_counter() - start) / n_calls
+
+
+def measure(n_calls: int = 5000, *, repeats: int = 7, device: str = "cpu") -> dict[str, Any]:
+    """Both operators per call on ``device`` ("cpu" or "cuda"): ``interop_us`` and
+    ``custom_op_us`` (medians over ``repeats`` interleaved blocks of ``n_calls`` calls,
+    microseconds), ``ratio`` and the ``samples``; ValueError for fewer than one call."""
+    import torch
+
+    if n_calls < 1 or repeats < 1:
+        raise ValueError(f"expected n_calls >= 1 and repeats >= 1 (got {n_calls}, {repeats})")
+    ours, hand = _make_ops(device)
+    x = torch.arange(16, dtype=torch.float32, device=device)
+    y = torch.ones(16, dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    if not (torch.equal(ours(x, y), x + y) and torch.equal(hand(x, y), x + y)):
+        raise AssertionError("the two operators disagree with x + y")
+    for op in (ours, hand):  # warm up: kernels compiled, caches filled
+        _block(lambda op=op: op(x, y), min(n_calls, 200), sync)
+    samples: dict[str, list[float]] = {"interop.torch_op": [], "custom_op": []}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            samples["interop.torch_op"].append(_block(lambda: ours(x, y), n_calls, sync) * 1e6)
+            samples["custom_op"].append(_block(lambda: hand(x, y), n_calls, sync) * 1e6)
+    finally:
+        if enabled:
+            gc.enable()
+    ours_us, hand_us = (statistics.median(v) for v in samples.values())
+    return {
+        "row": "torch_op_us",
+        "device": device,
+        "size": "16 float32, x + y",
+        "interop_us": ours_us,
+        "custom_op_us": hand_us,
+        "ratio": ours_us / hand_us,
+        "samples": samples,
+    }
+
+
+def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
+    """The ``torch_op_us`` row, in blocks of a quarter of the per-call rows' calls."""
+    device = "cpu" if gpu_unavailable() is not None else "cuda"
+    calls = max(100, ctx.sizes.calls // 4)
+    got = measure(calls, repeats=ctx.sizes.repeats, device=device)
+    ours, hand = got["interop_us"], got["custom_op_us"]
+    return {
+        "size": f"{got['size']}, {device}",
+        "us": ours,
+        "anchors": {f"{HAND} us": hand},
+        "ratios": [Ratio.between("interop.torch_op", "time", HAND, ours, hand)],
+        "samples": {
+            label: {"seconds": [us * calls / 1e6 for us in per_call], "calls": calls}
+            for label, per_call in got["samples"].items()
+        },
+    }
+
+
+def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[dict[str, Any]]:
+    """Where one call's time goes: the ``top`` functions by own time under :mod:`cProfile`
+    over ``calls`` calls (after a tenth as many unprofiled; garbage collection off), each
+    with ``function`` (``file:line(name)``), ``own_us`` and ``cumulative_us`` per call of
+    ``fn`` and ``calls`` per call. The profiler inflates every figure: they rank costs."""
+    for _ in range(max(1, calls // 10)):  # imports and caches are not the call's
+        fn()
+
+    def run() -> None:  # each result is dropped inside the profile (its free is the call's)
+        for _ in range(calls):
+            fn()
+
+    profiler = cProfile.Profile()
+    collecting = gc.isenabled()
+    gc.disable()  # as timeit: a collection would be charged to whatever it interrupts
+    try:
+        profiler.runcall(run)
+    finally:
+        if collecting:
+            gc.enable()
+    rows = []
+    for (path, line, name), (_, ncalls, own, cumulative, _) in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        if path == __file__ or "_lsprof.Profiler" in name:
+            continue  # the loop that made the calls, and the profiler stopping
+        where = "/".join(path.replace("\\", "/").split("/")[-2:]) if path != "~" else ""
+        rows.append(
+            {
+                "function": f"{where}:{line}({name})" if where else name,
+                "own_us": own / calls * 1e6,
+                "cumulative_us": cumulative / calls * 1e6,
+                "calls": ncalls / calls,
+            }
+        )
+    return sorted(rows, key=lambda r: r["own_us"], reverse=True)[:top]
+
+
+def _profiled(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:
+    g = ctx.gpu()
+    t = g.th.arange(16, dtype=g.th.float32, device="cuda")
+    c = g.cp.arange(16, dtype=g.cp.float32)
+    calls = max(1, ctx.sizes.calls // 4)
+    profile = {
+        "to_cupy(t)": profile_per_call(lambda: interop.to_cupy(t), calls),
+        "to_torch(c)": profile_per_call(lambda: interop.to_torch(c), calls),
+    }
+    g.sync()
+    return fields | {"profile": profile}
+
+
+ROWS = (
+    lab.package_row("to_numpy_us"),
+    lab.package_row("to_torch_us"),
+    lab.diagnosed(lab.package_row("exchange_us"), _profiled),
+    RowSpec("torch_op_us", "an interop.torch_op call, per call", False, torch_op_us, "us"),
+)
+
+if __name__ == "__main__":
+    sys.exit(lab.main(ROWS, __spec__.name, __doc__))
