@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import interop
-from interop import _torch_op
+from interop._torch_op import call as _torch_op
 
 from .helpers import REPO_ROOT, run_python
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _backends, dtypes
-from .allocator import StreamMismatchError, _thread_setting
-from .arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
-from .errors import CopyRequiredError, InvalidTypeError, InvalidValueError, MissingFakeError
-from .exchange import _torch_fast, to_cupy, to_numpy, to_torch
-from .streams import (
+from .. import _backends, dtypes
+from ..allocator import StreamMismatchError, _thread_setting
+from ..arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
+from ..errors import CopyRequiredError, InvalidTypeError, InvalidValueError, MissingFakeError
+from ..exchange import _torch_fast, to_cupy, to_numpy, to_torch
+from ..streams import (
     LEGACY_DEFAULT,
     PER_THREAD_DEFAULT,
     cupy_consumer_handle,
