@@ -5,14 +5,13 @@ CuPy allocating from PyTorch's caching allocator), arrays out as tensors."""
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .. import _backends, dtypes
-from ..allocator import StreamMismatchError, _thread_setting
+from ..allocator import TorchAllocator, thread_setting, torch_storage_of
 from ..arrays import describe
 from ..errors import CopyRequiredError, InvalidTypeError, InvalidValueError
 from ..exchange import _torch_fast, to_cupy, to_numpy, to_torch
@@ -28,48 +27,10 @@ from .schema import ARRAY, OPTIONAL_ARRAY, VALUE, Param
 # --------------------------------------------------------------------------- one call
 
 
-class _TorchBlock:
-    """The owner of CuPy memory served by PyTorch's caching allocator: a
-    ``uint8`` tensor, freed (back to PyTorch's pool) when CuPy frees it."""
-
-    __slots__ = ("tensor",)
-
-    def __init__(self, tensor: Any) -> None:
-        self.tensor = tensor
-
-
-class _TorchMemory:
-    """A CuPy allocator (``size -> MemoryPointer``) that allocates
-    ``torch.empty(size, dtype=torch.uint8)`` on PyTorch's current stream of
-    ``device``: ordinary PyTorch storage, which PyTorch's CUDA graphs and
-    CUDA-graph trees account for like any tensor's."""
-
-    __slots__ = ("cp", "device", "stream_ptr", "th", "torch_device")
-
-    def __init__(self, th: Any, cp: Any, device: int, stream_ptr: int) -> None:
-        self.th, self.cp, self.device, self.stream_ptr = th, cp, device, stream_ptr
-        self.torch_device = th.device("cuda", device)
-
-    def __call__(self, size: int) -> Any:
-        cp = self.cp
-        device = cp.cuda.runtime.getDevice()
-        current = cp.cuda.get_current_stream().ptr
-        if device != self.device or current != self.stream_ptr:
-            raise StreamMismatchError(
-                f"expected CuPy to allocate on PyTorch's current stream of cuda:{self.device} "
-                f"inside an interop.torch_op (got stream {current:#x} of cuda:{device}); do not "
-                "switch CuPy's device or stream inside the function: it already runs on "
-                "PyTorch's current stream"
-            )
-        tensor = self.th.empty((size,), dtype=self.th.uint8, device=self.torch_device)
-        memory = cp.cuda.UnownedMemory(tensor.data_ptr(), size, _TorchBlock(tensor), device)
-        return cp.cuda.MemoryPointer(memory, 0)
-
-
 _graph_plans: list[Any] = []  # cuFFT plans first made in a graph capture: the graph replays them
 
 
-def _plans_to_own_pool(cp: Any, th: Any) -> None:
+def _plans_to_own_pool(cp: Any, th: Any, maker: TorchAllocator) -> None:
     """After a call on the current device: the cuFFT plans CuPy cached during it, whose
     work areas came from the call's PyTorch-backed allocator, leave CuPy's plan cache
     (a cache outlives the call; PyTorch's pool, or a graph's, must not hold it). Outside
@@ -83,7 +44,7 @@ def _plans_to_own_pool(cp: Any, th: Any) -> None:
     cache = cp.fft.config.get_plan_cache()
     if not cache.get_curr_size():
         return
-    ours = [(key, node.plan) for key, node in cache if _torch_backed(node.plan.work_area)]
+    ours = [(key, node.plan) for key, node in cache if _made_by(maker, node.plan.work_area)]
     if not ours:
         return
     for key, _ in ours:
@@ -102,36 +63,11 @@ def _plans_to_own_pool(cp: Any, th: Any) -> None:
         pass  # no room to cache them: the op's result stands, the next call plans again
 
 
-def _torch_backed(area: Any) -> bool:
-    """A plan's work area (a MemoryPointer, a list of them, or None) holds memory of
-    the call's allocator."""
+def _made_by(maker: TorchAllocator, area: Any) -> bool:
+    """A plan's work area (a MemoryPointer, a list of them, or None) holds memory
+    ``maker`` allocated."""
     areas = area if isinstance(area, list) else [area]
-    return any(
-        isinstance(getattr(a.mem, "_owner", None), _TorchBlock) for a in areas if a is not None
-    )
-
-
-_STREAMS: dict[tuple[int, int], Any] = {}  # (device, handle) -> CuPy stream object
-_STREAMS_LOCK = threading.Lock()
-
-
-def _cupy_stream_for(cp: Any, handle: int, device: int) -> Any:
-    """A CuPy stream object for PyTorch's stream ``handle`` (cached: making
-    one costs microseconds). PyTorch's default stream is the legacy one,
-    which CuPy's null stream is not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM."""
-    key = (device, handle)
-    found = _STREAMS.get(key)
-    if found is not None:
-        return found
-    if handle == 0 and cupy_consumer_handle(cp.cuda.Stream.null) == PER_THREAD_DEFAULT:
-        made = cupy_stream(LEGACY_DEFAULT, device)
-    else:
-        made = cupy_stream(handle, device)
-    with _STREAMS_LOCK:
-        if len(_STREAMS) > 256:  # streams come and go: keep the cache small
-            _STREAMS.clear()
-        _STREAMS[key] = made
-    return made
+    return any(torch_storage_of(a.mem, maker) is not None for a in areas if a is not None)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -175,6 +111,7 @@ class Call:
         )
         self.needed = max(self.positions) + 1 if self.positions else 0
         self.cuda_checked = False
+        self.default_stream = 0  # CuPy's handle for PyTorch's default stream (0)
 
     # ------------------------------------------------------------------ arguments
 
@@ -296,6 +233,9 @@ class Call:
     ) -> Any:
         if not self.cuda_checked:
             _backends.require_cupy_device()
+            null = sys.modules["cupy"].cuda.Stream.null
+            per_thread = cupy_consumer_handle(null) == PER_THREAD_DEFAULT
+            self.default_stream = LEGACY_DEFAULT if per_thread else 0
             self.cuda_checked = True
         cp = sys.modules["cupy"]
         th = sys.modules["torch"]
@@ -309,16 +249,19 @@ class Call:
         if torch_device != index:
             th.cuda.set_device(index)
         try:
-            stream = _cupy_stream_for(cp, torch_stream_handle(index), index)
-            get_allocator, set_allocator = _thread_setting(cp)
+            # PyTorch's default stream is the legacy one, which CuPy's null stream is
+            # not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+            stream = cupy_stream(torch_stream_handle(index) or self.default_stream, index)
+            get_allocator, set_allocator = thread_setting(cp)
             previous = get_allocator()
-            set_allocator(_TorchMemory(th, cp, index, stream.ptr))
+            maker = TorchAllocator((index, stream.ptr))
+            set_allocator(maker)
             try:
                 with stream:
                     try:
                         return self._run(args, kwargs, values, to_cupy, index)
                     finally:  # a function that failed may have cached a plan first
-                        _plans_to_own_pool(cp, th)
+                        _plans_to_own_pool(cp, th, maker)
             finally:
                 set_allocator(previous)
         finally:
@@ -438,8 +381,7 @@ class Call:
         """A C-contiguous array as a tensor with PyTorch's contiguous strides
         (size-1 axes included, as the fake implementation says)."""
         if index is not None:
-            owner = getattr(r.data.mem, "_owner", None)
-            base = owner.tensor if isinstance(owner, _TorchBlock) else None
+            base = torch_storage_of(r.data.mem)
             offset = -1 if base is None else r.data.ptr - base.data_ptr()
             if base is not None and offset >= 0 and offset % r.itemsize == 0:
                 # Memory PyTorch allocated during the call: a view of its storage,
