@@ -89,7 +89,9 @@ class DeferredFrees:
         self._record = record
         self._delete = delete
         self._capturing = capturing or _never
-        self._lock = threading.Lock()  # only ever taken without blocking
+        # guards the handling of _freed and all of _aside and _waiting; only ever taken
+        # without blocking (see Notes)
+        self._lock = threading.Lock()
         self._live: dict[int, tuple[int, int, int]] = {}  # ptr -> (device, stream, tick)
         self._freed: collections.deque[int] = collections.deque()  # not yet looked at
         self._aside: list[tuple[int, int, list[int]]] = []  # ptr, device, streams: no event yet
@@ -124,14 +126,6 @@ class DeferredFrees:
     def _step(self) -> None:
         """With the lock held: one pass over the queue, the frees set aside
         and the blocks waiting for their events."""
-        capturing: bool | None = None
-
-        def under_capture() -> bool:
-            nonlocal capturing
-            if capturing is None:
-                capturing = bool(self._capturing())
-            return capturing
-
         while self._freed:
             ptr = self._freed.popleft()
             entry = self._live.pop(ptr, None)
@@ -141,7 +135,8 @@ class DeferredFrees:
                 # where an exception would only be printed.
                 continue
             device, handle, tick = entry
-            others = streams.stream_uses.since(tick, device) - {handle}
+            others = streams.stream_uses.since(tick, device)
+            others.discard(handle)
             if others:
                 self._aside.append((ptr, device, sorted(others)))
             else:
@@ -150,7 +145,9 @@ class DeferredFrees:
         # given back, is dropped (lost to the pool rather than handed out while
         # a stream may still use it); the error goes to the caller, the other
         # blocks stay.
-        if self._aside and not under_capture():
+        if not (self._aside or self._waiting) or self._capturing():
+            return
+        if self._aside:
             aside, self._aside = self._aside, []
             for i, (ptr, device, handles) in enumerate(aside):
                 try:
@@ -159,7 +156,7 @@ class DeferredFrees:
                     self._aside[:0] = aside[i + 1 :]
                     raise
                 self._waiting.append((ptr, events))
-        if self._waiting and not under_capture():
+        if self._waiting:
             waiting, self._waiting = self._waiting, []
             for i, (ptr, events) in enumerate(waiting):
                 try:
@@ -210,17 +207,18 @@ _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
 
 class TorchBlock:
     """The owner of CuPy memory a :class:`TorchAllocator` made: a ``uint8``
-    tensor, handed to the deferred frees when CuPy frees the memory."""
+    tensor, handed to the deferred frees (``deferred``: its pointer, else 0)
+    when CuPy frees the memory."""
 
-    __slots__ = ("maker", "ptr", "tensor")
+    __slots__ = ("deferred", "maker", "tensor")
 
-    def __init__(self, tensor: Any, ptr: int, maker: TorchAllocator | None) -> None:
-        self.tensor, self.ptr, self.maker = tensor, ptr, maker
+    def __init__(self, tensor: Any, deferred: int, maker: TorchAllocator | None) -> None:
+        self.tensor, self.deferred, self.maker = tensor, deferred, maker
 
     def __del__(self) -> None:
-        if self.ptr:  # size 0: nothing to give back
-            _held[self.ptr] = self.tensor
-            _frees.free(self.ptr)
+        if self.deferred:
+            _held[self.deferred] = self.tensor
+            _frees.free(self.deferred)
 
 
 class TorchAllocator:
@@ -231,10 +229,11 @@ class TorchAllocator:
     Each allocation is a ``torch.empty(size, dtype=torch.uint8)`` tensor on
     PyTorch's current stream of CuPy's current device: ordinary PyTorch storage,
     which CUDA graphs and CUDA-graph trees account for like any tensor's (see
-    :func:`torch_storage_of`). When CuPy frees the memory, the tensor goes
-    through :class:`DeferredFrees`. ``pinned``, ``(device, CuPy stream
-    pointer)``, is the one stream it may allocate on (a ``torch_op`` call);
-    without it, CuPy's current stream must be PyTorch's.
+    :func:`torch_storage_of`). ``pinned``, ``(device, CuPy stream pointer)``,
+    is the one stream it may allocate on (a ``torch_op`` call), whose blocks
+    go back to PyTorch's pool when CuPy frees them; without it, CuPy's current
+    stream must be PyTorch's, and a freed block goes through
+    :class:`DeferredFrees`.
 
     Raises
     ------
@@ -269,9 +268,12 @@ class TorchAllocator:
             # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
             raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
         ptr = tensor.data_ptr()
-        if ptr:
+        # A torch_op call's blocks are used on its stream only: PyTorch gives them back
+        # when CuPy drops them, as for any tensor; the others go through _frees.
+        deferred = ptr if self.pinned is None else 0
+        if deferred:
             _frees.allocated(ptr, device, 0 if handle == LEGACY_DEFAULT else handle)
-        memory = cp.cuda.UnownedMemory(ptr, size, TorchBlock(tensor, ptr, self), device)
+        memory = cp.cuda.UnownedMemory(ptr, size, TorchBlock(tensor, deferred, self), device)
         return cp.cuda.MemoryPointer(memory, 0)
 
 

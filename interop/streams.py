@@ -67,8 +67,7 @@ class _StreamUses:
 
     def now(self) -> int:
         """A tick: streams entered after it have a larger one."""
-        with self._lock:
-            return next(self._clock)
+        return next(self._clock)  # atomic under the GIL: no lock on the allocation path
 
     def enter(self, key: tuple[int, int]) -> None:
         with self._lock:

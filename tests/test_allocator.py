@@ -443,10 +443,11 @@ def test_the_torch_allocator_serves_cupy_with_pytorch_tensors_given_back_after_t
     monkeypatch,
 ):
     """The one PyTorch-backed CuPy allocator (use_torch_allocator's, and each
-    torch_op call's): each allocation is a uint8 tensor of PyTorch's pool whose
-    storage torch_storage_of finds; CuPy's free hands the tensor to the
-    deferred frees, which let it go once the streams it was used on reached
-    the free. Allocations on another stream are refused before anything is
+    torch_op call's, pinned to the call's stream): each allocation is a uint8
+    tensor of PyTorch's pool whose storage torch_storage_of finds. CuPy's free
+    hands use_torch_allocator's tensor to the deferred frees, which let it go
+    once the streams it was used on reached the free; a torch_op call's goes
+    at once. Allocations on another stream are refused before anything is
     allocated. Stand-ins for torch and cupy; streams and events of the
     emulated device."""
     device = EmulatedDevice()
@@ -465,12 +466,12 @@ def test_the_torch_allocator_serves_cupy_with_pytorch_tensors_given_back_after_t
     frees = allocator.DeferredFrees(record, allocator._release)
     monkeypatch.setattr(allocator, "_frees", frees)
 
-    pinned = allocator.TorchAllocator((0, a.id))  # a torch_op call's, on stream a
-    p = pinned(256)
+    process = allocator.TorchAllocator()  # use_torch_allocator's: PyTorch's current stream
+    p = process(256)
     [tensor] = made
     assert (tensor.size, p.ptr) == (256, tensor.data_ptr())
     assert allocator.torch_storage_of(p.mem) is tensor
-    assert allocator.torch_storage_of(p.mem, pinned) is tensor
+    assert allocator.torch_storage_of(p.mem, process) is tensor
     assert allocator.torch_storage_of(p.mem, allocator.TorchAllocator()) is None
     gate = threading.Event()
     _used_on(b, gate)  # `with interop.stream(b):` reads the block, still queued
@@ -481,29 +482,33 @@ def test_the_torch_allocator_serves_cupy_with_pytorch_tensors_given_back_after_t
     b.synchronize()
     frees.collect()
     assert allocator._held == {}  # the last reference gone: PyTorch's pool has it again
-    q = pinned(0)  # size 0: a tensor of no memory, nothing to give back
+    q = process(0)  # size 0: a tensor of no memory, nothing to give back
     assert (made[-1].size, q.ptr) == (0, 0)
     del q
     assert frees.deferred == 0
 
+    pinned = allocator.TorchAllocator((0, a.id))  # a torch_op call's, on stream a
+    r = pinned(64)
+    assert allocator.torch_storage_of(r.mem, pinned) is made[-1]
+    del r  # given back at once, not through the deferred frees
+    assert (frees.deferred, allocator._held) == (0, {})
     current["cupy"] = b.id  # the function switched CuPy's stream
     with pytest.raises(interop.StreamMismatchError, match="do not switch CuPy's device"):
         pinned(64)
-    process = allocator.TorchAllocator()  # use_torch_allocator's: PyTorch's current stream
     with pytest.raises(interop.StreamMismatchError, match=r"interop\.stream"):
         process(64)
-    assert len(made) == 2  # nothing allocated for the refused ones
+    assert len(made) == 3  # nothing allocated for the refused ones
     current["torch"] = b.id
-    r = process(64)
-    assert allocator.torch_storage_of(r.mem, process) is made[-1]
+    s = process(64)
+    assert allocator.torch_storage_of(s.mem, process) is made[-1]
     with pytest.raises(MemoryError) as info:  # CuPy's own error, chained to PyTorch's
         process(1 << 41)
     assert isinstance(info.value.__cause__, RuntimeError)
-    del r
+    del s
     assert allocator._held == {}
     assert frees.deferred == 0  # b was the block's own stream: given back at once
-    for s in (a, b):
-        s.close()
+    for stream in (a, b):
+        stream.close()
     device.close()
 
 

@@ -14,7 +14,7 @@ from .. import _backends, dtypes
 from ..allocator import TorchAllocator, thread_setting, torch_storage_of
 from ..arrays import describe
 from ..errors import CopyRequiredError, InvalidTypeError, InvalidValueError
-from ..exchange import _torch_fast, to_cupy, to_numpy, to_torch
+from ..exchange import to_cupy, to_numpy, to_torch
 from ..streams import (
     LEGACY_DEFAULT,
     PER_THREAD_DEFAULT,
@@ -24,20 +24,15 @@ from ..streams import (
 )
 from .schema import ARRAY, OPTIONAL_ARRAY, VALUE, Param
 
-# --------------------------------------------------------------------------- one call
-
+# isort: split
+from ..exchange import _torch_fast  # exchange's private fast path, to become public
 
 _graph_plans: list[Any] = []  # cuFFT plans first made in a graph capture: the graph replays them
 
 
 def _plans_to_own_pool(cp: Any, th: Any, maker: TorchAllocator) -> None:
-    """After a call on the current device: the cuFFT plans CuPy cached during it, whose
-    work areas came from the call's PyTorch-backed allocator, leave CuPy's plan cache
-    (a cache outlives the call; PyTorch's pool, or a graph's, must not hold it). Outside
-    a capture each is made again from CuPy's own pool under its key, so later calls find
-    it; the one made here goes back to PyTorch's pool on the call's stream, as any
-    temporary. In a capture it is kept for the process's life instead: the graph replays
-    it, and destroying it now would break the capture."""
+    """Move the cuFFT plans CuPy cached with work areas from ``maker`` to CuPy's own pool."""
+    # CuPy's plan cache outlives the call: PyTorch's pool, or a graph's, must not hold it
     cufft = sys.modules.get("cupy.cuda.cufft")
     if cufft is None:  # no plan was ever made in this process
         return
@@ -48,13 +43,13 @@ def _plans_to_own_pool(cp: Any, th: Any, maker: TorchAllocator) -> None:
     if not ours:
         return
     for key, _ in ours:
-        del cache[key]
+        del cache[key]  # the plan made here goes back to PyTorch's pool, as any temporary
     if th.cuda.is_current_stream_capturing():
-        _graph_plans.extend(plan for _, plan in ours)
+        _graph_plans.extend(plan for _, plan in ours)  # destroying it would break the capture
         return
     try:
         with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
-            for key, plan in ours:
+            for key, plan in ours:  # under its key, so later calls find it
                 if type(plan) is cufft.Plan1d and len(key) == 4:  # cupy.fft's key: no callbacks
                     cache[key] = cufft.Plan1d(*key[:3], devices=key[3])
                 elif type(plan) is cufft.PlanNd and len(key) == 12:
@@ -64,8 +59,7 @@ def _plans_to_own_pool(cp: Any, th: Any, maker: TorchAllocator) -> None:
 
 
 def _made_by(maker: TorchAllocator, area: Any) -> bool:
-    """A plan's work area (a MemoryPointer, a list of them, or None) holds memory
-    ``maker`` allocated."""
+    """A plan's work area (a MemoryPointer, a list of them, or None) holds memory of ``maker``."""
     areas = area if isinstance(area, list) else [area]
     return any(torch_storage_of(a.mem, maker) is not None for a in areas if a is not None)
 
@@ -76,6 +70,9 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
+
+
+_ABSENT = object()  # an argument not given
 
 
 class Call:
@@ -90,46 +87,35 @@ class Call:
         like: tuple[int, ...] | None,
         mutated: set[str],
     ) -> None:
-        self.fn = fn
-        self.name = name
-        self.params = params
-        self.outputs = outputs
-        self.like = like  # indices into params
+        self.fn, self.name, self.outputs = fn, name, outputs
         self.arrays = [p for p in params if p.kind != VALUE]
         # like= as indices into self.arrays
-        self.like_arrays = (
-            None if like is None else tuple(self.arrays.index(params[i]) for i in like)
-        )
+        self.like = None if like is None else tuple(self.arrays.index(params[i]) for i in like)
         # a mutated argument is handed over without a copy or refused: a copy's writes are lost
         self.copies = tuple(False if p.name in mutated else None for p in self.arrays)
         # the common case, answered first: every array parameter required and positional
         plain = all(p.kind == ARRAY and p.position is not None for p in self.arrays)
-        self.positions: tuple[int, ...] | None = (
-            tuple(p.position for p in self.arrays if p.position is not None)
-            if plain and self.arrays
-            else None
-        )
-        self.needed = max(self.positions) + 1 if self.positions else 0
-        self.cuda_checked = False
-        self.default_stream = 0  # CuPy's handle for PyTorch's default stream (0)
-
-    # ------------------------------------------------------------------ arguments
+        self.positions = tuple(p.position or 0 for p in self.arrays) if plain else ()
+        self.needed = max(self.positions, default=-1) + 1
+        self.default_stream: int | None = None  # CuPy's handle of PyTorch's, once CUDA is checked
 
     def argument_error(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Exception | None:
         """The error to raise for arguments PyTorch refused, or None to keep PyTorch's."""
-        th = _backends.torch()
-        values = dict(kwargs)
-        for p, value in zip(self.params, args, strict=False):
-            values[p.name] = value
-        for p in self.arrays:
-            if p.name not in values:
-                continue
-            value = values[p.name]
-            if value is None and p.kind == OPTIONAL_ARRAY:
-                continue
-            if not isinstance(value, th.Tensor):
-                return self._not_a_tensor(p, value)
+        tensor = _backends.torch().Tensor
+        for p, v in zip(self.arrays, self._given(args, kwargs, _ABSENT), strict=True):
+            allowed = v is _ABSENT or (v is None and p.kind == OPTIONAL_ARRAY)  # PyTorch's error
+            if not allowed and not isinstance(v, tensor):
+                return self._not_a_tensor(p, v)
         return None
+
+    def _given(self, args: tuple[Any, ...], kwargs: dict[str, Any], absent: Any) -> list[Any]:
+        """The argument of each array parameter (``absent`` where not given)."""
+        return [
+            args[p.position]
+            if p.position is not None and p.position < len(args)
+            else kwargs.get(p.name, absent)
+            for p in self.arrays
+        ]
 
     def _not_a_tensor(self, p: Param, value: Any) -> InvalidTypeError:
         if value is None:
@@ -145,40 +131,28 @@ class Call:
 
     def tensors(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The tensor of each array parameter (None for an absent optional one)."""
-        positions = self.positions
-        if positions is not None and len(args) >= self.needed:
-            values = [args[i] for i in positions]
+        if self.positions and len(args) >= self.needed:
+            values = [args[i] for i in self.positions]
         else:
-            values = []
-            for p in self.arrays:
-                if p.position is not None and p.position < len(args):
-                    values.append(args[p.position])
-                else:
-                    values.append(kwargs.get(p.name))
+            values = self._given(args, kwargs, None)
         for p, v in zip(self.arrays, values, strict=True):
             if v is None and p.kind == ARRAY:  # PyTorch passes None on for a Tensor
                 raise self._not_a_tensor(p, v)
         return values
 
-    def device(self, values: list[Any]) -> tuple[str, int]:
-        """``("cpu", -1)`` or ``("cuda", index)`` of the tensors.
-
-        Raises
-        ------
-        InvalidValueError
-            Tensors on different devices, or on a device other than CPU or CUDA.
-        """
+    def device(self, values: list[Any]) -> int | None:
+        """The CUDA device of the tensors (None: the CPU), or the error."""
         present = [v for v in values if v is not None]
         if not present:
-            return "cpu", -1  # nothing to tell: NumPy
+            return None  # nothing to tell: NumPy
         first = present[0]
         if first.is_cpu:
             if all(v.is_cpu for v in present):
-                return "cpu", -1
+                return None
         elif first.is_cuda:
             index = first.get_device()
             if all(v.is_cuda and v.get_device() == index for v in present):
-                return "cuda", index
+                return int(index)
         self.check_one_device(values)
         raise InvalidValueError(
             f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
@@ -187,61 +161,46 @@ class Call:
 
     def check_one_device(self, values: list[Any]) -> None:
         """Raise unless the tensors (None: absent) are on one device."""
-        present = [v for v in values if v is not None]
-        if len(present) < 2:
-            return
-        first = present[0]
-        if any(v.device != first.device for v in present):
-            where = ", ".join(
-                f"{p.name!r} on {v.device}"
-                for p, v in zip(self.arrays, values, strict=True)
-                if v is not None
-            )
-            moved = next(
-                p.name
-                for p, v in zip(self.arrays, values, strict=True)
-                if v is not None and v.device != first.device
-            )
+        given = [(p, v) for p, v in zip(self.arrays, values, strict=True) if v is not None]
+        first = given[0][1].device if given else None
+        if any(v.device != first for _, v in given):
+            where = ", ".join(f"{p.name!r} on {v.device}" for p, v in given)
+            moved = next(p.name for p, v in given if v.device != first)
             raise InvalidValueError(
                 f"{self.name} expected its tensors on one device (got {where}); move them "
-                f"first, e.g. {moved}.to({str(first.device)!r})"
+                f"first, e.g. {moved}.to({str(first)!r})"
             )
-
-    # ------------------------------------------------------------------ running
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The operator's kernel: tensors in, tensors out."""
-        positions = self.positions
-        if positions is not None and len(args) >= self.needed:
+        if self.positions and len(args) >= self.needed:
             # the common case first, without tensors()'s checks: every array
             # parameter given positionally, every tensor on the CPU (a per-call
             # cost: about 1 us of 17 on a 2-core CPU)
-            values = [args[i] for i in positions]
+            values = [args[i] for i in self.positions]
             for v in values:
                 if v is None or not v.is_cpu:
                     break
             else:
                 return self._run(args, kwargs, values, to_numpy, None)
         values = self.tensors(args, kwargs)
-        kind, index = self.device(values)
-        if kind == "cpu":
+        index = self.device(values)
+        if index is None:
             return self._run(args, kwargs, values, to_numpy, None)
         return self._run_cuda(args, kwargs, values, index)
 
     def _run_cuda(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], values: list[Any], index: int
     ) -> Any:
-        if not self.cuda_checked:
-            _backends.require_cupy_device()
-            null = sys.modules["cupy"].cuda.Stream.null
-            per_thread = cupy_consumer_handle(null) == PER_THREAD_DEFAULT
-            self.default_stream = LEGACY_DEFAULT if per_thread else 0
-            self.cuda_checked = True
-        cp = sys.modules["cupy"]
-        th = sys.modules["torch"]
-        # Both libraries on the inputs' device; CuPy on PyTorch's current stream
-        # there, allocating from PyTorch's caching allocator: this thread only,
-        # for the call.
+        """:meth:`_run` with CuPy on PyTorch's device, stream and pool (this thread only)."""
+        null = self.default_stream
+        if null is None:
+            cp = _backends.require_cupy_device()
+            # PyTorch's default stream is the legacy one, which CuPy's null stream is
+            # not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+            per_thread = cupy_consumer_handle(cp.cuda.Stream.null) == PER_THREAD_DEFAULT
+            null = self.default_stream = LEGACY_DEFAULT if per_thread else 0
+        cp, th = sys.modules["cupy"], sys.modules["torch"]
         previous_device = cp.cuda.runtime.getDevice()
         if previous_device != index:
             cp.cuda.runtime.setDevice(index)
@@ -249,9 +208,7 @@ class Call:
         if torch_device != index:
             th.cuda.set_device(index)
         try:
-            # PyTorch's default stream is the legacy one, which CuPy's null stream is
-            # not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
-            stream = cupy_stream(torch_stream_handle(index) or self.default_stream, index)
+            stream = cupy_stream(torch_stream_handle(index) or null, index)
             get_allocator, set_allocator = thread_setting(cp)
             previous = get_allocator()
             maker = TorchAllocator((index, stream.ptr))
@@ -278,8 +235,7 @@ class Call:
         convert: Callable[..., Any],
         index: int | None,
     ) -> Any:
-        """Convert the tensors, call the function, hand its arrays back as
-        tensors (``index``: the CUDA device, None on the CPU)."""
+        """Tensors to arrays, the function, arrays to tensors (``index``: CUDA device or None)."""
         call_args = list(args)
         inputs: list[Any] = []
         for p, v, copy in zip(self.arrays, values, self.copies, strict=True):
@@ -297,12 +253,12 @@ class Call:
         result = self.fn(*call_args, **kwargs)
         if self.outputs is None:
             return self._output(result, 0, inputs, None, index)
+        if self.outputs == 0 and result is not None:
+            raise InvalidTypeError(
+                f"{self.name} expected its function to return None, as annotated (got "
+                f"{describe(result)})"
+            )
         if self.outputs == 0:
-            if result is not None:
-                raise InvalidTypeError(
-                    f"{self.name} expected its function to return None, as annotated (got "
-                    f"{describe(result)})"
-                )
             return None
         if not isinstance(result, tuple | list) or len(result) != self.outputs:
             raise InvalidTypeError(
@@ -333,8 +289,7 @@ class Call:
     def _output(
         self, r: Any, i: int, inputs: list[Any], done: list[Any] | None, index: int | None
     ) -> Any:
-        """Output ``i`` as a tensor: C-contiguous, not sharing memory with
-        ``inputs`` or the outputs ``done`` before it (it joins them)."""
+        """Output ``i`` as a tensor, C-contiguous and sharing no memory with ``inputs``/``done``."""
         if type(r) is not np.ndarray or index is not None:
             r = self._array(r, i, index)
         xp: Any = np if index is None else sys.modules["cupy"]
@@ -348,8 +303,8 @@ class Call:
             r = r.copy(order="C")
         if done is not None:
             done.append(r)
-        if self.like_arrays is not None:
-            like = inputs[self.like_arrays[i]]
+        if self.like is not None:
+            like = inputs[self.like[i]]
             if r.shape != like.shape or (
                 r.dtype != like.dtype and r.dtype.newbyteorder("=") != like.dtype
             ):  # another byte order is converted by _tensor (a copy)
@@ -362,53 +317,48 @@ class Call:
             r = to_cupy(r) if r.is_cuda else to_numpy(r)
         if isinstance(r, np.generic):
             r = np.asarray(r)
-        if isinstance(r, np.ndarray):
-            if index is not None:
-                raise self._wrong_device(i, "a NumPy array", index)
-            return r
-        if _backends.is_cupy_array(r):
-            if index is None or r.device.id != index:
-                raise self._wrong_device(i, f"a CuPy array on cuda:{r.device.id}", index)
-            return r
-        which = "" if self.outputs is None else f" as output {i}"
-        raise InvalidTypeError(
-            f"{self.name} expected its function to return "
-            f"{'a NumPy' if index is None else 'a CuPy'} array{which} (got {describe(r)}); "
-            "return arrays of xp = interop.array_namespace(x)"
-        )
+        if not isinstance(r, np.ndarray) and not _backends.is_cupy_array(r):
+            which = "" if self.outputs is None else f" as output {i}"
+            raise InvalidTypeError(
+                f"{self.name} expected its function to return "
+                f"{'a NumPy' if index is None else 'a CuPy'} array{which} (got {describe(r)}); "
+                "return arrays of xp = interop.array_namespace(x)"
+            )
+        where = None if isinstance(r, np.ndarray) else r.device.id
+        if where != index:
+            which = "its output" if self.outputs is None else f"output {i}"
+            want = "a NumPy array" if index is None else f"a CuPy array on cuda:{index}"
+            got = "a NumPy array" if where is None else f"a CuPy array on cuda:{where}"
+            raise InvalidValueError(
+                f"{self.name} expected {which} on its inputs' device, {want} (got {got}); "
+                "compute with xp = interop.array_namespace(x) so the arrays stay where the "
+                "inputs are"
+            )
+        return r
 
     def _tensor(self, r: Any, index: int | None) -> Any:
-        """A C-contiguous array as a tensor with PyTorch's contiguous strides
-        (size-1 axes included, as the fake implementation says)."""
+        """A C-contiguous array as a tensor with PyTorch's contiguous strides (as the fake's)."""
         if index is not None:
             base = torch_storage_of(r.data.mem)
             offset = -1 if base is None else r.data.ptr - base.data_ptr()
             if base is not None and offset >= 0 and offset % r.itemsize == 0:
-                # Memory PyTorch allocated during the call: a view of its storage,
-                # so the output is an ordinary PyTorch tensor (CUDA-graph trees
-                # checkpoint such storages).
-                th = sys.modules["torch"]
+                # Memory PyTorch allocated: a view of its storage, so the output is an
+                # ordinary PyTorch tensor (CUDA-graph trees checkpoint such storages).
                 tdtype = dtypes.torch_dtype_of_numpy(r.dtype)
-                out = th.empty((0,), dtype=tdtype, device=base.device)
-                return out.set_(
-                    base.untyped_storage(),
-                    offset // r.itemsize,
-                    r.shape,
-                    _contiguous_strides(r.shape),
-                )
+                out = sys.modules["torch"].empty((0,), dtype=tdtype, device=base.device)
+                strides = _contiguous_strides(r.shape)
+                return out.set_(base.untyped_storage(), offset // r.itemsize, r.shape, strides)
         t = _torch_fast(r) if index is None else None  # the common case, answered first
         if t is None:
             t = to_torch(r)
-        shape = r.shape
-        if 1 in shape or 0 in shape:
-            want = _contiguous_strides(shape)
+        if 1 in r.shape or 0 in r.shape:
+            want = _contiguous_strides(r.shape)
             if t.stride() != want:
-                t = t.as_strided(shape, want)
+                t = t.as_strided(r.shape, want)
         return t
 
     def _unlike(self, i: int, r: Any, like: Any) -> InvalidValueError:
         assert self.like is not None
-        p = self.params[self.like[i]]
 
         def shown(a: Any) -> str:
             try:
@@ -418,15 +368,8 @@ class Call:
             return f"{tuple(a.shape)}, {dtype}"
 
         return InvalidValueError(
-            f"{self.name} expected output {i} to have the shape and dtype of input {p.name!r} "
-            f"({shown(like)}), as like= says (got {shown(r)}); return arrays of that shape and "
-            "dtype, or drop like= and register the fake implementation with .register_fake"
-        )
-
-    def _wrong_device(self, i: int, got: str, index: int | None) -> InvalidValueError:
-        which = "its output" if self.outputs is None else f"output {i}"
-        want = "a NumPy array" if index is None else f"a CuPy array on cuda:{index}"
-        return InvalidValueError(
-            f"{self.name} expected {which} on its inputs' device, {want} (got {got}); compute "
-            "with xp = interop.array_namespace(x) so the arrays stay where the inputs are"
+            f"{self.name} expected output {i} to have the shape and dtype of input "
+            f"{self.arrays[self.like[i]].name!r} ({shown(like)}), as like= says (got "
+            f"{shown(r)}); return arrays of that shape and dtype, or drop like= and register "
+            "the fake implementation with .register_fake"
         )

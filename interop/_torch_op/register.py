@@ -1,5 +1,5 @@
-"""The decorator :func:`torch_op`: the operator registered with PyTorch under its
-name (once per process, or again by the same function re-imported), its fake
+"""The decorator :func:`torch_op`: the operator registered with PyTorch (each name
+once per process, or again by the same function re-imported) and its fake
 implementation (from ``like=``, or one that raises :class:`MissingFakeError`)."""
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from .schema import VALUE, like_positions, output_count, parameters
 
 __all__ = ["torch_op"]
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*")
 
-# --------------------------------------------------------------------------- the op class
+# name -> (op, options) of each operator torch_op registered: a name is taken for the
+# whole process, but the same function may register it again (a re-import)
+_REGISTERED: dict[str, tuple[Any, tuple[Any, ...]]] = {}
 
 
 @functools.cache
 def _op_class() -> type:
-    """``CustomOpDef`` with ``__call__`` that names the parameter a non-tensor
-    was passed for (PyTorch raises a ``RuntimeError`` for it)."""
+    """``CustomOpDef`` whose call names the parameter a non-tensor was passed for."""
     from torch._library.custom_ops import CustomOpDef
 
     class TorchOp(CustomOpDef):
@@ -47,14 +49,9 @@ def _op_class() -> type:
     return TorchOp
 
 
-# --------------------------------------------------------------------------- fakes
-
-
 def _like_fake(call: Call, single: bool) -> Callable[..., Any]:
-    """The fake implementation ``like=`` describes: each output a new
-    contiguous tensor with the shape, dtype and device of its input."""
-    assert call.like_arrays is not None
-    chosen = call.like_arrays
+    """The fake ``like=`` describes: new contiguous tensors shaped like the inputs it names."""
+    chosen = call.like or ()
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         values = call.tensors(args, kwargs)
@@ -77,18 +74,8 @@ def _missing_fake(name: str, fn_name: str) -> Callable[..., Any]:
     return fake
 
 
-# --------------------------------------------------------------------------- registration
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*")
-
-# name -> (op, options) of each operator torch_op registered: a name is taken for the
-# whole process, but the same function may register it again (a re-import)
-_REGISTERED: dict[str, tuple[Any, tuple[Any, ...]]] = {}
-
-
 def _same_function(a: Any, b: Any) -> bool:
-    """Whether ``b`` is ``a`` or ``a`` re-imported: same module, qualified name,
-    code, signature, and the same objects in its closure."""
+    """Whether ``b`` is ``a`` or ``a`` re-imported (the same code, signature and closure)."""
     if a is b:
         return True
     try:
@@ -105,8 +92,7 @@ def _same_function(a: Any, b: Any) -> bool:
 
 
 def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
-    """None if ``name`` is free, the op torch_op made under it from the same function
-    ``fn`` (re-imported), or the error."""
+    """None if ``name`` is free, the op made under it from ``fn`` (re-imported), or the error."""
     previous = _REGISTERED.get(name)
     if previous is None:
         if not th._C._dispatch_has_kernel(name):
@@ -127,10 +113,10 @@ def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
 
 
 def _math_bits_to_kernel(th: Any, op: Any) -> None:
-    """Send tensors with the conjugate or negative bit on to ``op``'s kernel, which
-    refuses them for a mutated argument (PyTorch's fallback for these bits fails
-    there: "Expected Tensor but got None", or an internal assert) and resolves them
-    into a copy for the others."""
+    """Send tensors with the conjugate or negative bit on to ``op``'s kernel."""
+    # The kernel refuses them for a mutated argument (PyTorch's fallback for these bits
+    # fails there: "Expected Tensor but got None", or an internal assert) and resolves
+    # them into a copy for the others.
     keys = th._C.DispatchKey
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -139,9 +125,6 @@ def _math_bits_to_kernel(th: Any, op: Any) -> None:
 
     for key in ("Conjugate", "Negative"):
         op._lib.impl(op._name, kernel, key, with_keyset=True)
-
-
-# --------------------------------------------------------------------------- the decorator
 
 
 def torch_op(
@@ -165,58 +148,49 @@ def torch_op(
     Parameters
     ----------
     name : str
-        The operator's name, ``"namespace::name"`` (``torch.ops.namespace.name``),
-        each part ASCII letters, digits and underscores. Operators are
-        registered for the whole process: each name once, except that the
-        same function re-imported (same module, qualified name, code,
-        signature, closure and options) gets the op made the first time,
-        which then runs it.
+        ``"namespace::name"`` (``torch.ops.namespace.name``), each part ASCII
+        letters, digits and underscores. An operator is registered for the
+        whole process: each name once, except that the same function
+        re-imported (same module, qualified name, code, signature, closure
+        and options) gets the op made the first time, which then runs it.
     mutates_args : sequence of str or "unknown"
         The array parameters the function writes into, as in
-        ``torch.library.custom_op``. These are handed over without a copy or
-        refused before the function runs: a copy would lose the writes.
+        ``torch.library.custom_op``: handed over without a copy, or refused
+        before the function runs (a copy would lose the writes).
     like : int, str, tuple of them, or None
         The fake implementation: output ``k`` has the shape, dtype and
         device of the input that ``like[k]`` names (a parameter's index or
-        name; one entry for a function that returns one array). Each call
-        checks that the outputs match. ``None``: register one yourself with
+        name; one entry for a function that returns one array), and each
+        call checks that it does. ``None``: register one yourself with
         ``op.register_fake`` before tracing the op.
 
     Returns
     -------
     callable
-        A decorator. It returns the ``torch.library.custom_op`` object
-        itself (a ``CustomOpDef``): call it with tensors; use
-        ``.register_autograd``, ``.register_fake``, ``.register_kernel`` and
-        ``torch.library.opcheck`` as with any custom op.
+        A decorator returning the ``torch.library.custom_op`` object itself
+        (a ``CustomOpDef``): call it with tensors; ``.register_autograd``,
+        ``.register_fake``, ``.register_kernel`` and ``opcheck`` work as with
+        any custom op. Which parameters are tensors, which pass through,
+        and what the function returns: see :class:`interop.Array`.
 
     Notes
     -----
-    Parameters without an annotation, or annotated ``interop.Array``, are
-    tensors; ``Optional[interop.Array]`` (or a default of ``None``) is an
-    optional tensor. Parameters annotated ``int``, ``float``, ``bool``,
-    ``str``, ``list[int]``, ``list[float]``, ``list[bool]`` or ``Optional``
-    of those pass through. A return annotation, if given, is
-    ``interop.Array``, a ``tuple`` of them, or ``None``; without one the
-    function returns one array, or as many as ``like`` has entries when it
-    is a tuple.
-
     Copy semantics: inputs reach the function without a copy, as
     :func:`interop.to_cupy` (CUDA tensors) and :func:`interop.to_numpy` (CPU
     tensors) give them (``bfloat16`` as ``ml_dtypes.bfloat16`` in NumPy,
     non-contiguous tensors as strided views). Returned arrays become tensors
-    without a copy, as :func:`interop.to_torch` gives them, except: an
-    output that shares memory with an input or an earlier output, or that
-    is not C-contiguous, is copied into a new C-contiguous array, since
-    PyTorch forbids outputs that alias and compiled code relies on the
-    layout of the fake implementation (contiguous).
+    without a copy, as :func:`interop.to_torch` gives them, except that an
+    output sharing memory with an input or an earlier output, or not
+    C-contiguous, is copied into a new C-contiguous array: PyTorch forbids
+    outputs that alias, and compiled code relies on the (contiguous) layout
+    of the fake implementation.
 
     Stream order: a CUDA call runs on PyTorch's current stream of the
     inputs' device, which is CuPy's current stream (and device) for the
-    duration of the call; CuPy allocates from PyTorch's caching allocator on
-    that stream meanwhile. Nothing is synchronised, so the op works inside
-    ``torch.cuda.graph`` capture and ``torch.compile(mode="reduce-overhead")``.
-    The function must not switch CuPy's stream or device.
+    call, CuPy allocating from PyTorch's caching allocator on it. Nothing is
+    synchronised, so the op works inside ``torch.cuda.graph`` capture and
+    ``torch.compile(mode="reduce-overhead")``. The function must not switch
+    CuPy's stream or device.
 
     Raises
     ------
@@ -224,27 +198,25 @@ def torch_op(
         At decoration: a name that is not a ``str``; a parameter annotation
         PyTorch's schema cannot hold, a list parameter with a list default,
         ``*args``/``**kwargs``, a keyword-only array parameter, a return
-        annotation other than arrays, or a ``like`` that names no array
-        parameter. At a call: a non-tensor for an array parameter; a
-        function that returns something other than an array (or the
-        annotated number of them), naming the op.
+        annotation other than arrays, a ``like`` naming no array parameter.
+        At a call: a non-tensor for an array parameter; a function returning
+        other than an array (or the annotated number of them).
     InvalidValueError
-        A name not ``"namespace::name"``; at decoration, a name another
-        operator (or another function) already has. At a call: tensors on
-        different devices; an expanded view (a stride of 0) for a mutated
-        argument; an output on another device than the inputs; an output
-        whose shape or dtype (byte order aside) differs from what ``like``
-        says.
+        A name not ``"namespace::name"``, or one another operator (or
+        function) already has. At a call: tensors on different devices; an
+        expanded view (a stride of 0) for a mutated argument; an output on
+        another device than the inputs, or whose shape or dtype (byte order
+        aside) differs from what ``like`` says.
     CopyRequiredError
-        At a call: a tensor with the conjugate or negative bit set for a
-        mutated argument.
+        At a call: the conjugate or negative bit set on a mutated argument.
+    StreamMismatchError
+        At a call: the function allocated on another CuPy stream or device.
     MissingFakeError
         Tracing an op without ``like`` and without a registered fake
         implementation (``torch.export``, meta tensors; ``torch.compile`` and
         ``opcheck`` raise their own error with it as the cause).
     BackendUnavailableError
-        PyTorch is not installed (at decoration), or CuPy is not and a CUDA
-        tensor is passed.
+        No PyTorch (at decoration), or no CuPy and a CUDA tensor is passed.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         error = InvalidValueError if isinstance(name, str) else InvalidTypeError
@@ -266,9 +238,8 @@ def torch_op(
         positions, single = (None, True) if like is None else like_positions(like, params, name)
         outputs = output_count(ret, positions, single, name)
         if isinstance(mutates_args, str):
-            mutated = (
-                {p.name for p in params if p.kind != VALUE} if mutates_args == "unknown" else set()
-            )
+            arrays = {p.name for p in params if p.kind != VALUE}
+            mutated = arrays if mutates_args == "unknown" else set()
         else:
             mutated = set(mutates_args)
         call = Call(fn, name, params, outputs, positions, mutated)
@@ -283,14 +254,9 @@ def torch_op(
         def kernel(*args: Any, **kwargs: Any) -> Any:
             return call(*args, **kwargs)
 
-        tensor = th.Tensor
-        returns: Any
+        returns = tuple.__class_getitem__((th.Tensor,) * outputs) if outputs else None
         if outputs is None:
-            returns = tensor
-        elif outputs == 0:
-            returns = None
-        else:
-            returns = tuple.__class_getitem__((tensor,) * outputs)
+            returns = th.Tensor
         signature = inspect.signature(fn)
         kernel.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[

@@ -1,7 +1,5 @@
-"""What a :func:`~interop.torch_op` is made of, read from its function's
-annotations: the ``Array`` marker, each parameter's schema type, the number of
-outputs and what ``like=`` names; and :func:`array_namespace`, which the
-function calls to find its array library."""
+"""A :func:`~interop.torch_op`'s schema, read from its function's annotations,
+and :func:`array_namespace`, which the function calls to find its library."""
 
 from __future__ import annotations
 
@@ -28,9 +26,13 @@ class Array:
     A parameter annotated ``interop.Array`` (or not annotated at all) is a
     ``Tensor`` in the operator's schema; the function receives it as an array
     of the tensor's own library: ``cupy.ndarray`` for a CUDA tensor,
-    ``numpy.ndarray`` for a CPU tensor. ``Optional[interop.Array]`` is an
-    optional tensor (``None`` passes through). A return annotation, if given,
-    is ``interop.Array``, a ``tuple`` of them, or ``None``.
+    ``numpy.ndarray`` for a CPU tensor. ``Optional[interop.Array]`` (or a
+    default of ``None``) is an optional tensor (``None`` passes through).
+    Parameters annotated ``int``, ``float``, ``bool``, ``str``, ``list[int]``,
+    ``list[float]``, ``list[bool]`` or ``Optional`` of those pass through. A
+    return annotation, if given, is ``interop.Array``, a ``tuple`` of them, or
+    ``None``; without one the function returns one array, or as many as
+    ``like`` has entries when it is a tuple.
 
     The class has no instances: it only marks annotations.
     """
@@ -42,35 +44,27 @@ class Array:
         )
 
 
-# --------------------------------------------------------------------------- array_namespace
-
-
-def _namespace_of(x: Any) -> tuple[str, types.ModuleType]:
+def _namespace_of(x: Any) -> types.ModuleType:
     if isinstance(x, np.ndarray | np.generic):
-        return "numpy", np
+        return np
     if _backends.is_cupy_array(x):
-        return "cupy", sys.modules["cupy"]
+        return sys.modules["cupy"]
     if _backends.is_torch_tensor(x):
-        kind = x.device.type
-        if kind == "cpu":
-            return "numpy", np
-        if kind == "cuda":
-            return "cupy", _backends.cupy()
+        if x.device.type in ("cpu", "cuda"):
+            return np if x.device.type == "cpu" else _backends.cupy()
         raise InvalidValueError(
             f"array_namespace expected a CPU or CUDA tensor (got a tensor on {x.device}); "
             "move it first with t.cpu() or t.cuda()"
         )
     if hasattr(x, "__dlpack_device__") and hasattr(x, "__dlpack__"):
         kind, _ = dlpack_device(x, "array_namespace")
-        if kind in (DL_CPU, DL_CUDA_HOST):
-            return "numpy", np
-        if kind in (DL_CUDA, DL_CUDA_MANAGED):
-            return "cupy", _backends.cupy()
+        if kind in (DL_CPU, DL_CUDA_HOST, DL_CUDA, DL_CUDA_MANAGED):
+            return np if kind in (DL_CPU, DL_CUDA_HOST) else _backends.cupy()
         raise InvalidValueError(
             f"array_namespace expected CPU or CUDA data (got DLPack device {kind!r})"
         )
     if hasattr(x, "__cuda_array_interface__"):
-        return "cupy", _backends.cupy()
+        return _backends.cupy()
     raise InvalidTypeError(
         f"array_namespace expected a NumPy or CuPy array, a PyTorch tensor, or an object with "
         f"__dlpack__ or __cuda_array_interface__ (got {describe(x)})"
@@ -80,10 +74,9 @@ def _namespace_of(x: Any) -> tuple[str, types.ModuleType]:
 def array_namespace(*arrays: object) -> types.ModuleType:
     """The array library of ``arrays``: ``cupy`` or ``numpy``.
 
-    Inside a :func:`torch_op` this is how a function finds the module to
-    call: ``xp = interop.array_namespace(x)`` gives ``cupy`` for the arrays
-    of a CUDA tensor and ``numpy`` for those of a CPU tensor, so one body
-    serves both devices.
+    Inside a :func:`torch_op`, ``xp = interop.array_namespace(x)`` gives
+    ``cupy`` for the arrays of a CUDA tensor and ``numpy`` for those of a CPU
+    tensor, so one body serves both devices.
 
     Parameters
     ----------
@@ -111,21 +104,17 @@ def array_namespace(*arrays: object) -> types.ModuleType:
     """
     if not arrays:
         raise InvalidTypeError("array_namespace expected at least one array (got none)")
-    name, xp = _namespace_of(arrays[0])
+    xp = _namespace_of(arrays[0])
     for x in arrays[1:]:
-        other, _ = _namespace_of(x)
-        if other != name:
+        if (other := _namespace_of(x)) is not xp:
             raise InvalidValueError(
-                f"array_namespace expected arrays of one library (got {name} and {other}); "
-                "convert them first with interop.to_numpy or interop.to_cupy"
+                f"array_namespace expected arrays of one library (got {xp.__name__} and "
+                f"{other.__name__}); convert them first with interop.to_numpy or interop.to_cupy"
             )
     return xp
 
 
-# --------------------------------------------------------------------------- the schema
-
 _SCALARS: tuple[type, ...] = (int, float, bool, str)
-_LISTS: tuple[type, ...] = (int, float, bool)
 
 # What a parameter is: an array, an optional array, or a value passed as it is.
 ARRAY, OPTIONAL_ARRAY, VALUE = "array", "optional array", "value"
@@ -141,8 +130,7 @@ class Param(typing.NamedTuple):
 
 def _is_optional(hint: Any) -> Any | None:
     """``X`` for ``Optional[X]`` / ``X | None``, else None."""
-    origin = typing.get_origin(hint)
-    if origin is typing.Union or origin is types.UnionType:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if len(args) == 1 and len(typing.get_args(hint)) == 2:
             return args[0]
@@ -155,7 +143,7 @@ def _value_type(hint: Any) -> Any | None:
         return hint
     if typing.get_origin(hint) in (list, Sequence):
         (item,) = typing.get_args(hint) or (None,)
-        if item in _LISTS:
+        if item in (int, float, bool):
             return list[item]  # type: ignore[valid-type]
     return None
 
@@ -166,15 +154,8 @@ def _type_name(hint: Any) -> str:
     return repr(hint)
 
 
-_SUPPORTED = (
-    "interop.Array (or no annotation), Optional[interop.Array], int, float, bool, str, "
-    "list[int], list[float], list[bool], or Optional of those"
-)
-
-
 def parameters(fn: Callable[..., Any], op: str) -> tuple[list[Param], Any]:
-    """The parameters of ``fn`` with their schema types, and its return hint
-    (``inspect.Parameter.empty`` when not annotated)."""
+    """The parameters of ``fn`` with their schema types, and its return hint (or ``empty``)."""
     th = _backends.torch()
     try:
         hints = typing.get_type_hints(fn)
@@ -192,64 +173,52 @@ def parameters(fn: Callable[..., Any], op: str) -> tuple[list[Param], Any]:
                 f"torch_op {op!r} expected named parameters (got {what} in the signature of "
                 f"{fn.__qualname__}); a PyTorch operator has a fixed list of parameters"
             )
-        hint = hints.get(name, inspect.Parameter.empty)
+        hint = hints.get(name, p.empty)
         inner = _is_optional(hint)
-        if hint is inspect.Parameter.empty or hint is Array:
-            kind = OPTIONAL_ARRAY if p.default is None else ARRAY
-        elif inner is Array:
-            kind = OPTIONAL_ARRAY
-        elif (value := _value_type(hint)) is not None:
-            kind, torch_type = VALUE, value
-        elif inner is not None and (value := _value_type(inner)) is not None:
-            kind, torch_type = VALUE, typing.Optional[value]  # noqa: UP045
-        else:
-            raise InvalidTypeError(
-                f"torch_op {op!r} expected parameter {name!r} to be annotated {_SUPPORTED} "
-                f"(got {_type_name(hint)}); PyTorch's schema has no such type: pass such "
-                "values as tensors or scalars"
-            )
-        default = p.default
-        if (
-            kind == VALUE
-            and default is not p.empty
-            and default is not None
-            and not isinstance(default, _SCALARS)  # infer_schema takes scalar defaults only
-        ):
-            shown = _type_name(hint if inner is None else inner)
-            raise InvalidTypeError(
-                f"torch_op {op!r} expected parameter {name!r} to have no default or None (got "
-                f"{default!r}); PyTorch's schema holds no list defaults: declare {name}: "
-                f"Optional[{shown}] = None and begin the function with {name} = "
-                f"{default!r} if {name} is None else {name}"
-            )
-        if kind == ARRAY:
-            torch_type = th.Tensor
-            if p.default is not inspect.Parameter.empty:
+        if hint is p.empty or hint is Array or inner is Array:
+            optional = inner is Array or p.default is None
+            kind = OPTIONAL_ARRAY if optional else ARRAY
+            torch_type = typing.Optional[th.Tensor] if optional else th.Tensor  # noqa: UP045
+            if not optional and p.default is not p.empty:
                 raise InvalidTypeError(
                     f"torch_op {op!r} expected array parameter {name!r} to have no default or "
                     f"None (got {p.default!r}); annotate it (e.g. {name}: float = "
                     f"{p.default!r}) if it is not an array"
                 )
-        elif kind == OPTIONAL_ARRAY:
-            torch_type = typing.Optional[th.Tensor]  # noqa: UP045
-        if kind != VALUE and p.kind == p.KEYWORD_ONLY:
+            if p.kind == p.KEYWORD_ONLY:
+                raise InvalidTypeError(
+                    f"torch_op {op!r} expected array parameter {name!r} before any '*' (got it "
+                    "keyword-only); PyTorch's custom operators take tensors as positional "
+                    "parameters"
+                )
+        elif (value := _value_type(hint if inner is None else inner)) is not None:
+            kind, torch_type = VALUE, value if inner is None else typing.Optional[value]  # noqa: UP045
+            default = p.default
+            # PyTorch's schema inference takes scalar defaults only
+            if default is not p.empty and default is not None and not isinstance(default, _SCALARS):
+                raise InvalidTypeError(
+                    f"torch_op {op!r} expected parameter {name!r} to have no default or None "
+                    f"(got {default!r}); PyTorch's schema holds no list defaults: declare "
+                    f"{name}: Optional[{_type_name(hint if inner is None else inner)}] = None "
+                    f"and begin the function with {name} = {default!r} if {name} is None else "
+                    f"{name}"
+                )
+        else:
             raise InvalidTypeError(
-                f"torch_op {op!r} expected array parameter {name!r} before any '*' (got it "
-                "keyword-only); PyTorch's custom operators take tensors as positional parameters"
+                f"torch_op {op!r} expected parameter {name!r} to be annotated interop.Array (or "
+                "no annotation), Optional[interop.Array], int, float, bool, str, list[int], "
+                f"list[float], list[bool], or Optional of those (got {_type_name(hint)}); "
+                "PyTorch's schema has no such type: pass such values as tensors or scalars"
             )
-        params.append(
-            Param(name, kind, None if p.kind == p.KEYWORD_ONLY else position, torch_type, hint)
-        )
+        keyword_only = p.kind == p.KEYWORD_ONLY
+        params.append(Param(name, kind, None if keyword_only else position, torch_type, hint))
     return params, hints.get("return", inspect.Parameter.empty)
 
 
 def output_count(ret: Any, like: tuple[int, ...] | None, single: bool, op: str) -> int | None:
-    """How many arrays the function returns: None for one (not a tuple), 0 for
-    none, n for a tuple of n."""
+    """How many arrays the function returns: None for one (not a tuple), or a tuple's length."""
     if ret is inspect.Parameter.empty:
-        if like is None or single:
-            return None
-        return len(like)
+        return None if like is None or single else len(like)
     if ret is Array:
         count: int | None = None
     elif ret is None or ret is type(None):
@@ -263,7 +232,7 @@ def output_count(ret: Any, like: tuple[int, ...] | None, single: bool, op: str) 
             f"torch_op {op!r} expected the return annotation to be interop.Array, a tuple of "
             f"them, or None (got {_type_name(ret)})"
         )
-    if like is not None and (len(like) if not single else None) != count:
+    if like is not None and (None if single else len(like)) != count:
         said = "one array" if count is None else f"{count} arrays"
         wanted = f"like={like[0]!r}" if single else f"like= of {len(like)} entries"
         raise InvalidTypeError(
@@ -289,20 +258,17 @@ def like_positions(like: Any, params: list[Param], op: str) -> tuple[tuple[int, 
                 f"torch_op {op!r} expected like= to be a parameter's index or name, or a tuple "
                 f"of them (got {entry!r})"
             )
-        if isinstance(entry, str):
-            if entry not in names:
-                raise InvalidValueError(
-                    f"torch_op {op!r} expected like= to name a parameter, one of "
-                    f"{sorted(names)} (got {entry!r})"
-                )
-            index = names[entry]
-        else:
-            if not 0 <= entry < len(params):
-                raise InvalidValueError(
-                    f"torch_op {op!r} expected like= to be an index between 0 and "
-                    f"{len(params) - 1} (got {entry!r})"
-                )
-            index = entry
+        if isinstance(entry, str) and entry not in names:
+            raise InvalidValueError(
+                f"torch_op {op!r} expected like= to name a parameter, one of {sorted(names)} "
+                f"(got {entry!r})"
+            )
+        if isinstance(entry, int) and not 0 <= entry < len(params):
+            raise InvalidValueError(
+                f"torch_op {op!r} expected like= to be an index between 0 and "
+                f"{len(params) - 1} (got {entry!r})"
+            )
+        index = names[entry] if isinstance(entry, str) else entry
         if params[index].kind != ARRAY:
             raise InvalidTypeError(
                 f"torch_op {op!r} expected like={entry!r} to name an array parameter (got "
