@@ -101,6 +101,7 @@ stream_uses = _StreamUses()
 def _after_fork_in_child() -> None:
     global stream_uses
     stream_uses = _StreamUses()
+    _cupy_streams.clear()  # the parent's, of its CUDA context
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
