@@ -1,9 +1,10 @@
 """One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator``.
 
 CuPy's allocations are served by PyTorch's caching allocator, through one CuPy
-allocator, :class:`TorchAllocator` (also each ``interop.torch_op`` call's). That
-allocator is stream-ordered: a block is allocated for one stream and, once freed, handed
-out again for work on that stream at once. Three rules keep that safe:
+allocator, :class:`TorchAllocator` (each ``interop.torch_op`` call uses it too).
+PyTorch's allocator is stream-ordered: a block is allocated for one stream and,
+once freed, handed out again for work on that stream at once. Three rules keep
+that safe:
 
 * an allocation is made on PyTorch's current stream and only while CuPy's
   current stream is the same one (:class:`StreamMismatchError` otherwise);

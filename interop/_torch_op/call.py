@@ -95,7 +95,9 @@ class Call:
         self.copies = tuple(False if p.name in mutated else None for p in self.arrays)
         # the common case, answered first: every array parameter required and positional
         plain = all(p.kind == ARRAY and p.position is not None for p in self.arrays)
-        self.positions = tuple(p.position or 0 for p in self.arrays) if plain else ()
+        self.positions = tuple(p.position for p in self.arrays if p.position is not None)
+        if not plain:
+            self.positions = ()
         self.needed = max(self.positions, default=-1) + 1
         self.default_stream: int | None = None  # CuPy's handle of PyTorch's, once CUDA is checked
 
@@ -103,7 +105,8 @@ class Call:
         """The error to raise for arguments PyTorch refused, or None to keep PyTorch's."""
         tensor = _backends.torch().Tensor
         for p, v in zip(self.arrays, self._given(args, kwargs, _ABSENT), strict=True):
-            allowed = v is _ABSENT or (v is None and p.kind == OPTIONAL_ARRAY)  # PyTorch's error
+            # an absent argument keeps PyTorch's own error
+            allowed = v is _ABSENT or (v is None and p.kind == OPTIONAL_ARRAY)
             if not allowed and not isinstance(v, tensor):
                 return self._not_a_tensor(p, v)
         return None
@@ -152,7 +155,7 @@ class Call:
         elif first.is_cuda:
             index = first.get_device()
             if all(v.is_cuda and v.get_device() == index for v in present):
-                return int(index)
+                return index
         self.check_one_device(values)
         raise InvalidValueError(
             f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
