@@ -1,8 +1,10 @@
 """One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator``.
 
-CuPy's allocations are served by PyTorch's caching allocator. That allocator
-is stream-ordered: a block is allocated for one stream and, once freed, handed
-out again for work on that stream at once. Three rules keep that safe:
+CuPy's allocations are served by PyTorch's caching allocator, through one CuPy
+allocator, :class:`TorchAllocator` (each ``interop.torch_op`` call uses it too).
+PyTorch's allocator is stream-ordered: a block is allocated for one stream and,
+once freed, handed out again for work on that stream at once. Three rules keep
+that safe:
 
 * an allocation is made on PyTorch's current stream and only while CuPy's
   current stream is the same one (:class:`StreamMismatchError` otherwise);
@@ -32,7 +34,14 @@ from typing import Any
 
 from . import _backends, streams
 from .errors import BackendUnavailableError, InteropError
-from .streams import PER_THREAD_DEFAULT, capture_under_way, cupy_stream, same_stream
+from .streams import (
+    LEGACY_DEFAULT,
+    PER_THREAD_DEFAULT,
+    capture_under_way,
+    cupy_stream,
+    same_stream,
+    torch_stream_handle,
+)
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
 
@@ -43,22 +52,6 @@ class StreamMismatchError(InteropError, RuntimeError):
 
 def _never() -> bool:
     return False
-
-
-def _streams_since(tick: int, device: int) -> set[int]:
-    """Handles of ``device``'s streams made current through ``interop.stream``
-    after ``tick``, or still current in a block.
-
-    Reads copies of the bookkeeping's dicts instead of taking its lock: this
-    runs in CuPy's destructors, which the garbage collector may run while
-    this thread holds that lock (copying a dict is atomic under the GIL).
-    """
-    uses = streams.stream_uses
-    entered = list(uses.last_entered.items())
-    active = list(uses.active)
-    return {h for (d, h), t in entered if d == device and t > tick} | {
-        h for d, h in active if d == device
-    }
 
 
 class DeferredFrees:
@@ -97,7 +90,9 @@ class DeferredFrees:
         self._record = record
         self._delete = delete
         self._capturing = capturing or _never
-        self._lock = threading.Lock()  # only ever taken without blocking
+        # guards the handling of _freed and all of _aside and _waiting; only ever taken
+        # without blocking (see Notes)
+        self._lock = threading.Lock()
         self._live: dict[int, tuple[int, int, int]] = {}  # ptr -> (device, stream, tick)
         self._freed: collections.deque[int] = collections.deque()  # not yet looked at
         self._aside: list[tuple[int, int, list[int]]] = []  # ptr, device, streams: no event yet
@@ -132,14 +127,6 @@ class DeferredFrees:
     def _step(self) -> None:
         """With the lock held: one pass over the queue, the frees set aside
         and the blocks waiting for their events."""
-        capturing: bool | None = None
-
-        def under_capture() -> bool:
-            nonlocal capturing
-            if capturing is None:
-                capturing = bool(self._capturing())
-            return capturing
-
         while self._freed:
             ptr = self._freed.popleft()
             entry = self._live.pop(ptr, None)
@@ -149,7 +136,8 @@ class DeferredFrees:
                 # where an exception would only be printed.
                 continue
             device, handle, tick = entry
-            others = _streams_since(tick, device) - {handle}
+            others = streams.stream_uses.since(tick, device)
+            others.discard(handle)
             if others:
                 self._aside.append((ptr, device, sorted(others)))
             else:
@@ -158,7 +146,9 @@ class DeferredFrees:
         # given back, is dropped (lost to the pool rather than handed out while
         # a stream may still use it); the error goes to the caller, the other
         # blocks stay.
-        if self._aside and not under_capture():
+        if not (self._aside or self._waiting) or self._capturing():
+            return
+        if self._aside:
             aside, self._aside = self._aside, []
             for i, (ptr, device, handles) in enumerate(aside):
                 try:
@@ -167,7 +157,7 @@ class DeferredFrees:
                     self._aside[:0] = aside[i + 1 :]
                     raise
                 self._waiting.append((ptr, events))
-        if self._waiting and not under_capture():
+        if self._waiting:
             waiting, self._waiting = self._waiting, []
             for i, (ptr, events) in enumerate(waiting):
                 try:
@@ -204,22 +194,93 @@ class _RecordedEvent:
         return bool(self._event.done)
 
 
-def _delete_cuda(ptr: int) -> None:
-    _backends.torch().cuda.caching_allocator_delete(ptr)
+# ptr -> the tensor of a block CuPy freed, kept until _frees gives the block back (for
+# ever in a forked child, for a block of its parent: the child's _frees never saw it)
+_held: dict[int, Any] = {}
 
 
-_frees = DeferredFrees(_RecordedEvent, _delete_cuda, capture_under_way)
+def _release(ptr: int) -> None:
+    _held.pop(ptr, None)  # the last reference: PyTorch's pool has the block again
 
 
-def _malloc(size: int, device: int) -> int:
-    """Allocate ``size`` bytes for CuPy from PyTorch's caching allocator,
-    ordered on PyTorch's current stream of ``device``."""
-    th = _backends.torch()
-    cp = _backends.cupy()
-    _frees.collect()
-    torch_handle = int(th.cuda.current_stream(device).cuda_stream)
-    with cp.cuda.Device(device):
-        cupy_handle = int(cp.cuda.get_current_stream().ptr)
+_frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
+
+
+class TorchBlock:
+    """The owner of CuPy memory a :class:`TorchAllocator` made: a ``uint8``
+    tensor, handed to the deferred frees (``deferred``: its pointer, else 0)
+    when CuPy frees the memory."""
+
+    __slots__ = ("deferred", "maker", "tensor")
+
+    def __init__(self, tensor: Any, deferred: int, maker: TorchAllocator | None) -> None:
+        self.tensor, self.deferred, self.maker = tensor, deferred, maker
+
+    def __del__(self) -> None:
+        if self.deferred:
+            _held[self.deferred] = self.tensor
+            _frees.free(self.deferred)
+
+
+class TorchAllocator:
+    """A CuPy allocator (``size -> MemoryPointer``) that serves CuPy from
+    PyTorch's caching allocator: the one ``use_torch_allocator`` installs, and
+    the one each CUDA call of an ``interop.torch_op`` installs for its thread.
+
+    Each allocation is a ``torch.empty(size, dtype=torch.uint8)`` tensor on
+    PyTorch's current stream of CuPy's current device: ordinary PyTorch storage,
+    which CUDA graphs and CUDA-graph trees account for like any tensor's (see
+    :func:`torch_storage_of`). ``pinned``, ``(device, CuPy stream pointer)``,
+    is the one stream it may allocate on (a ``torch_op`` call), whose blocks
+    go back to PyTorch's pool when CuPy frees them; without it, CuPy's current
+    stream must be PyTorch's, and a freed block goes through
+    :class:`DeferredFrees`.
+
+    Raises
+    ------
+    StreamMismatchError
+        An allocation on another stream than those.
+    cupy.cuda.memory.OutOfMemoryError
+        PyTorch's pool cannot serve it (chained to PyTorch's error).
+    """
+
+    __slots__ = ("pinned",)
+
+    def __init__(self, pinned: tuple[int, int] | None = None) -> None:
+        self.pinned = pinned
+
+    def __call__(self, size: int) -> Any:
+        th, cp = _backends.torch(), _backends.cupy()
+        _frees.collect()
+        device = cp.cuda.runtime.getDevice()
+        handle = int(cp.cuda.get_current_stream().ptr)
+        if self.pinned is None:
+            _check_streams(device, handle)
+        elif (device, handle) != self.pinned:
+            raise StreamMismatchError(
+                f"expected CuPy to allocate on PyTorch's current stream of cuda:{self.pinned[0]} "
+                f"inside an interop.torch_op (got stream {handle:#x} of cuda:{device}); do not "
+                "switch CuPy's device or stream inside the function: it already runs on "
+                "PyTorch's current stream"
+            )
+        try:
+            tensor = th.empty((size,), dtype=th.uint8, device=th.device("cuda", device))
+        except th.cuda.OutOfMemoryError as exc:
+            # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
+            raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
+        ptr = tensor.data_ptr()
+        # A torch_op call's blocks are used on its stream only: PyTorch gives them back
+        # when CuPy drops them, as for any tensor; the others go through _frees.
+        deferred = ptr if self.pinned is None else 0
+        if deferred:
+            _frees.allocated(ptr, device, 0 if handle == LEGACY_DEFAULT else handle)
+        memory = cp.cuda.UnownedMemory(ptr, size, TorchBlock(tensor, deferred, self), device)
+        return cp.cuda.MemoryPointer(memory, 0)
+
+
+def _check_streams(device: int, cupy_handle: int) -> None:
+    """Raise unless CuPy's current stream ``cupy_handle`` is PyTorch's on ``device``."""
+    torch_handle = torch_stream_handle(device)
     if cupy_handle == PER_THREAD_DEFAULT and torch_handle != PER_THREAD_DEFAULT:
         raise StreamMismatchError(
             "expected CuPy's current stream to be one PyTorch can allocate on (got the "
@@ -234,42 +295,18 @@ def _malloc(size: int, device: int) -> int:
             f"stream {torch_handle:#x}); memory would be ordered on the wrong stream. Use "
             "`with interop.stream(s):` instead of torch.cuda.stream / cupy.cuda.Stream alone."
         )
-    if size == 0:
-        return 0
-    try:
-        ptr = int(th.cuda.caching_allocator_alloc(size, device, th.cuda.current_stream(device)))
-    except th.cuda.OutOfMemoryError as exc:
-        # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
-        raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
-    _frees.allocated(ptr, device, torch_handle)
-    return ptr
 
 
-def _free(ptr: int, device: int) -> None:
-    if ptr:
-        _frees.free(ptr)
+def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
+    """The tensor whose storage holds CuPy ``memory`` (a ``BaseMemory``) if a
+    TorchAllocator (``maker``, where given) made it, else None."""
+    owner = getattr(memory, "_owner", None)
+    if isinstance(owner, TorchBlock) and (maker is None or owner.maker is maker):
+        return owner.tensor
+    return None
 
 
-# The two forms. A scope makes the allocator the calling thread's own (CuPy's
-# thread-local setting) the moment it is made, so no other thread ever sees a
-# block's allocator, not even between the call and the `with`. Entered as a
-# block, it keeps it for the block and gives the thread its previous setting
-# back at exit. Dropped without having been entered, it was the plain call: it
-# then installs the allocator for the whole process (cupy.cuda.set_allocator)
-# and gives the thread its previous setting back. In CPython a plain-call
-# statement drops it at once. No lock is taken: the garbage collector may drop
-# a scope in the middle of anything, this module included.
-_allocator: Any = None
-
-
-def _torch_malloc() -> Any:
-    global _allocator
-    if _allocator is None:
-        _allocator = _backends.cupy().cuda.PythonFunctionAllocator(_malloc, _free)
-    return _allocator.malloc
-
-
-def _thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+def thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     """CuPy's getter and setter of the calling thread's own allocator (what
     ``cupy.cuda.using_allocator`` sets)."""
     memory = cp.cuda.memory
@@ -283,13 +320,25 @@ def _thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return get, set_
 
 
+# The two forms. A scope makes the allocator the calling thread's own (CuPy's
+# thread-local setting) the moment it is made, so no other thread ever sees a
+# block's allocator, not even between the call and the `with`. Entered as a
+# block, it keeps it for the block and gives the thread its previous setting
+# back at exit. Dropped without having been entered, it was the plain call: it
+# then installs the allocator for the whole process (cupy.cuda.set_allocator)
+# and gives the thread its previous setting back. In CPython a plain-call
+# statement drops it at once. No lock is taken: the garbage collector may drop
+# a scope in the middle of anything, this module included.
+_process_allocator = TorchAllocator()  # the one use_torch_allocator installs
+
+
 class AllocatorScope:
     """CuPy allocator ``malloc``, the calling thread's from construction on:
     for the block where entered as a ``with`` block; for every thread, for the
     rest of the process, once dropped without having been entered."""
 
     def __init__(self, cp: Any, malloc: Any) -> None:
-        self._get, self._set = _thread_setting(cp)
+        self._get, self._set = thread_setting(cp)
         self._cp = cp
         self._malloc = malloc
         self._thread = threading.get_ident()
@@ -396,13 +445,13 @@ def use_torch_allocator() -> Any:
     """
     _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()
-    return AllocatorScope(cp, _torch_malloc())
+    return AllocatorScope(cp, _process_allocator)
 
 
 def _after_fork_in_child() -> None:
     # The parent's deferred frees belong to its CUDA context.
     global _frees
-    _frees = DeferredFrees(_RecordedEvent, _delete_cuda, capture_under_way)
+    _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -63,15 +63,15 @@ class _StreamUses:
         self._clock = itertools.count(1)
         self.last_entered: dict[tuple[int, int], int] = {}  # (device, handle) -> tick
         self.active: dict[tuple[int, int], int] = {}  # (device, handle) -> blocks open
+        self.latest = 0  # the tick of the last stream entered
 
     def now(self) -> int:
         """A tick: streams entered after it have a larger one."""
-        with self._lock:
-            return next(self._clock)
+        return next(self._clock)  # atomic under the GIL: no lock on the allocation path
 
     def enter(self, key: tuple[int, int]) -> None:
         with self._lock:
-            self.last_entered[key] = next(self._clock)
+            self.last_entered[key] = self.latest = next(self._clock)
             self.active[key] = self.active.get(key, 0) + 1
 
     def leave(self, key: tuple[int, int]) -> None:
@@ -81,10 +81,18 @@ class _StreamUses:
                 del self.active[key]
 
     def since(self, tick: int, device: int) -> set[int]:
-        """Handles of ``device``'s streams entered after ``tick``, or still open."""
-        with self._lock:
-            entered = {h for (d, h), t in self.last_entered.items() if d == device and t > tick}
-            return entered | {h for d, h in self.active if d == device}
+        """Handles of ``device``'s streams entered after ``tick``, or still open.
+
+        Takes no lock: the memory pool asks from CuPy's destructors, which the
+        garbage collector may run while this thread holds it (copying a dict
+        is atomic under the GIL).
+        """
+        if self.latest <= tick and not self.active:  # the common case, answered first
+            return set()
+        entered = list(self.last_entered.items())
+        return {h for (d, h), t in entered if d == device and t > tick} | {
+            h for d, h in list(self.active) if d == device
+        }
 
 
 stream_uses = _StreamUses()
@@ -93,6 +101,7 @@ stream_uses = _StreamUses()
 def _after_fork_in_child() -> None:
     global stream_uses
     stream_uses = _StreamUses()
+    _cupy_streams.clear()  # the parent's, of its CUDA context
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -183,16 +192,31 @@ def capture_under_way() -> bool:
     return any(capturing(functools.partial(query, h)) for _, h in list(stream_uses.active))
 
 
+_cupy_streams: dict[tuple[int, int], Any] = {}  # (device, handle) -> CuPy stream object
+_cupy_streams_lock = threading.Lock()  # serialises the stores into _cupy_streams
+
+
 def cupy_stream(handle: int, device: int) -> Any:
     """A CuPy stream object for a raw handle (``Stream.from_external`` where the
-    installed CuPy has it, else the older ``ExternalStream``)."""
+    installed CuPy has it, else the older ``ExternalStream``; cached, as making
+    one costs microseconds)."""
+    key = (device, handle)
+    found = _cupy_streams.get(key)
+    if found is not None:
+        return found
     cp = _backends.cupy()
-    if handle == 0:
-        return cp.cuda.Stream.null
     from_external = getattr(cp.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_StreamHandle(handle))
-    return cp.cuda.ExternalStream(handle, device)
+    if handle == 0:
+        found = cp.cuda.Stream.null
+    elif from_external is not None:
+        found = from_external(_StreamHandle(handle))
+    else:
+        found = cp.cuda.ExternalStream(handle, device)
+    with _cupy_streams_lock:
+        if len(_cupy_streams) > 256:  # streams come and go: keep the cache small
+            _cupy_streams.clear()
+        _cupy_streams[key] = found
+    return found
 
 
 def torch_stream(handle: int, device: int) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import types
 
 import pytest
 
@@ -392,6 +393,125 @@ def test_a_block_this_pool_never_allocated_is_left_alone():
     assert frees.deferred == 0
 
 
+class _FakeTensor:
+    """What ``torch.empty(size, dtype=torch.uint8, ...)`` gives: a block of PyTorch's pool."""
+
+    def __init__(self, size, ptr):
+        self.size, self._ptr = size, ptr
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def _fake_libraries(current):
+    """Stand-ins for torch and cupy as TorchAllocator sees them: CuPy's current
+    stream is ``current["cupy"]``, PyTorch's ``current["torch"]``, on device 0."""
+    made = []
+
+    class TorchOOM(RuntimeError):
+        pass
+
+    def empty(shape, dtype, device):
+        if shape[0] > 1 << 40:
+            raise TorchOOM("CUDA out of memory")
+        made.append(_FakeTensor(shape[0], 0x1000 * (len(made) + 1) if shape[0] else 0))
+        return made[-1]
+
+    class CupyOOM(MemoryError):
+        def __init__(self, size, total):
+            super().__init__(size, total)
+
+    ns = types.SimpleNamespace
+    torch = ns(
+        empty=empty,
+        uint8="uint8",
+        device=lambda kind, index: f"{kind}:{index}",
+        cuda=ns(OutOfMemoryError=TorchOOM, memory_allocated=lambda device: 0),
+    )
+    cuda = ns(
+        runtime=ns(getDevice=lambda: 0),
+        get_current_stream=lambda: ns(ptr=current["cupy"]),
+        UnownedMemory=lambda ptr, size, owner, device: ns(ptr=ptr, size=size, _owner=owner),
+        MemoryPointer=lambda mem, offset: ns(mem=mem, ptr=mem.ptr + offset),
+        memory=ns(OutOfMemoryError=CupyOOM),
+    )
+    backends = ns(torch=lambda: torch, cupy=lambda: ns(cuda=cuda))
+    return backends, made
+
+
+def test_the_torch_allocator_serves_cupy_with_pytorch_tensors_given_back_after_their_streams(
+    monkeypatch,
+):
+    """The one PyTorch-backed CuPy allocator (use_torch_allocator's, and each
+    torch_op call's, pinned to the call's stream): each allocation is a uint8
+    tensor of PyTorch's pool whose storage torch_storage_of finds. CuPy's free
+    hands use_torch_allocator's tensor to the deferred frees, which let it go
+    once the streams it was used on reached the free; a torch_op call's goes
+    at once. Allocations on another stream are refused before anything is
+    allocated. Stand-ins for torch and cupy; streams and events of the
+    emulated device."""
+    device = EmulatedDevice()
+    a, b = device.stream(), device.stream()
+    by_id = {a.id: a, b.id: b}
+
+    def record(dev, handle):
+        event = device.event()
+        event.record(by_id[handle])
+        return event
+
+    current = {"cupy": a.id, "torch": a.id}
+    backends, made = _fake_libraries(current)
+    monkeypatch.setattr(allocator, "_backends", backends)
+    monkeypatch.setattr(allocator, "torch_stream_handle", lambda index: current["torch"])
+    frees = allocator.DeferredFrees(record, allocator._release)
+    monkeypatch.setattr(allocator, "_frees", frees)
+
+    process = allocator.TorchAllocator()  # use_torch_allocator's: PyTorch's current stream
+    p = process(256)
+    [tensor] = made
+    assert (tensor.size, p.ptr) == (256, tensor.data_ptr())
+    assert allocator.torch_storage_of(p.mem) is tensor
+    assert allocator.torch_storage_of(p.mem, process) is tensor
+    assert allocator.torch_storage_of(p.mem, allocator.TorchAllocator()) is None
+    gate = threading.Event()
+    _used_on(b, gate)  # `with interop.stream(b):` reads the block, still queued
+    del p  # CuPy frees it
+    assert frees.deferred == 1
+    assert allocator._held == {tensor.data_ptr(): tensor}  # not back in PyTorch's pool yet
+    gate.set()
+    b.synchronize()
+    frees.collect()
+    assert allocator._held == {}  # the last reference gone: PyTorch's pool has it again
+    q = process(0)  # size 0: a tensor of no memory, nothing to give back
+    assert (made[-1].size, q.ptr) == (0, 0)
+    del q
+    assert frees.deferred == 0
+
+    pinned = allocator.TorchAllocator((0, a.id))  # a torch_op call's, on stream a
+    r = pinned(64)
+    assert allocator.torch_storage_of(r.mem, pinned) is made[-1]
+    del r  # given back at once, not through the deferred frees
+    assert (frees.deferred, allocator._held) == (0, {})
+    current["cupy"] = b.id  # the function switched CuPy's stream
+    with pytest.raises(interop.StreamMismatchError, match="do not switch CuPy's device"):
+        pinned(64)
+    with pytest.raises(interop.StreamMismatchError, match=r"interop\.stream"):
+        process(64)
+    assert len(made) == 3  # nothing allocated for the refused ones
+    current["torch"] = b.id
+    s = process(64)
+    assert allocator.torch_storage_of(s.mem, process) is made[-1]
+    with pytest.raises(MemoryError) as info:  # CuPy's own error, chained to PyTorch's
+        process(1 << 41)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    del s
+    assert allocator._held == {}
+    assert frees.deferred == 0  # b was the block's own stream: given back at once
+    for stream in (a, b):
+        stream.close()
+    device.close()
+
+
 class _Counted:
     """A host event whose queries are counted in ``log``."""
 
@@ -527,7 +647,7 @@ def test_a_capture_check_tells_pytorchs_pool_from_cupys():
     from interop.pipeline.cuda import uses_cupys_pool
 
     assert uses_cupys_pool(cp)
-    with cp.cuda.using_allocator(allocator._torch_malloc()):
+    with cp.cuda.using_allocator(allocator.TorchAllocator()):
         assert not uses_cupys_pool(cp)
         with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
             assert uses_cupys_pool(cp)

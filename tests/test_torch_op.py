@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import interop
-from interop import _torch_op
+from interop import allocator
+from interop._torch_op import call as _torch_op
 
 from .helpers import REPO_ROOT, run_python
 
@@ -947,7 +948,7 @@ def test_the_overhead_benchmark_runs():
 class _FakePlan:
     def __init__(self, *key, devices=None):
         self.key = (*key, devices) if len(key) == 3 else key
-        owner = None if _FAKE_ALLOCATOR else _torch_op._TorchBlock(None)
+        owner = None if _FAKE_ALLOCATOR else allocator.TorchBlock(object(), 0, _MAKER)
         self.work_area = types.SimpleNamespace(mem=types.SimpleNamespace(_owner=owner))
 
 
@@ -960,6 +961,7 @@ class _PlanNd(_FakePlan):
 
 
 _FAKE_ALLOCATOR: list[object] = []  # CuPy's own pool's malloc while using_allocator runs
+_MAKER = allocator.TorchAllocator()  # the call's allocator
 
 
 class _FakeCache(dict):
@@ -997,7 +999,7 @@ def test_plans_made_in_a_call_leave_the_cache_and_are_made_again_from_cupys_pool
     th = types.SimpleNamespace(
         cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: capturing)
     )
-    _torch_op._plans_to_own_pool(cp, th)
+    _torch_op._plans_to_own_pool(cp, th, _MAKER)
     assert cache[(9, 41, 1, None)] is kept
     if capturing:  # out of the cache, alive for the graph; nothing made during the capture
         assert set(cache.keys()) == {(9, 41, 1, None)}
@@ -1009,4 +1011,27 @@ def test_plans_made_in_a_call_leave_the_cache_and_are_made_again_from_cupys_pool
         assert type(cache[key]) is type(made[key])
         assert cache[key].key == key
         assert cache[key].work_area.mem._owner is None  # from CuPy's pool
+    assert _torch_op._graph_plans == []
+
+
+def test_plans_of_another_pytorch_backed_allocator_stay_in_the_cache(monkeypatch):
+    """A plan cached under interop.use_torch_allocator before the call (its work
+    area from that allocator, not the call's) is not the call's to move."""
+    monkeypatch.setitem(sys.modules, "cupy.cuda.cufft", types.SimpleNamespace(
+        Plan1d=_Plan1d, PlanNd=_PlanNd))  # fmt: skip
+    monkeypatch.setattr(_torch_op, "_graph_plans", [])
+    key = (8, 41, 1, None)
+    plan = _Plan1d(*key[:3])
+    plan.work_area.mem._owner = allocator.TorchBlock(object(), 0, allocator.TorchAllocator())
+    cache = _FakeCache({key: plan})
+    cp = types.SimpleNamespace(
+        fft=types.SimpleNamespace(config=types.SimpleNamespace(get_plan_cache=lambda: cache)),
+        cuda=types.SimpleNamespace(using_allocator=_using_allocator),
+        get_default_memory_pool=lambda: types.SimpleNamespace(malloc="pool"),
+    )
+    th = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: False)
+    )
+    _torch_op._plans_to_own_pool(cp, th, _MAKER)
+    assert cache == {key: plan}
     assert _torch_op._graph_plans == []
