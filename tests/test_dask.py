@@ -228,7 +228,7 @@ def test_block_runs_match_the_c_order_offsets(data):
     start = tuple(data.draw(st.integers(0, n - 1)) for n in shape)
     stop = tuple(data.draw(st.integers(s + 1, n)) for s, n in zip(start, shape, strict=True))
     itemsize = data.draw(st.sampled_from([1, 2, 8]))
-    layout = idask._Layout("x", shape, np.dtype(f"V{itemsize}"), 128)
+    layout = interop.io.dask._Layout("x", shape, np.dtype(f"V{itemsize}"), 128)
     block = tuple(b - a for a, b in zip(start, stop, strict=True))
     runs = layout.runs(start, block)
     index = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
@@ -780,8 +780,8 @@ def test_a_device_block_streams_through_the_pipeline_into_its_runs(tmp_path, cor
     """The write task's device path (pinned slots written straight to the
     block's runs) on the host backend: a block that does not span whole
     trailing axes lands at its C-order offsets."""
-    from interop.dask import _Layout, _write_block
-    from interop.npy import _header_bytes
+    from interop.io.dask import _Layout, _write_block
+    from interop.io.npy import _header_bytes
     from interop.testing import EmulatedDevice
 
     full = sample((640, 480), np.float64, seed=4)
@@ -827,8 +827,8 @@ class _RemovesTheFileAtSecondPiece(np.ndarray):
 
 
 def _temporary_file(tmp_path, shape, dtype):
-    from interop.dask import _Layout
-    from interop.npy import _header_bytes
+    from interop.io.dask import _Layout
+    from interop.io.npy import _header_bytes
 
     path = tmp_path / ".blocks.npy.tmp"
     header = _header_bytes(shape, np.dtype(dtype))
@@ -839,7 +839,7 @@ def _temporary_file(tmp_path, shape, dtype):
 
 
 def test_a_block_stops_writing_at_its_next_piece_once_the_file_is_removed(tmp_path):
-    from interop.dask import _write_block
+    from interop.io.dask import _write_block
 
     a = sample((256, 1024), np.float64)  # 2 MiB, Fortran-ordered: 32 pieces of 64 KiB
     path, layout = _temporary_file(tmp_path, a.shape, a.dtype)
@@ -860,7 +860,7 @@ def test_a_block_stops_writing_at_its_next_piece_once_the_file_is_removed(tmp_pa
 
 @pytest.mark.parametrize("where", ["host", "device"])
 def test_a_block_that_starts_after_the_save_was_given_up_writes_nothing(tmp_path, where):
-    from interop.dask import _write_block
+    from interop.io.dask import _write_block
     from interop.testing import EmulatedDevice
 
     a = sample((64, 512), np.float32)
@@ -884,7 +884,7 @@ def test_a_device_blocks_slots_stop_once_the_file_is_removed(tmp_path):
     """The device path's host step checks before each piece it writes."""
     from types import SimpleNamespace
 
-    from interop.dask import _into_runs, _Runs
+    from interop.io.dask import _into_runs, _Runs
 
     path = tmp_path / ".d.npy.tmp"
     path.write_bytes(bytes(2 * PIECE))

@@ -1,4 +1,4 @@
-"""interop.destination: what a save may replace, checked before any data moves.
+"""interop.io.destination: what a save may replace, checked before any data moves.
 
 Every case runs on real files in tmp_path (FIFOs through os.mkfifo, read by a
 thread); never on a device node. Permission refusal is tested as an
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import interop
-from interop import destination
-from interop.destination import Destination, prepare_destination
+from interop.io import destination
+from interop.io.destination import Destination, prepare_destination
 
 from .helpers import reading_fifo, run_python
 
@@ -273,7 +273,7 @@ def test_a_forked_child_closes_the_files_its_parent_holds(local_fs):
         f"""
         import os
         from pathlib import Path
-        from interop import destination
+        from interop.io import destination
         path = Path({str(tmp_path / "old")!r})
         files = destination._replaced_files
         fd = files.hold(path, os.stat(path))  # held, not yet handed to a thread
@@ -555,7 +555,7 @@ def test_a_read_only_file_has_the_outcome_numpy_save_has(tmp_path):
 
 _UNPRIVILEGED = """
     import ctypes, os, numpy as np
-    import interop.destination as d
+    import interop.io.destination as d
 
     if os.geteuid() == 0:  # drop root's bypass of mode bits (CAP_DAC_OVERRIDE, _READ_SEARCH)
         class Header(ctypes.Structure):
@@ -616,7 +616,7 @@ def test_files_and_directories_this_process_may_not_write_are_refused_first(tmp_
 _KILLED_MID_SAVE = """
 import sys, time
 import numpy as np, interop
-from interop import destination
+from interop.io import destination
 from interop.testing import EmulatedDevice
 
 path, kind, unnamed = sys.argv[1], sys.argv[2], sys.argv[3] == "unnamed"

@@ -62,7 +62,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import InvalidTypeError, InvalidValueError, PathError, path_error
+from ..errors import InvalidTypeError, InvalidValueError, PathError, path_error
 
 __all__ = ["Destination", "prepare_destination"]
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 from numpy.lib import format as npformat
 
-from . import _backends, dtypes
-from .arrays import (
+from .. import _backends, dtypes
+from ..arrays import (
     Source,
     array_source,
     check_elements_apart,
@@ -42,9 +42,8 @@ from .arrays import (
     numpy_view_of_cpu_tensor,
     parse_device,
 )
-from .config import chunk_bytes_or_default, config
-from .destination import Destination, checked_path, file_kind, prepare_destination
-from .errors import (
+from ..config import chunk_bytes_or_default, config
+from ..errors import (
     BackendUnavailableError,
     InteropError,
     InvalidTypeError,
@@ -55,14 +54,15 @@ from .errors import (
     TransferError,
     path_error,
 )
-from .pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
-from .pipeline.progress import Progress, check_progress
-from .pipeline.schedule import HostTask
-from .pipeline.start import HostStep, device_to_host, host_to_device
-from .transfer import empty_device
+from ..pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
+from ..pipeline.progress import Progress, check_progress
+from ..pipeline.schedule import HostTask
+from ..pipeline.start import HostStep, device_to_host, host_to_device
+from ..transfer import empty_device
+from .destination import Destination, checked_path, file_kind, prepare_destination
 
 if TYPE_CHECKING:
-    from .arrays import Target
+    from ..arrays import Target
 
 __all__ = ["NpyHeader", "load_npy", "read_npy_header", "save_npy"]
 
