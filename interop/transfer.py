@@ -2,10 +2,9 @@
 and their asynchronous forms.
 
 The public calls: they check their arguments (before anything is written),
-describe the source and destination once, and start a
-:class:`~interop.pipeline.future.Transfer` through the pipeline's entry points
-(:mod:`interop.pipeline.start`) for device data, or the host copy engine for
-host data.
+describe the source and destination once, build one
+:class:`~interop.pipeline.request.TransferRequest` and start it
+(:func:`interop.pipeline.start.start`).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backends, dtypes
+from . import dtypes
 from .arrays import (
     Source,
     array_source,
@@ -23,23 +22,14 @@ from .arrays import (
     check_host_out,
     is_device_array,
     numpy_view_of_cpu_tensor,
-    parse_device,
 )
-from .config import chunk_bytes_or_default, config, host_copy_threads
-from .errors import CaptureError, InvalidTypeError, InvalidValueError
-from .pipeline.backend import Backend
+from .config import chunk_bytes_or_default, host_copy_threads
+from .errors import InvalidTypeError, InvalidValueError
 from .pipeline.future import Transfer
-from .pipeline.hostcopy import host_chunk_bytes, host_copy
-from .pipeline.plan import c_order_chunks, nbytes_of
-from .pipeline.progress import Progress, check_progress
-from .pipeline.start import (
-    backend_for,
-    device_to_device,
-    device_to_host,
-    drain_into,
-    fill_from,
-    host_to_device,
-)
+from .pipeline.hostcopy import CopyIn, CopyOut, host_chunk_bytes
+from .pipeline.plan import nbytes_of
+from .pipeline.request import TransferRequest, check_options
+from .pipeline.start import backend_for, cuda_index, empty_device, empty_result, start
 
 __all__ = [
     "Transfer",
@@ -79,48 +69,6 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
         raise InvalidValueError(dtypes.mismatch_message(func, dtype, dst.dtype))
     check_elements_apart(out, func)
     return dst
-
-
-def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Any:
-    """A new uninitialised array of ``backend``'s for ``func``'s result, once
-    no capture under way forbids it.
-
-    Raises
-    ------
-    CaptureError
-        A CUDA graph capture is under way and the allocation could grow
-        CuPy's pool (``cudaMalloc``, which would break it); nothing allocated.
-    """
-    if backend.capture_forbids_allocation():
-        raise CaptureError(
-            f"{func} expected no CUDA graph capture under way when it allocates its result "
-            "(got one: CuPy's memory pool grows with cudaMalloc, which the capture forbids); "
-            "pass out= allocated before the capture, or let CuPy allocate from PyTorch's graph "
-            "pool with interop.use_torch_allocator(). Nothing was allocated or queued and the "
-            "capture stays valid"
-        )
-    return backend.empty(shape, dtype)
-
-
-def empty_device(
-    shape: tuple[int, ...], dtype: np.dtype, device: Any = None, func: str = "copy_to_device"
-) -> Any:
-    """A new uninitialised CuPy array on ``device`` (default: the current
-    device) for ``func``'s result (:func:`empty_result`).
-
-    Raises
-    ------
-    ValueError
-        ``device`` is not a CUDA device.
-    BackendUnavailableError, NoDeviceError, UnsupportedDtypeError, CaptureError
-    """
-    index = _cuda_index(device)
-    cp = _backends.require_cupy_device()
-    dtypes.check_cupy_dtype(np.dtype(dtype))
-    from .pipeline.cuda import cuda_backend
-
-    backend = cuda_backend(cp.cuda.runtime.getDevice() if index is None else index)
-    return empty_result(backend, shape, dtype, func)
 
 
 # ----------------------------------------------------------------- copy_to_host
@@ -273,8 +221,7 @@ def _copy_to_host(
 ) -> Transfer:
     """``copy_to_host_async``; ``inline``: the copy runs on the calling thread
     before this returns (``copy_to_host``, which waits for it anyway)."""
-    chunk = chunk_bytes_or_default(chunk_bytes)
-    check_progress(progress)
+    check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_host")
     cast = dtypes.check_cast(src.dtype, dtype, "copy_to_host")
     if out is None:
@@ -282,28 +229,36 @@ def _copy_to_host(
     else:
         check_host_out(out, src, "copy_to_host", cast)
     if src.on_device:
-        return device_to_host(
-            src,
-            chunk,
-            drain_into(out, config.host_threads),
-            result=out,
+        request = TransferRequest(
+            "copy_to_host",
+            "d2h",
+            out,
+            CopyOut(out),
+            device=src,
+            chunk_bytes=chunk_bytes,
             progress=progress,
-            func="copy_to_host",
-            order="the source's C order",
-            into=out,
-            inline=inline,
+            host=out,
             cast=cast,
+            inline=inline,
         )
-    threads = host_copy_threads()
-    itemsize = out.dtype.itemsize  # progress counts the bytes of out
-    nbytes = nbytes_of(src.shape, itemsize)
-    if chunk_bytes is None:
-        chunk = host_chunk_bytes(nbytes, chunk, threads)
-    chunks = list(c_order_chunks(src.shape, itemsize, chunk))
-    sizes = [nbytes_of(out[idx].shape, itemsize) for idx in chunks]
-    transfer = Transfer(out, sizes, Progress(progress, nbytes, "copy_to_host"), func="copy_to_host")
-    engine = host_copy(src.obj, out, chunks, threads, cast=cast is not None)
-    return transfer.start(engine, inline=inline)
+    else:
+        threads = host_copy_threads()
+        if chunk_bytes is None:
+            nbytes = nbytes_of(src.shape, out.dtype.itemsize)  # progress counts out's bytes
+            chunk_bytes = host_chunk_bytes(nbytes, chunk_bytes_or_default(None), threads)
+        request = TransferRequest(
+            "copy_to_host",
+            "h2h",
+            out,
+            CopyOut(out, src.obj, cast=cast is not None),
+            shape=src.shape,
+            itemsize=out.dtype.itemsize,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            threads=threads,
+            inline=inline,
+        )
+    return start(request)
 
 
 # ----------------------------------------------------------------- copy_to_device
@@ -344,23 +299,6 @@ def copy_to_device_async(
     return _copy_to_device(x, out, device, chunk_bytes, progress, inline=False)
 
 
-def _cuda_index(device: Any) -> int | None:
-    """The index of a CUDA ``device`` argument (None: the current device).
-
-    Raises
-    ------
-    InvalidValueError
-        ``device`` is not a CUDA device.
-    """
-    target = parse_device(device)
-    if target is not None and target[0] != "cuda":
-        raise InvalidValueError(
-            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
-            "use interop.copy_to_host for host destinations"
-        )
-    return None if target is None else target[1]
-
-
 def _copy_to_device(
     x: Any,
     out: Any,
@@ -372,8 +310,7 @@ def _copy_to_device(
 ) -> Transfer:
     """``copy_to_device_async``; ``inline``: the copy runs on the calling thread
     before this returns (``copy_to_device``, which waits for it anyway)."""
-    chunk = chunk_bytes_or_default(chunk_bytes)
-    check_progress(progress)
+    check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_device")
     native = src.dtype.newbyteorder("=")
     if out is not None:
@@ -381,28 +318,34 @@ def _copy_to_device(
         result = out
     else:
         if src.on_device:  # on the current (or the given) device of the source's kind
-            backend = backend_for(src).peer(_cuda_index(device))
+            backend = backend_for(src).peer(cuda_index(device))
             result = empty_result(backend, src.shape, native, "copy_to_device")
         else:
             result = empty_device(src.shape, native, device)
         dst = array_source(result, "copy_to_device")
     if src.on_device:
-        device_to_device(src, dst)
-        transfer = Transfer(
-            result, [], Progress(progress, 0, "copy_to_device"), func="copy_to_device"
+        request = TransferRequest(
+            "copy_to_device",
+            "d2d",
+            result,
+            device=src,
+            target=dst,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
         )
-        return transfer.start(lambda t: None, inline=True)
-    return host_to_device(
-        dst,
-        chunk,
-        fill_from(src.obj, native, config.host_threads),
-        result=result,
-        progress=progress,
-        func="copy_to_device",
-        order="the source's C order",
-        source=_host_bytes(src, native),
-        inline=inline,
-    )
+    else:
+        request = TransferRequest(
+            "copy_to_device",
+            "h2d",
+            result,
+            CopyIn(src.obj, native),
+            device=dst,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            host=_host_bytes(src, native),
+            inline=inline,
+        )
+    return start(request)
 
 
 def copy_to_device(

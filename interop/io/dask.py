@@ -33,8 +33,9 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,8 @@ import numpy as np
 
 from .. import dtypes
 from .._backends import install_command
-from ..arrays import array_source, host_values, parse_device
-from ..config import chunk_bytes_or_default, config
+from ..arrays import array_source, parse_device
+from ..config import chunk_bytes_or_default
 from ..errors import (
     BackendUnavailableError,
     InvalidTypeError,
@@ -52,12 +53,21 @@ from ..errors import (
     TransferError,
     path_error,
 )
-from ..pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
-from ..pipeline.schedule import HostTask
-from ..pipeline.start import HostStep, device_to_host, host_to_device
-from ..transfer import empty_device
+from ..pipeline.hostcopy import run_chunk
+from ..pipeline.plan import nbytes_of, plan_chunks
+from ..pipeline.request import TransferRequest
+from ..pipeline.start import empty_device, start
+from ._format import (
+    FileReader,
+    FileWriter,
+    Layout,
+    Runs,
+    header_bytes,
+    open_unchanged,
+    read_npy_header,
+    write_all,
+)
 from .destination import Destination, prepare_destination
-from .npy import _header_bytes, _write_all, open_unchanged, read_npy_header
 
 try:
     import fcntl
@@ -107,118 +117,11 @@ class SaveError(TransferError):
         self.nblocks = nblocks
 
 
-# ------------------------------------------------------------------ file layout
-
-
-@dataclass(frozen=True)
-class _Runs:
-    """The file stretches that hold one block, in the block's C order.
-
-    Every run is ``nbytes`` long; ``offsets[r]`` is where run ``r`` starts in
-    the file. Byte ``b`` of the block (in its C order) is at
-    ``offsets[b // nbytes] + b % nbytes``.
-    """
-
-    offsets: np.ndarray
-    nbytes: int
-
-    def segments(self, start: int, count: int) -> Iterator[tuple[int, int, int]]:
-        """``(file_offset, position, length)`` pieces of block bytes
-        ``[start, start + count)``; ``position`` counts from ``start``."""
-        if count <= 0:
-            return
-        run, within = divmod(start, self.nbytes)
-        position = 0
-        while position < count:
-            length = min(self.nbytes - within, count - position)
-            yield int(self.offsets[run]) + within, position, length
-            position += length
-            run += 1
-            within = 0
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where the elements of a C-order array lie in a ``.npy`` file."""
-
-    path: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    offset: int  # where the data starts (the header's length)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-    def runs(self, start: tuple[int, ...], shape: tuple[int, ...]) -> _Runs:
-        """The runs of the block at ``start`` (element index) with ``shape``."""
-        full = self.shape
-        itemsize = self.dtype.itemsize
-        strides = [itemsize] * len(full)  # C-order strides of the whole array, in bytes
-        for axis in range(len(full) - 2, -1, -1):
-            strides[axis] = strides[axis + 1] * full[axis + 1]
-        base = self.offset + sum(s * st for s, st in zip(start, strides, strict=True))
-        # Axes from `whole` on are spanned entirely by the block: together with
-        # the axis before them they form one contiguous run.
-        whole = len(full)
-        while whole > 0 and shape[whole - 1] == full[whole - 1]:
-            whole -= 1
-        if whole == 0:
-            return _Runs(np.array([base], np.int64), int(np.prod(shape, dtype=np.int64)) * itemsize)
-        axis = whole - 1
-        run = shape[axis] * strides[axis]
-        offsets = np.full((), base, np.int64)
-        for a in range(axis):
-            offsets = np.add.outer(offsets, np.arange(shape[a], dtype=np.int64) * strides[a])
-        return _Runs(offsets.reshape(-1), int(run))
-
-
-def _pread_all(fd: int, view: memoryview, offset: int, what: str) -> None:
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            raise TransferError(
-                f"{what}: the file ended early (expected {len(view)} bytes at offset {offset}, "
-                f"read {got}); was it truncated or replaced after load_npy was called?",
-                bytes_done=0,
-                nbytes=len(view),
-            )
-        got += n
-
-
 def _where() -> str:
     return f"{socket.gethostname()} (pid {os.getpid()})"
 
 
 # ------------------------------------------------------------------ save
-
-
-def _host_pieces(src: Any, chunk_bytes: int) -> Iterator[tuple[int, memoryview]]:
-    """The bytes of a host block in C order, as ``(position, bytes)`` pieces of
-    at most ``chunk_bytes`` (between two pieces a task checks that the save
-    goes on).
-
-    A C-contiguous NumPy block is cut into pieces of its own memory, no copy.
-    Any other host block (strided, a CPU tensor) is copied piece by piece (in
-    C order) into one reused buffer, valid until the next piece is asked for.
-    """
-    obj, shape, dtype = src.obj, src.shape, src.dtype
-    if isinstance(obj, np.ndarray) and obj.flags.c_contiguous:
-        whole = obj.reshape(-1).view(np.uint8).data
-        for position in range(0, len(whole), chunk_bytes):
-            yield position, whole[position : position + chunk_bytes]
-        return
-    total = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    bounce = np.empty(min(max(chunk_bytes, dtype.itemsize), total), np.uint8)
-    bits = dtypes.int_view_of_numpy(dtype)
-    position = 0
-    for idx in c_order_chunks(shape, dtype.itemsize, chunk_bytes):
-        part = host_values(obj[idx])
-        n = part.size * dtype.itemsize
-        np.copyto(bounce[:n].view(bits).reshape(part.shape), part.view(bits))
-        yield position, bounce[:n].data
-        position += n
 
 
 def _refuse_masked(x: Any, what: str) -> None:
@@ -254,51 +157,10 @@ def _still_saving(fd: int, what: str) -> None:
         )
 
 
-def _into_runs(fd: int, runs: _Runs, threads: int, what: str) -> HostStep:
-    """The device pipeline's host step for a block: each pinned slot is
-    written straight to the block's runs in the file (positioned writes,
-    split across host threads), once the save is seen to go on."""
-
-    def step(plan: Plan) -> Callable[[int], list[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            def piece(lo: int, hi: int) -> HostTask:
-                def write(buf: np.ndarray) -> None:
-                    _still_saving(fd, what)
-                    for offset, at, length in runs.segments(plan.starts[i] + lo, hi - lo):
-                        _write_all(fd, buf[lo + at : lo + at + length].data, offset)
-
-                return write
-
-            return [piece(lo, hi) for lo, hi in split_bytes(plan.sizes[i], threads)]
-
-        return tasks
-
-    return step
-
-
-def _write_device_block(fd: int, src: Any, runs: _Runs, chunk: int, what: str) -> None:
-    """Stream a device block through the pinned staging ring into the file.
-
-    This is the one place that moves a device block to the host for writing:
-    interop's device-to-host pipeline (ordered after the work queued on the
-    block's library's current stream), whose host threads write each slot at
-    its offsets.
-    """
-    device_to_host(
-        src,
-        chunk,
-        _into_runs(fd, runs, config.host_threads, what),
-        result=None,
-        progress=False,
-        func="interop.dask.save_npy",
-        order="the block's C order",
-    ).result()
-
-
 def _write_block(
     block: Any,
     *,
-    layout: _Layout,
+    layout: Layout,
     chunk_bytes: int | None,
     block_info: Any = None,
 ) -> np.ndarray:
@@ -309,13 +171,13 @@ def _write_block(
     """
     info = block_info[0]
     location = [tuple(map(int, loc)) for loc in info["array-location"]]
-    start = tuple(lo for lo, _ in location)
+    origin = tuple(lo for lo, _ in location)
     shape = tuple(hi - lo for lo, hi in location)
     index = tuple(info["chunk-location"])
     what = f"interop.dask.save_npy: block {index} of {layout.path!r} on {_where()}"
     _refuse_masked(block, what)  # a mask its array's meta did not show
-    described = array_source(block, "interop.dask.save_npy")
-    got_shape, got_dtype = tuple(int(n) for n in described.shape), described.dtype
+    src = array_source(block, "interop.dask.save_npy")
+    got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
         raise InvalidValueError(
             f"{what}: expected a block of shape {shape} and dtype {layout.dtype} "
@@ -326,7 +188,7 @@ def _write_block(
     if 0 in shape:
         return result
     chunk = chunk_bytes_or_default(chunk_bytes)
-    runs = layout.runs(start, shape)
+    runs = layout.runs(origin, shape)
     try:
         fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
     except FileNotFoundError as exc:
@@ -335,21 +197,40 @@ def _write_block(
             f"{what}: the temporary file is gone (the save failed or was cancelled), or this "
             "worker does not share the client's file system",
         ) from exc
-    src = array_source(block, "interop.dask.save_npy")
     try:
         _lock_shared(fd)  # released by the close
         _still_saving(fd, what)
-        if src.on_device:
-            _write_device_block(fd, src, runs, chunk, what)
-        else:
-            for position, data in _host_pieces(src, chunk):
-                _still_saving(fd, what)
-                for offset, at, length in runs.segments(position, len(data)):
-                    _write_all(fd, data[at : at + length], offset)
+        _write_block_data(fd, src, runs, layout, chunk, what)
     finally:
         os.close(fd)
     result[...] = nbytes_of(shape, layout.dtype.itemsize)
     return result
+
+
+def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
+    """The file stage writing a block at its runs, once the save is seen to
+    go on before each piece."""
+    return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
+
+
+def _write_block_data(fd: int, src: Any, runs: Runs, layout: Layout, chunk: int, what: str) -> None:
+    """A device block through the pinned staging ring (the device-to-host
+    pipeline, ordered after the work queued on the block's library's current
+    stream), whose host threads write each slot at its offsets; a host block
+    chunk by chunk on this thread (its own memory where contiguous, else
+    through one chunk buffer), its errors raised as they are."""
+    func = "interop.dask.save_npy"
+    if src.on_device:
+        writer = _block_writer(fd, runs, what)
+        request = TransferRequest(
+            func, "d2h", None, writer, device=src, chunk_bytes=chunk, order="the block's C order"
+        )
+        start(request).result()
+        return
+    writer = _block_writer(fd, runs, what, src.obj)
+    plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
+    for i in range(len(plan.chunks)):
+        run_chunk(writer, plan, i)
 
 
 def _create(destination: Destination, header: bytes, size: int) -> None:
@@ -357,7 +238,7 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
     sized to ``size``. Never a task: Dask may run a task more than once."""
     fd = destination.create()
     try:
-        _write_all(fd, memoryview(header), 0)
+        write_all(fd, memoryview(header), 0)
         _allocate(fd, size)
     except BaseException as exc:
         os.close(fd)
@@ -433,7 +314,7 @@ def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
     return destination.path
 
 
-def _writes(darr: Any, layout: _Layout, chunk_bytes: int | None, name: str) -> Any:
+def _writes(darr: Any, layout: Layout, chunk_bytes: int | None, name: str) -> Any:
     """The dask array of write tasks: one element per block (its byte count)."""
     out_chunks = tuple((1,) * n for n in darr.numblocks)
     return da.map_blocks(
@@ -658,7 +539,7 @@ def save_npy(
         )
     path = destination.path
     shape = tuple(int(n) for n in darr.shape)
-    header = _header_bytes(shape, dtype)
+    header = header_bytes(shape, dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     size = len(header) + nbytes
     # A save has side effects: its keys are new for every call.
@@ -667,7 +548,7 @@ def save_npy(
 
     _create(destination, header, size)
     try:
-        layout = _Layout(str(destination.temporary), shape, dtype, len(header))
+        layout = Layout(str(destination.temporary), shape, dtype, len(header))
         writes = _writes(darr, layout, chunk_bytes, name)
         if not compute:
             return dask.delayed(_commit, pure=False)(
@@ -698,59 +579,44 @@ def save_npy(
 class _Source:
     """What the read tasks need to know about the file (its identity checked by each)."""
 
-    layout: _Layout  # in file order (a Fortran-order file: the transposed shape)
+    layout: Layout  # in file order (a Fortran-order file: the transposed shape)
     fortran: bool
     identity: tuple[int, int, int, int]  # npy.file_identity when the header was read
     host: str  # the machine that read the header (where the device number holds)
 
 
-def _read_to_host(fd: int, runs: _Runs, shape: tuple[int, ...], dtype: np.dtype, what: str):
-    out = np.empty(shape, dtype)
-    raw = out.reshape(-1).view(np.uint8).data
-    for offset, at, length in runs.segments(0, len(raw)):
-        _pread_all(fd, raw[at : at + length], offset, what)
-    return out
-
-
-def _read_to_device(
-    fd: int, runs: _Runs, shape: tuple[int, ...], dtype: np.dtype, index: int | None, what: str
+def _read(
+    fd: int, runs: Runs, shape: tuple[int, ...], dtype: np.dtype, device: Any, what: str
 ) -> Any:
-    """Read one block's runs into the pinned staging ring and on to a new
-    CuPy block (the pipeline of ``interop.load_npy``; non-native byte order
-    converted in the slots).
-
-    This is the one place that moves a block from the file to a device.
-    """
-    native = dtype.newbyteorder("=")
-    swap = native != dtype
-    result = empty_device(shape, native, index)
-
-    def step(plan: Plan) -> Callable[[int], list[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            def piece(lo: int, hi: int) -> HostTask:
-                def read(buf: np.ndarray) -> None:
-                    for offset, at, length in runs.segments(plan.starts[i] + lo, hi - lo):
-                        _pread_all(fd, buf[lo + at : lo + at + length].data, offset, what)
-                    if swap:
-                        buf[lo:hi].view(native).byteswap(inplace=True)
-
-                return read
-
-            ranges = split_bytes(plan.sizes[i], config.host_threads, dtype.itemsize)
-            return [piece(lo, hi) for lo, hi in ranges]
-
-        return tasks
-
-    host_to_device(
-        array_source(result, "interop.dask.load_npy"),
-        chunk_bytes_or_default(None),
-        step,
-        result=result,
-        progress=False,
-        func="interop.dask.load_npy",
-        order="the block's C order",
-    ).result()
-    return result
+    """Read one block's runs into a new NumPy block, or through the pinned
+    staging ring into a new CuPy block (the pipeline of ``interop.load_npy``,
+    non-native byte order converted in the slots)."""
+    func = "interop.dask.load_npy"
+    if device is None or device[0] != "cuda":
+        block = np.empty(shape, dtype)
+        reader = FileReader(fd, runs, what, block, dtype=dtype)
+        request = TransferRequest(
+            func,
+            "h2h",
+            block,
+            reader,
+            shape=shape,
+            itemsize=dtype.itemsize,
+            order="the block's C order",
+            threads=1,
+            inline=True,
+        )
+    else:
+        block = empty_device(shape, dtype.newbyteorder("="), device[1])
+        request = TransferRequest(
+            func,
+            "h2d",
+            block,
+            FileReader(fd, runs, what, dtype=dtype),
+            device=array_source(block, func),
+            order="the block's C order",
+        )
+    return start(request).result()
 
 
 def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
@@ -759,7 +625,7 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     location = [tuple(map(int, loc)) for loc in info["array-location"]]
     if source.fortran:
         location = location[::-1]  # the file holds the transpose in C order
-    start = tuple(lo for lo, _ in location)
+    origin = tuple(lo for lo, _ in location)
     shape = tuple(hi - lo for lo, hi in location)
     layout = source.layout
     what = (
@@ -770,20 +636,8 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     # file replaced in between would give blocks of two files, silently.
     same_machine = source.host == socket.gethostname()
     fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
-    on_device = device is not None and device[0] == "cuda"
-    empty = 0 in shape
     try:
-        if on_device:
-            if empty:
-                block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
-            else:
-                block = _read_to_device(
-                    fd, layout.runs(start, shape), shape, layout.dtype, device[1], what
-                )
-        elif empty:
-            block = np.empty(shape, layout.dtype)
-        else:
-            block = _read_to_host(fd, layout.runs(start, shape), shape, layout.dtype, what)
+        block = _read(fd, layout.runs(origin, shape), shape, layout.dtype, device, what)
     finally:
         os.close(fd)
     return block.T if source.fortran else block
@@ -876,7 +730,7 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
     resolved = str(header.path.resolve())
     source = _Source(
-        _Layout(resolved, file_shape, header.dtype, header.offset),
+        Layout(resolved, file_shape, header.dtype, header.offset),
         header.fortran_order,
         header.identity,
         socket.gethostname(),

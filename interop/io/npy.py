@@ -1,415 +1,59 @@
 """Stream arrays to and from ``.npy`` files in chunks: ``save_npy`` / ``load_npy``.
 
 Neither function holds the whole array in host memory: ``save_npy`` writes the
-standard ``.npy`` header (``numpy.lib.format``) and then the data chunk by chunk
-in C order, from the transfer pipeline's host buffers; ``load_npy`` reads the
-file chunk by chunk into bounded buffers and streams each chunk to its
-destination. A file mapping of the whole file is deliberately not used: every
-page written through a mapping stays in the process's resident memory.
-
-bfloat16 and float8 arrays are written with their ``ml_dtypes`` name as the
-header's ``descr`` (``'bfloat16'``, ``'float8_e4m3fn'``, ...). ``numpy.load``
-reads such a file back with the right dtype once ``ml_dtypes`` has been
-imported (it registers those names with NumPy); without ``ml_dtypes``
-``numpy.load`` refuses the file instead of returning raw bytes. (``numpy.save``
-itself writes such arrays as opaque ``'<V2'`` records and loses the dtype.)
+standard ``.npy`` header and then the data chunk by chunk in C order, through
+the transfer pipeline (device data through its staging ring, host data
+through the host engine), each chunk written at its offset by the file stage
+of :mod:`interop.io._format`; ``load_npy`` reads the file chunk by chunk the
+same way, into bounded buffers, and streams each chunk to its destination.
 """
 
 from __future__ import annotations
 
-import errno
-import io
-import math
 import os
-import stat
-import struct
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.lib import format as npformat
 
-from .. import _backends, dtypes
+from .. import _backends
 from ..arrays import (
     Source,
     array_source,
     check_elements_apart,
-    host_values,
     is_device_array,
     numpy_view_of_cpu_tensor,
     parse_device,
 )
-from ..config import chunk_bytes_or_default, config
 from ..errors import (
     BackendUnavailableError,
     InteropError,
     InvalidTypeError,
     InvalidValueError,
     NoDeviceError,
-    NpyFormatError,
     PathError,
     TransferError,
     path_error,
 )
-from ..pipeline.plan import Plan, c_order_chunks, nbytes_of, split_bytes
-from ..pipeline.progress import Progress, check_progress
-from ..pipeline.schedule import HostTask
-from ..pipeline.start import HostStep, device_to_host, host_to_device
-from ..transfer import empty_device
-from .destination import Destination, checked_path, file_kind, prepare_destination
+from ..pipeline.request import TransferRequest, check_options
+from ..pipeline.start import empty_device, start
+from ._format import (
+    FileReader,
+    FileWriter,
+    NpyHeader,
+    Runs,
+    file_dtype,
+    header_bytes,
+    open_unchanged,
+    read_npy_header,
+)
+from .destination import Destination, prepare_destination
 
 if TYPE_CHECKING:
     from ..arrays import Target
 
 __all__ = ["NpyHeader", "load_npy", "read_npy_header", "save_npy"]
-
-
-# ----------------------------------------------------------------------- header
-
-
-@dataclass(frozen=True)
-class NpyHeader:
-    """What a ``.npy`` header says, checked against the file's size.
-
-    Attributes
-    ----------
-    path : pathlib.Path
-    shape : tuple of int
-    dtype : numpy.dtype
-    fortran_order : bool
-        True if the data is stored in Fortran (column-major) order.
-    offset : int
-        Byte offset of the data in the file.
-    nbytes : int
-        Size of the data in bytes.
-    identity : tuple of int
-        The file's device, inode, size and modification time (``st_mtime_ns``)
-        when the header was read: a reader that finds another identity is
-        reading a file replaced or changed since.
-    """
-
-    path: Path
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fortran_order: bool
-    offset: int
-    nbytes: int
-    identity: tuple[int, int, int, int]
-
-
-# numpy.load's default max_header_size: a longer header is not parsed (its
-# literal_eval could take unbounded memory and time on an untrusted file).
-_MAX_HEADER_SIZE = 10_000
-
-
-def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    """Device, inode, size and ``st_mtime_ns``: what changes when a file is replaced or written."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def open_unchanged(
-    path: str | os.PathLike[str], identity: tuple[int, ...], what: str, *, same_machine: bool = True
-) -> int:
-    """Open ``path`` for reading; refuse it if it is not the file of
-    ``identity`` (:func:`file_identity`) any more: replaced (``os.replace``)
-    or written since. On another machine than the one that took ``identity``
-    a shared file has another device number, so the rest is compared."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    now = file_identity(os.fstat(fd))
-    first = 0 if same_machine else 1  # the device number holds on one machine only
-    if now[first:] != tuple(identity)[first:]:
-        os.close(fd)
-        raise InvalidValueError(
-            f"{what}: expected the file whose header was read, (device, inode, size, mtime_ns) "
-            f"{tuple(identity)} (got {now}); it was replaced or changed since: call load_npy "
-            "again"
-        )
-    return fd
-
-
-def _header_length(f: BinaryIO, version: tuple[int, int]) -> int:
-    """The header length a file of ``version`` states (``f`` left where it was)."""
-    size = "<H" if version == (1, 0) else "<I"
-    raw = f.read(struct.calcsize(size))
-    f.seek(-len(raw), os.SEEK_CUR)
-    return struct.unpack(size, raw)[0] if len(raw) == struct.calcsize(size) else 0
-
-
-def _descr(dtype: np.dtype) -> Any:
-    if dtypes.is_ml_dtype(dtype):
-        return dtype.name  # numpy.load resolves the name once ml_dtypes is imported
-    return npformat.dtype_to_descr(dtype)
-
-
-def _file_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a file stores ``dtype``'s values in: itself, but bfloat16 and
-    float8 in native byte order (a header names them, with no byte order)."""
-    native = dtype.newbyteorder("=")
-    return native if dtypes.is_ml_dtype(native) else dtype
-
-
-def _header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    header = {"descr": _descr(dtype), "fortran_order": False, "shape": tuple(shape)}
-    buf = io.BytesIO()
-    try:
-        npformat.write_array_header_1_0(buf, header)
-    except ValueError:  # header longer than 65535 bytes
-        buf = io.BytesIO()
-        npformat.write_array_header_2_0(buf, header)
-    return buf.getvalue()
-
-
-def _read_array_header_3_0(f: BinaryIO) -> tuple[Any, bool, np.dtype]:
-    """Read a format 3.0 header: format 2.0 with the header text in UTF-8.
-
-    ``numpy.lib.format`` reads 3.0 only inside ``numpy.load``; here the text is
-    handed to its public 2.0 reader with non-ASCII characters written as
-    escapes (they occur only inside the header's string literals, so the
-    header means the same), leaving ``f`` at the start of the data.
-    """
-    size_bytes = f.read(4)
-    if len(size_bytes) < 4:
-        raise ValueError("EOF while reading the header length")
-    (size,) = struct.unpack("<I", size_bytes)
-    text = f.read(size)
-    if len(text) < size:
-        raise ValueError(f"EOF while reading a header of {size} bytes")
-    escaped = text.decode("utf-8").encode("ascii", "backslashreplace")
-    return npformat.read_array_header_2_0(
-        io.BytesIO(struct.pack("<I", len(escaped)) + escaped), max_header_size=len(escaped)
-    )
-
-
-_HEADER_READERS: dict[tuple[int, int], Callable[[BinaryIO], tuple[Any, bool, np.dtype]]] = {
-    (1, 0): npformat.read_array_header_1_0,
-    (2, 0): npformat.read_array_header_2_0,
-    (3, 0): _read_array_header_3_0,
-}
-
-
-def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and check the header of a ``.npy`` file without reading its data.
-
-    Formats 1.0, 2.0 and 3.0 (a UTF-8 header) are read, as by ``numpy.load``.
-
-    Raises
-    ------
-    NpyFormatError
-        The file is not a ``.npy`` file, its header is corrupt, longer than
-        the 10000 bytes ``numpy.load`` parses by default (the message says
-        how to map such a file with ``numpy.load`` if it is trusted), or gives
-        an impossible shape (a dimension that is negative, not an int, a
-        bool, or more bytes than this machine can address), it holds Python
-        objects (never unpickled), or its size does not match the header
-        (truncated or with trailing bytes). The message names the file. A
-        ``ValueError``.
-    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
-        No such file, a file this process may not read, a directory, a FIFO,
-        socket or device (refused without reading from it: the data is read
-        at offsets), or another reason the file cannot be opened (also
-        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``,
-        ``OSError``).
-    InvalidTypeError
-        ``path`` is not a str or ``os.PathLike`` (a ``TypeError``).
-    InvalidValueError
-        ``path`` holds a NUL byte (a ``ValueError``).
-    """
-    path = Path(checked_path(path, "load_npy"))
-    shown = repr(str(path))
-    try:
-        # O_NONBLOCK: opening a FIFO without a writer would wait for one
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        where = ""
-        if not path.is_absolute() and isinstance(exc, FileNotFoundError):
-            where = f" (relative to the current directory {os.getcwd()!r})"
-        raise path_error(
-            exc.errno, f"load_npy cannot read {shown}{where}: {exc.strerror}", str(path)
-        ) from exc
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        if stat.S_ISDIR(st.st_mode):
-            why, code = "pass the path of a .npy file in it", errno.EISDIR
-        else:
-            why = (
-                "load_npy reads a regular file at offsets (nothing was read from it): save "
-                "the data to a regular file first and load that"
-            )
-            code = errno.ESPIPE
-        raise path_error(
-            code, f"load_npy cannot read {shown}: it is {file_kind(st.st_mode)}; {why}", str(path)
-        )
-    with open(fd, "rb") as f:
-        try:
-            version = npformat.read_magic(f)
-            if version not in _HEADER_READERS:
-                raise ValueError(
-                    f"unsupported .npy format version {version[0]}.{version[1]} "
-                    "(expected 1.0, 2.0 or 3.0)"
-                )
-            length = _header_length(f, version)
-            if length <= _MAX_HEADER_SIZE:
-                shape, fortran, dtype = _HEADER_READERS[version](f)
-        except (ValueError, SyntaxError, OSError, UnicodeDecodeError) as exc:
-            raise NpyFormatError(f"{shown} is not a readable .npy file: {exc}") from exc
-        offset = f.tell()
-    if length > _MAX_HEADER_SIZE:
-        raise NpyFormatError(
-            f"{shown} is not read by load_npy: its header is {length} bytes, more than the "
-            f"{_MAX_HEADER_SIZE} bytes numpy.load parses unless told to (a long header is slow "
-            "or unsafe to parse). If you trust the file, map it with numpy.load(path, "
-            f"mmap_mode='r', max_header_size={length}) and copy from the map: "
-            "interop.copy_to_device(mapped) or interop.copy_to_host(mapped, out) streams it "
-            "in chunks"
-        )
-    if any(type(n) is not int for n in shape):  # numpy's reader lets True and False through
-        raise NpyFormatError(
-            f"{shown} is not a readable .npy file: its header gives shape {shape!r} (expected "
-            "a tuple of ints)"
-        )
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
-    if dtype.hasobject:
-        raise NpyFormatError(
-            f"{str(path)!r} holds Python objects (dtype {dtype!r}); interop never unpickles: "
-            "use numpy.load(path, allow_pickle=True) if you trust the file"
-        )
-    if any(n < 0 for n in shape):
-        raise NpyFormatError(
-            f"{str(path)!r} is not a readable .npy file: its header gives shape {shape}, "
-            "with a negative dimension"
-        )
-    # NumPy's own limit: the size with zero dimensions counted as 1 must fit
-    # (so a zero-size shape with huge dimensions is refused as well).
-    if math.prod(max(n, 1) for n in shape) * dtype.itemsize > sys.maxsize:
-        raise NpyFormatError(
-            f"{str(path)!r} is not a readable .npy file: its header gives shape {shape} of "
-            f"{dtype}, more than the {sys.maxsize} bytes an array can have on this machine"
-        )
-    nbytes = math.prod(shape) * dtype.itemsize
-    size = st.st_size
-    if size != offset + nbytes:
-        state = "truncated" if size < offset + nbytes else "longer than its header says"
-        raise NpyFormatError(
-            f"{str(path)!r} is {state}: expected {offset + nbytes} bytes "
-            f"({offset} header + {nbytes} data for shape {shape} {dtype}), got {size}"
-        )
-    return NpyHeader(path, shape, dtype, bool(fortran), offset, nbytes, file_identity(st))
-
-
-# ----------------------------------------------------------------------- helpers
-
-
-def _as_bytes(a: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array (any dtype, ml_dtypes included)."""
-    return a.reshape(-1).view(np.uint8).data
-
-
-def _host_chunks(
-    x: Any, shape: tuple[int, ...], dtype: np.dtype, chunk: int
-) -> Iterator[np.ndarray]:
-    """Yield C-contiguous host arrays covering host data ``x`` in C order.
-
-    Each chunk is converted on its own (a tensor's conjugate/negative bit is
-    applied chunk by chunk, the byte order converted to ``dtype``'s); a
-    contiguous chunk of ``dtype`` is yielded without a copy, any other through
-    one chunk buffer, valid until the next one is requested.
-    """
-    if not nbytes_of(shape, dtype.itemsize):
-        return
-    buffer = np.empty(max(chunk, dtype.itemsize), np.uint8)
-    for idx in c_order_chunks(shape, dtype.itemsize, chunk):
-        part = host_values(x[idx])
-        if part.flags.c_contiguous and part.dtype == dtype:
-            yield part
-        else:
-            out = buffer[: part.nbytes].view(dtype).reshape(part.shape)
-            np.copyto(out, part)
-            yield out
-
-
-def _write_all(fd: int, view: memoryview, offset: int | None) -> None:
-    """Write all of ``view`` at ``offset`` (``os.pwrite``), or at the file's
-    position when ``offset`` is None (a FIFO or a device)."""
-    while len(view):
-        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
-        view = view[n:]
-        if offset is not None:
-            offset += n
-
-
-def _into_file(
-    fd: int, offset: int, positioned: bool, threads: int, failed: list[OSError]
-) -> HostStep:
-    """Write each slot at its chunk's offset in the file (``os.pwrite``, split
-    across host threads); in order with one thread where the file has no
-    positions. A write that fails is added to ``failed`` (so the caller can
-    tell it from the pipeline's other errors) and re-raised."""
-
-    def write(view: memoryview, at: int | None) -> None:
-        try:
-            _write_all(fd, view, at)
-        except OSError as exc:
-            failed.append(exc)
-            raise
-
-    def step(plan: Plan) -> Callable[[int], list[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            base = offset + plan.starts[i]
-            if not positioned:
-                return [lambda buf: write(buf.data, None)]
-
-            def piece(lo: int, hi: int) -> HostTask:
-                return lambda buf: write(buf[lo:hi].data, base + lo)
-
-            return [piece(lo, hi) for lo, hi in split_bytes(plan.sizes[i], threads)]
-
-        return tasks
-
-    return step
-
-
-def _write_data(f: BinaryIO, src: Source, chunk: int, progress: Any, failed: list[OSError]) -> None:
-    """Write the data of ``src`` after the header already in ``f``.
-
-    Host data is written chunk by chunk; device data goes through the
-    device-to-host slot pipeline, whose host threads write each pinned slot
-    straight into the file at its offset (no host copy of the array); a
-    write of theirs that fails is added to ``failed``.
-    """
-    nbytes = nbytes_of(src.shape, src.dtype.itemsize)
-    if not src.on_device:
-        bar = Progress(progress, nbytes, "save_npy")
-        try:
-            for part in _host_chunks(src.obj, src.shape, _file_dtype(src.dtype), chunk):
-                f.write(_as_bytes(part))
-                bar.add(part.nbytes)
-            if not nbytes:
-                bar.add(0)
-        finally:
-            bar.close()
-        return
-    f.flush()
-    fd = f.fileno()
-    positioned = stat.S_ISREG(os.fstat(fd).st_mode)
-    offset = f.tell() if positioned else 0
-    threads = config.host_threads if positioned else 1
-    device_to_host(
-        src,
-        chunk,
-        _into_file(fd, offset, positioned, threads, failed),
-        result=None,
-        progress=progress,
-        func="save_npy",
-        order="the file's data",
-        threads=threads,
-    ).result()
-    if positioned:
-        f.seek(offset + nbytes)
 
 
 # ----------------------------------------------------------------------- save
@@ -516,23 +160,25 @@ def save_npy(
         as above and ``bytes_done`` is 0 (for a FIFO or device: the data bytes
         known to be written).
     """
-    chunk = chunk_bytes_or_default(chunk_bytes)
-    check_progress(progress)
+    check_options(chunk_bytes, progress)  # refused before any file is made
     _refuse_masked(x)
     src = array_source(x, "save_npy")
     if src.dtype.hasobject:
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
-    header = _header_bytes(src.shape, _file_dtype(src.dtype))
+    dtype = file_dtype(src.dtype)
+    header = header_bytes(src.shape, dtype)
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
-    failed: list[OSError] = []  # writes of the device pipeline's host threads that failed
+    writer: FileWriter | None = None
     try:
         with dest.open() as f:  # commit when complete, discard on any error
             f.write(header)
-            _write_data(f, src, chunk, progress, failed)
+            f.flush()
+            writer = _writer(f.fileno(), len(header), src, dtype, dest)
+            start(_save_request(src, writer, dtype, chunk_bytes, progress, dest)).result()
     except TransferError as exc:
         cause = exc.__cause__
-        if any(cause is e for e in failed):  # the file could not be written: as for host data
-            assert isinstance(cause, OSError)
+        if writer is not None and any(cause is e for e in writer.failed):
+            assert isinstance(cause, OSError)  # the file could not be written
             raise _write_failed(dest, cause, exc.bytes_done) from cause
         raise _transfer_failed(dest, exc) from cause
     except OSError as exc:
@@ -540,6 +186,53 @@ def save_npy(
             raise
         raise _write_failed(dest, exc) from exc
     return dest.path
+
+
+def _writer(fd: int, offset: int, src: Source, dtype: np.dtype, dest: Destination) -> FileWriter:
+    """The file stage writing ``src``'s data after the header: at its offsets,
+    or in order into a FIFO or device."""
+    nbytes = int(np.prod(src.shape, dtype=np.int64)) * dtype.itemsize
+    runs = None if dest.streaming else Runs(np.array([offset], np.int64), nbytes)
+    array = None if src.on_device else src.obj
+    return FileWriter(fd, runs, repr(str(dest.path)), array, dtype=dtype)
+
+
+def _save_request(
+    src: Source,
+    writer: FileWriter,
+    dtype: np.dtype,
+    chunk_bytes: Any,
+    progress: Any,
+    dest: Destination,
+) -> TransferRequest:
+    """Device data through the staging ring, whose host threads write each
+    slot at its offset (one thread, in order, into a FIFO); host data chunk by
+    chunk on this thread."""
+    if src.on_device:
+        return TransferRequest(
+            "save_npy",
+            "d2h",
+            None,
+            writer,
+            device=src,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            order="the file's data",
+            threads=1 if dest.streaming else 0,
+        )
+    return TransferRequest(
+        "save_npy",
+        "h2h",
+        None,
+        writer,
+        shape=src.shape,
+        itemsize=dtype.itemsize,
+        chunk_bytes=chunk_bytes,
+        progress=progress,
+        order="the file's data",
+        threads=1,
+        inline=True,
+    )
 
 
 def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
@@ -816,95 +509,6 @@ def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
             )
 
 
-def _pread_into(fd: int, view: memoryview, offset: int, path: Path) -> None:
-    """Fill ``view`` from the file at ``offset``; a short file is an error."""
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            raise EOFError(
-                f"{str(path)!r} ended early: expected {len(view)} bytes at offset "
-                f"{offset}, read {got}"
-            )
-        got += n
-
-
-def _load_to_host(header: NpyHeader, target: np.ndarray, chunk: int, progress: Any) -> None:
-    """Read the file chunk by chunk into host memory (``target`` in file order)."""
-    itemsize = header.dtype.itemsize
-    bar = Progress(progress, header.nbytes, "load_npy")
-    done = 0
-    fd = open_unchanged(header.path, header.identity, "load_npy")
-    try:
-        buf = np.empty(max(chunk, itemsize), np.uint8)
-        for idx in c_order_chunks(tuple(target.shape), itemsize, chunk):
-            part = target[idx]
-            n = part.size * itemsize
-            direct = part.flags.c_contiguous
-            raw = part.reshape(-1).view(np.uint8) if direct else buf[:n]
-            try:
-                _pread_into(fd, raw.data, header.offset + done, header.path)
-            except EOFError as exc:
-                raise TransferError(
-                    f"load_npy failed ({exc}); bytes [0, {done}) of {header.nbytes} (in the "
-                    "file's data) are complete, the rest of the destination is unspecified",
-                    bytes_done=done,
-                    nbytes=header.nbytes,
-                ) from exc
-            if not direct:
-                np.copyto(part, raw.view(header.dtype).reshape(part.shape))
-            done += n
-            bar.add(n)
-    finally:
-        os.close(fd)
-        bar.close()
-
-
-def _from_file(fd: int, header: NpyHeader, threads: int) -> HostStep:
-    """Read each chunk of the file straight into its pinned slot (``os.preadv``,
-    split across host threads), converting non-native byte order there."""
-    native = header.dtype.newbyteorder("=")
-    swap = native != header.dtype
-
-    def step(plan: Plan) -> Callable[[int], list[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            base = header.offset + plan.starts[i]
-
-            def piece(lo: int, hi: int) -> HostTask:
-                def read(buf: np.ndarray) -> None:
-                    _pread_into(fd, buf[lo:hi].data, base + lo, header.path)
-                    if swap:
-                        buf[lo:hi].view(native).byteswap(inplace=True)
-
-                return read
-
-            ranges = split_bytes(plan.sizes[i], threads, header.dtype.itemsize)
-            return [piece(lo, hi) for lo, hi in ranges]
-
-        return tasks
-
-    return step
-
-
-def _load_to_device(header: NpyHeader, result: Any, chunk: int, progress: Any) -> None:
-    """Read the file straight into the pinned staging slots (host threads,
-    ``os.preadv``) while earlier slots are copied to the device."""
-    target = _c_order_view(result, header.fortran_order)
-    fd = open_unchanged(header.path, header.identity, "load_npy")
-    try:
-        host_to_device(
-            array_source(target, "load_npy"),
-            chunk,
-            _from_file(fd, header, config.host_threads),
-            result=result,
-            progress=progress,
-            func="load_npy",
-            order="the file's data",
-        ).result()
-    finally:
-        os.close(fd)
-
-
 def _c_order_view(dest: Any, fortran: bool) -> Any:
     """The destination as seen in the file's storage order (C order)."""
     if not fortran or len(getattr(dest, "shape", ())) < 2:
@@ -1005,12 +609,42 @@ def load_npy(
         partly written ``out`` as success.
     """
     target = _load_target(device)
-    chunk = chunk_bytes_or_default(chunk_bytes)
+    check_options(chunk_bytes, progress)
     header = read_npy_header(path)
     dest, host = _destination(header, out, target)
     result = dest if out is None else out
-    if host:
-        _load_to_host(header, _c_order_view(dest, header.fortran_order), chunk, progress)
-    else:
-        _load_to_device(header, result, chunk, progress)
+    view = _c_order_view(dest if host else result, header.fortran_order)
+    fd = open_unchanged(header.path, header.identity, "load_npy")
+    try:
+        reader = FileReader(
+            fd, header.runs(), repr(str(header.path)), view if host else None, dtype=header.dtype
+        )
+        if host:  # chunk by chunk on this thread, straight into view where it is contiguous
+            request = TransferRequest(
+                "load_npy",
+                "h2h",
+                result,
+                reader,
+                shape=view.shape,
+                itemsize=header.dtype.itemsize,
+                chunk_bytes=chunk_bytes,
+                progress=progress,
+                order="the file's data",
+                threads=1,
+                inline=True,
+            )
+        else:  # host threads read each chunk into a free pinned slot
+            request = TransferRequest(
+                "load_npy",
+                "h2d",
+                result,
+                reader,
+                device=array_source(view, "load_npy"),
+                chunk_bytes=chunk_bytes,
+                progress=progress,
+                order="the file's data",
+            )
+        start(request).result()
+    finally:
+        os.close(fd)
     return result
