@@ -1,51 +1,31 @@
-"""Where a saved file goes: checks before any data moves, atomic replacement.
+"""Where a saved file goes: every check before any data moves, atomic replacement.
 
-:func:`prepare_destination` looks at a path the way ``numpy.save`` would open
-it and decides, before the first byte is written, how the file is written:
+The policy is :func:`interop.save_npy`'s (its docstring states it for users):
+a new or regular file is replaced atomically through a temporary file beside
+it (its mode kept), a symlink is followed, a FIFO or character device is
+written into, a directory, a socket, a block device or a file this process
+may not write is refused before any data moves. :func:`prepare_destination`
+applies it as named steps:
 
-===========================  ================================================
-the path names               what happens
-===========================  ================================================
-nothing (a new file)         a temporary file beside it, renamed to the path
-                             when complete (atomic: an interrupted save leaves
-                             no file under the path)
-a regular file               the same; the new file gets the old one's mode
-                             bits, and its owner and group where the process
-                             may set them
-a symlink                    followed: the file it points to is replaced (the
-                             temporary is made in that file's directory), the
-                             link itself stays
-a FIFO or character device   written into, in place: no temporary, no rename,
-                             no positioned writes (``streaming``)
-a directory                  ``IsADirectoryError``
-a socket or block device     ``OSError``: never written into, never replaced
-===========================  ================================================
-
-A file the process may not write is refused with ``PermissionError``, as
-``open(path, "wb")`` (and so ``numpy.save``) would refuse it. The check asks
-the kernel (``os.access`` with the effective ids), so it gives the answer
-``open`` gives: for root, mode bits do not forbid writing, and a 0444 file is
-replaced (keeping its mode 0444), as ``numpy.save`` run by root overwrites it.
-Replacing a file also needs a writable directory (the temporary is created
-beside the file); where the directory is not writable the save is refused
-with ``PermissionError`` before any data moves, although ``numpy.save`` would
-overwrite the file in place: a save that cannot be atomic is not attempted.
+1. :func:`_file_name`: a path that names a file, ``.npy`` appended as
+   ``numpy.save`` appends it;
+2. :func:`_kind`: what is at the path now (nothing, a regular file, a FIFO or
+   character device to stream into, or something refused);
+3. :func:`_replaced_target`: the file a symlink leads to;
+4. :func:`_check_directory` and :func:`_check_permissions`: the temporary
+   file can be made beside the target and renamed over it, as ``open`` would
+   allow this process (``os.access`` with the effective ids: root replaces a
+   0444 file, keeping its mode, as ``numpy.save`` run by root overwrites it).
+   A file whose directory is not writable is refused although ``numpy.save``
+   would overwrite it in place: a save that cannot be atomic is not attempted.
 
 The temporary file of :meth:`Destination.open` has no name while it is
-written where the system allows it (Linux's ``O_TMPFILE``; tmpfs, ext4, xfs,
-btrfs and most local file systems): a process killed in the middle of a save
-leaves nothing behind. It gets a hidden name beside the target only once the
-data is complete, just before the rename. Elsewhere (another system, a file
-system that refuses ``O_TMPFILE``, such as NFS) it is a hidden named file
-(``.NAME.XXXXXXXX.tmp``) from the start, which a killed process leaves behind.
-:meth:`Destination.create` always makes the named file (other processes open
-it by name).
-
-Like ``numpy.save``, ``.npy`` is appended to a file name without a suffix
-(``"weights"`` becomes ``"weights.npy"``). Names with another suffix are kept
-as given (``numpy.save`` would turn ``"x.bin"`` into ``"x.bin.npy"``), and so
-is a name that already is a FIFO or character device (``numpy.save`` would
-create ``"/dev/null.npy"`` beside the device).
+written where the system allows it (Linux's ``O_TMPFILE``), so a killed
+process leaves nothing behind; it is named (``.NAME.XXXXXXXX.tmp``) just
+before the rename. Elsewhere (a file system that refuses ``O_TMPFILE``, such
+as NFS) it is that hidden named file from the start, which a killed process
+leaves. :meth:`Destination.create` always makes the named file (other
+processes open it by name).
 """
 
 from __future__ import annotations
@@ -58,14 +38,15 @@ import secrets
 import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from ..errors import InvalidTypeError, InvalidValueError, PathError, path_error
 
-__all__ = ["Destination", "prepare_destination"]
+__all__ = ["Destination", "checked_path", "file_kind", "prepare_destination"]
 
+T = TypeVar("T")
 _SUFFIX = ".npy"
 # The temporary's name: "." + the first characters of the file's name (to tell
 # what a leftover after a killed process belonged to) + a random token. Short
@@ -79,8 +60,6 @@ _UNNAMED_TEMPORARY = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE
 # What open(O_TMPFILE) fails with where the file system (or kernel) has no
 # unnamed files: EOPNOTSUPP, EISDIR on kernels before 3.11, EINVAL.
 _NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
-
-
 # Replacing a file frees the old one's blocks and page cache inside the
 # rename (about half a second per GiB on ext4); a held descriptor moves that work to
 # its close, which a background thread does. Files smaller than this are
@@ -93,82 +72,28 @@ _FREE_LATER_MAX = 4
 _FREE_ON_CLOSE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay"})
 
 
-def _file_system_types() -> dict[tuple[int, int], str]:
-    """The type of each mounted file system, by device number (Linux's
-    ``/proc/self/mountinfo``; empty where there is none)."""
-    types = {}
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields, _, rest = line.partition(" - ")
-                parts = fields.split()
-                if len(parts) < 3 or not rest:
-                    continue
-                major, _, minor = parts[2].partition(":")
-                types[(int(major), int(minor))] = rest.split()[0]
-    except (OSError, ValueError):
-        return {}
-    return types
-
-
-def _temporary_name(target: Path) -> Path:
-    return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
-
-
-def file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _writable(path: Path | str, mode: int) -> bool:
-    """What the kernel answers for this process (effective ids, like ``open``)."""
-    if os.access in os.supports_effective_ids:
-        return os.access(path, mode, effective_ids=True)
-    return os.access(path, mode)  # pragma: no cover - every Linux has effective ids
-
-
-def _read_only_fs(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
 class Destination:
-    """A checked place to write one file: a temporary renamed over the target,
-    or a FIFO / character device written in place.
-
-    Made by :func:`prepare_destination`, which has already checked the path.
-    Write through :meth:`open` (one process), or through :meth:`create`, then
-    :meth:`commit` or :meth:`discard` (for example when several processes
-    write parts of the temporary by name).
+    """A checked place to write one file (made by :func:`prepare_destination`):
+    a temporary renamed over the target, or a FIFO / character device written
+    in place. Write through :meth:`open`, or :meth:`create` then
+    :meth:`commit` or :meth:`discard` (when other processes write parts of the
+    temporary by name).
 
     Attributes
     ----------
     path : pathlib.Path
         The path as given, with ``.npy`` appended when it had no suffix.
     target : pathlib.Path
-        What is written or replaced: ``path`` made absolute, with the symlinks
-        it ends in followed (the file they lead to; a dangling link's target
-        is created).
+        What is written or replaced: ``path`` made absolute, the symlinks it
+        ends in followed (a dangling link's target is created).
     streaming : bool
-        True for a FIFO or character device: written in place, from the start,
-        in order (no temporary, no rename, no positioned writes).
+        A FIFO or character device: written in place, in order (no
+        temporary, no rename, no positioned writes).
     temporary : pathlib.Path or None
-        The hidden temporary file's name in ``target``'s directory (None when
-        streaming). It exists from :meth:`create` until :meth:`commit` or
-        :meth:`discard`; with :meth:`open`, where the file system allows an
-        unnamed temporary file, only from the end of the ``with`` block's
-        writes until the rename just after.
+        The hidden temporary's name beside ``target`` (None when streaming);
+        it exists from :meth:`create` (with :meth:`open` and an unnamed
+        file, from the end of the writes) until :meth:`commit` or
+        :meth:`discard`.
     """
 
     __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
@@ -189,17 +114,14 @@ class Destination:
         return f"Destination({str(self.path)!r}, target={str(self.target)!r}, {how})"
 
     def create(self) -> int:
-        """Open the destination for writing and return the file descriptor.
+        """Open the destination for writing; return the descriptor (the caller
+        closes it, before :meth:`commit`).
 
-        Without ``streaming``: creates :attr:`temporary` (exclusively, empty,
-        never following a link; another name is drawn if it exists). A new
-        file gets the mode ``open(path, "wb")`` would give it (0666 less the
-        umask); a temporary that will replace an existing file is private
-        (0600) until :meth:`commit` gives it the old file's mode. With
-        ``streaming``: opens the FIFO or device for writing (for a FIFO this
-        waits for a reader, as ``open`` does).
-
-        The caller owns the descriptor and closes it (before :meth:`commit`).
+        Creates :attr:`temporary` exclusively, never following a link (another
+        name is drawn while one exists), with the mode ``open(path, "wb")``
+        would give a new file, or private (0600) until :meth:`commit` when it
+        replaces one. Streaming: opens the FIFO (waiting for a reader, as
+        ``open`` does) or device.
 
         Raises
         ------
@@ -208,27 +130,30 @@ class Destination:
         RuntimeError
             :meth:`create` was already called.
         """
-        if self._opened:
-            raise RuntimeError(f"{self!r}: create() was already called")
+        self._refuse_a_second_open()
         flags = os.O_WRONLY | os.O_CLOEXEC
         if self.streaming:
             fd = os.open(self.target, flags | os.O_NOCTTY)
-            self._opened = self._created = True
-            return fd
-        mode = 0o600 if self.target.exists() else 0o666
-        assert self.temporary is not None
+        else:
+            mode = 0o600 if self.target.exists() else 0o666
+            flags |= os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = self._under_a_free_name(lambda name: os.open(name, flags, mode))
+        self._opened = self._created = True
+        return fd
+
+    def _refuse_a_second_open(self) -> None:
+        if self._opened:
+            raise RuntimeError(f"{self!r}: create() was already called")
+
+    def _under_a_free_name(self, make: Callable[[Path], T]) -> T:
+        """``make(temporary)``, drawing another name while one exists."""
         for _ in range(_TEMPORARY_TRIES):
             try:
-                fd = os.open(self.temporary, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+                assert self.temporary is not None
+                return make(self.temporary)
             except FileExistsError:
                 self.temporary = _temporary_name(self.target)
-                continue
-            self._opened = self._created = True
-            return fd
-        raise self._no_free_name()
-
-    def _no_free_name(self) -> PathError:
-        return path_error(
+        raise path_error(
             errno.EEXIST,
             f"{self.func} could not create a temporary file beside {str(self.target)!r} "
             f"after {_TEMPORARY_TRIES} tries (every drawn name existed)",
@@ -236,18 +161,15 @@ class Destination:
         )
 
     def _create_unnamed(self) -> int | None:
-        """An unnamed temporary file in the target's directory (``O_TMPFILE``),
-        opened for writing, with the mode :meth:`create` would give it; None
-        where the system or the file system has none (or ``/proc``, through
-        which it gets its name, is missing): then :meth:`create` is used."""
+        """An unnamed temporary file beside the target (``O_TMPFILE``), with
+        :meth:`create`'s mode; None where the system, the file system or
+        ``/proc`` (through which it is named) has none."""
         if self.streaming or not _UNNAMED_TEMPORARY:
             return None
-        if self._opened:
-            raise RuntimeError(f"{self!r}: create() was already called")
+        self._refuse_a_second_open()
         mode = 0o600 if self.target.exists() else 0o666
-        flags = os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC
         try:
-            fd = os.open(self.target.parent, flags, mode)
+            fd = os.open(self.target.parent, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)
         except OSError as exc:
             if exc.errno in _NO_UNNAMED:
                 return None
@@ -259,54 +181,37 @@ class Destination:
         return fd
 
     def _name_unnamed(self, fd: int) -> None:
-        """Give the unnamed temporary file ``fd`` its hidden name beside the
-        target (``linkat`` of ``/proc/self/fd/N`` with ``AT_SYMLINK_FOLLOW``),
-        ready for :meth:`commit`."""
+        """Give the unnamed file ``fd`` its hidden name, ready for :meth:`commit`."""
         assert self.temporary is not None
         # A directory descriptor makes os.link call linkat (a plain link(2)
         # would link the /proc entry itself, not follow it to the file).
         directory = os.open(self.temporary.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for _ in range(_TEMPORARY_TRIES):
-                try:
-                    os.link(
-                        f"/proc/self/fd/{fd}",
-                        self.temporary.name,
-                        dst_dir_fd=directory,
-                        follow_symlinks=True,
-                    )
-                except FileExistsError:
-                    self.temporary = _temporary_name(self.target)
-                    continue
-                self._created = True
-                return
+            self._under_a_free_name(
+                lambda name: os.link(
+                    f"/proc/self/fd/{fd}", name.name, dst_dir_fd=directory, follow_symlinks=True
+                )
+            )
         finally:
             os.close(directory)
-        raise self._no_free_name()
+        self._created = True
 
     def commit(self) -> None:
-        """Put the written file in place: rename the temporary over the target.
+        """Rename the temporary over the target (nothing to do when streaming).
 
-        The rename is atomic: the target is either the old file or the
-        complete new one. An existing file's mode bits are kept, and its owner
-        and group where this process may set them (ACLs and extended
-        attributes are not copied). Nothing is synced to disk (``numpy.save``
-        does not either). For a streaming destination this does nothing (the
-        data is already there).
-
-        A replaced file of 8 MiB or more on a local file system (ext2/3/4,
-        xfs, btrfs, tmpfs, f2fs, overlay) is freed after the call returns: a
-        read-only descriptor of it, opened before the rename, is closed by a
-        background thread, which is where the file system frees its blocks
-        and page cache (at most four such files are held at a time; beyond
-        that, and for smaller files, the rename frees them as ``numpy.save``'s
-        truncation would). Its name is gone at once; only its space comes
-        back a moment later.
+        Atomic: the target is the old file or the complete new one. An
+        existing file's mode bits are kept, and its owner and group where
+        this process may set them (not ACLs or extended attributes). Nothing
+        is synced to disk (``numpy.save`` does not either). A replaced file
+        of 8 MiB or more on a local file system (ext2/3/4, xfs, btrfs, tmpfs,
+        f2fs, overlay) is freed just after: a descriptor opened before the
+        rename is closed by a background thread, where the file system frees
+        its blocks and page cache (at most four held at a time).
 
         Raises
         ------
         OSError
-            The rename failed, or the target was replaced by a directory or a
+            The rename failed, or the target became a directory or another
             non-regular file since :func:`prepare_destination`; the temporary
             is removed.
         RuntimeError
@@ -343,12 +248,8 @@ class Destination:
         self.temporary = None
 
     def discard(self) -> None:
-        """Remove the temporary file, if any; the target is left as it was.
-
-        Idempotent, and never raises (it runs while another error is being
-        handled). A streaming destination has nothing to remove: what was
-        written to a FIFO or device stays written.
-        """
+        """Remove the temporary file, if any; the target stays as it was.
+        Idempotent, never raises; what was written into a FIFO stays written."""
         if self._created and self.temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.temporary)
@@ -356,26 +257,12 @@ class Destination:
 
     @contextlib.contextmanager
     def open(self) -> Iterator[BinaryIO]:
-        """Write the file as a ``with`` block: commit on success, discard on error.
+        """Write the file in a ``with`` block: committed when the block ends,
+        discarded (the error re-raised) when it raises.
 
-        Yields a buffered binary file (its ``write`` writes everything or
-        raises). When the block ends normally the file is closed and
-        committed; when it raises (``KeyboardInterrupt`` included) the
-        temporary is removed, the target is left as it was, and the error
-        propagates.
-
-        Where the system allows it (Linux's ``O_TMPFILE``, on tmpfs, ext4,
-        xfs, btrfs and most local file systems) the temporary file has no
-        name while the block writes it, so a process killed in the middle
-        leaves nothing behind; it is named (:attr:`temporary`) once the block
-        ends, then renamed over the target by :meth:`commit`. Elsewhere it is
-        the named file of :meth:`create` throughout.
-
-        Examples
-        --------
-        >>> dest = prepare_destination(tmp / "a.npy")  # doctest: +SKIP
-        >>> with dest.open() as f:  # doctest: +SKIP
-        ...     f.write(data)
+        Yields a buffered binary file. Where the system allows it the
+        temporary has no name while the block writes it (see the module's
+        notes); it is named once the block ends, then renamed over the target.
         """
         fd = self._create_unnamed()
         unnamed = fd is not None
@@ -544,57 +431,42 @@ def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
     os.chmod(temporary, stat.S_IMODE(st.st_mode))
 
 
-def _with_suffix(path: Path, given: str) -> Path:
-    """``path`` with ``.npy`` appended when its name has no suffix, unless it
-    already names a FIFO or character device (those are written into)."""
-    if path.suffix or path.name.endswith(_SUFFIX):
-        return path
+def _file_system_types() -> dict[tuple[int, int], str]:
+    """The type of each mounted file system, by device number (Linux's
+    ``/proc/self/mountinfo``; empty where there is none)."""
+    types = {}
     try:
-        st = os.stat(path)
-    except OSError:
-        return Path(given + _SUFFIX)
-    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
-        return path
-    return Path(given + _SUFFIX)
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 3 or not rest:
+                    continue
+                major, _, minor = parts[2].partition(":")
+                types[(int(major), int(minor))] = rest.split()[0]
+    except (OSError, ValueError):
+        return {}
+    return types
 
 
-def checked_path(path: object, func: str) -> str:
-    """``path`` as a str; an :class:`InvalidTypeError` for what is no path, an
-    :class:`InvalidValueError` for a NUL byte (no file name holds one)."""
-    try:
-        given = os.fsdecode(os.fspath(path))  # type: ignore[call-overload]
-    except TypeError:
-        raise InvalidTypeError(
-            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
-        ) from None
-    if "\0" in given:
-        raise InvalidValueError(
-            f"{func} expected a path without a NUL byte (got {given!r}); no file name can "
-            "hold one: remove it"
-        )
-    return given
+def _temporary_name(target: Path) -> Path:
+    return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
+
+
+# ----------------------------------------------------------------------- the checks
 
 
 def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
     """Check where ``path`` leads and how a file written there must be made.
 
     Nothing is created or written: every check a save can fail before its
-    data moves is done here, so a refused destination costs nothing.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The file to write. ``.npy`` is appended when its name has no suffix
-        (as ``numpy.save`` does), except for the name of an existing FIFO or
-        character device.
-    func : str
-        The public function's name, for error messages.
+    data moves is done here (the module's steps), so a refused destination
+    costs nothing. ``func`` names the public function in messages.
 
     Returns
     -------
     Destination
-        With ``path``, ``target`` (symlinks resolved), ``streaming`` and
-        ``temporary`` set.
+        With ``path``, ``target``, ``streaming`` and ``temporary`` set.
 
     Raises
     ------
@@ -615,6 +487,41 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
         replaced), its name is too long for the file system, or symlinks
         loop.
     """
+    dest = _file_name(path, func)
+    st, streaming = _kind(dest, func)
+    if streaming:
+        real = _follow_links(dest)
+        # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]":
+        # open the path as given when the link's text does not name the file.
+        target = real if _same_file(real, st) else dest.absolute()
+        return Destination(dest, target, streaming=True, func=func)
+    target = _replaced_target(dest, st, func)
+    dir_st = _check_directory(target, str(dest), func)
+    _check_permissions(target, dest, st, dir_st, func)
+    return Destination(dest, target, streaming=False, func=func)
+
+
+def checked_path(path: object, func: str) -> str:
+    """``path`` as a str; an :class:`InvalidTypeError` for what is no path, an
+    :class:`InvalidValueError` for a NUL byte (no file name holds one)."""
+    try:
+        given = os.fsdecode(os.fspath(path))  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTypeError(
+            f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
+        ) from None
+    if "\0" in given:
+        raise InvalidValueError(
+            f"{func} expected a path without a NUL byte (got {given!r}); no file name can "
+            "hold one: remove it"
+        )
+    return given
+
+
+def _file_name(path: object, func: str) -> Path:
+    """Step 1: the file's path, with ``.npy`` appended to a name without a
+    suffix (as ``numpy.save`` does), unless it names an existing FIFO or
+    character device (those are written into)."""
     given = checked_path(path, func)
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
@@ -625,12 +532,30 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
             "add a file name",
             given,
         )
-    dest = _with_suffix(Path(given), given)
+    name = Path(given)
+    if name.suffix or name.name.endswith(_SUFFIX):
+        return name
+    try:
+        st = os.stat(name)
+    except OSError:
+        return Path(given + _SUFFIX)
+    return name if _streams(st) else Path(given + _SUFFIX)
+
+
+def _streams(st: os.stat_result) -> bool:
+    return stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)
+
+
+def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
+    """Step 2: what ``dest`` names now (None: nothing, or a dangling link
+    whose target is created), and whether it is written into in place (a
+    writable FIFO or character device); anything else but a regular file is
+    refused."""
     shown = str(dest)
     try:
-        st: os.stat_result | None = os.stat(dest)
+        st = os.stat(dest)
     except FileNotFoundError:
-        st = None  # a new file (or a dangling symlink: its target is created)
+        return None, False
     except NotADirectoryError as exc:
         raise path_error(
             errno.ENOTDIR,
@@ -642,38 +567,45 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
         raise path_error(
             exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}{_fix(exc.errno)}", shown
         ) from exc
-
-    if st is not None and stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(st.st_mode):
         raise path_error(
             errno.EISDIR,
             f"{func} expected a file path (got {shown!r}, a directory); "
             f"pass a file name inside it, e.g. {str(dest / ('array' + _SUFFIX))!r}",
             shown,
         )
-    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+    if _streams(st):
         if not _writable(dest, os.W_OK):
             raise _not_writable(func, dest, st)
-        real = _follow_links(dest)
-        # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]":
-        # open the path as given when the link's text does not name the file.
-        target = real if _same_file(real, st) else dest.absolute()
-        return Destination(dest, target, streaming=True, func=func)
-    if st is not None and not stat.S_ISREG(st.st_mode):
+        return st, True
+    if not stat.S_ISREG(st.st_mode):
         raise path_error(
             errno.EINVAL,
             f"{func} will not write {shown!r}: it is {file_kind(st.st_mode)}; save to a regular "
             "file (or a FIFO or character device to stream the data)",
             shown,
         )
+    return st, False
 
+
+def _replaced_target(dest: Path, st: os.stat_result | None, func: str) -> Path:
+    """Step 3: the file that is replaced (or created): ``dest`` with the
+    symlinks of its last component followed, which must lead to the file
+    ``dest`` names (a link into ``/proc`` may not)."""
     target = _follow_links(dest)
     if st is not None and not _same_file(target, st):
         raise path_error(
             errno.EINVAL,
-            f"{func} cannot replace {shown!r}: it resolves to {str(target)!r}, which is not "
+            f"{func} cannot replace {str(dest)!r}: it resolves to {str(target)!r}, which is not "
             "the same file (a link into /proc?); pass the file's own path",
-            shown,
+            str(dest),
         )
+    return target
+
+
+def _check_directory(target: Path, shown: str, func: str) -> os.stat_result:
+    """Step 4: the target's directory exists, is a directory, and its file
+    system allows the target's name; returns its status."""
     directory = target.parent
     try:
         dir_st = os.stat(directory)
@@ -692,7 +624,26 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
         raise path_error(
             errno.ENOTDIR, f"{func} cannot write {shown!r}: {str(directory)!r} is a file", shown
         )
-    _check_name_length(func, target, shown)
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 0
+    if limit > 0 and len(os.fsencode(target.name)) > limit:
+        raise path_error(
+            errno.ENAMETOOLONG,
+            f"{func} cannot write {shown!r}: its name is {len(os.fsencode(target.name))} bytes, "
+            f"the file system allows {limit}; use a shorter name",
+            shown,
+        )
+    return dir_st
+
+
+def _check_permissions(
+    target: Path, dest: Path, st: os.stat_result | None, dir_st: os.stat_result, func: str
+) -> None:
+    """Step 4 (cont.): this process may write the file, create the temporary
+    beside it and rename it over the file (a sticky directory's rule)."""
+    shown, directory = str(dest), target.parent
     if st is not None and not _writable(target, os.W_OK):
         raise _not_writable(func, dest, st)
     if not _writable(directory, os.W_OK | os.X_OK):
@@ -706,14 +657,19 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
             "directory writable",
             shown,
         )
-    if st is not None and _sticky_refuses(dir_st, st):
+    euid = os.geteuid()
+    if (
+        st is not None
+        and dir_st.st_mode & stat.S_ISVTX
+        and euid != 0
+        and euid not in (st.st_uid, dir_st.st_uid)
+    ):
         raise path_error(
             errno.EPERM,
             f"{func} cannot replace {shown!r}: its directory {str(directory)!r} is sticky "
             "(like /tmp) and neither the file nor the directory is yours; save elsewhere",
             shown,
         )
-    return Destination(dest, target, streaming=False, func=func)
 
 
 _FIXES = {
@@ -743,47 +699,52 @@ def _follow_links(path: Path) -> Path:
     raise path_error(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
 
 
-def _same_file(path: Path, st: os.stat_result) -> bool:
+def _same_file(path: Path, st: os.stat_result | None) -> bool:
     try:
         other = os.stat(path)
     except OSError:
         return False
-    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+    return st is not None and (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` is, for a message ("a FIFO", ...)."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _writable(path: Path | str, mode: int) -> bool:
+    """What the kernel answers for this process (effective ids, like ``open``)."""
+    if os.access in os.supports_effective_ids:
+        return os.access(path, mode, effective_ids=True)
+    return os.access(path, mode)  # pragma: no cover - every Linux has effective ids
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _not_writable(func: str, dest: Path, st: os.stat_result) -> PathError:
     if _read_only_fs(dest):
         why, fix = "on a read-only file system", "save elsewhere"
     else:
-        why, fix = (
-            "which this process may not write",
-            "make it writable (chmod u+w) or save elsewhere",
-        )
+        why = "which this process may not write"
+        fix = "make it writable (chmod u+w) or save elsewhere"
     return path_error(
         errno.EACCES,
         f"{func} expected a writable file (got {str(dest)!r}, mode "
         f"{stat.filemode(st.st_mode)}, {why}); numpy.save refuses it too: {fix}",
         str(dest),
     )
-
-
-def _check_name_length(func: str, target: Path, shown: str) -> None:
-    try:
-        limit = os.pathconf(target.parent, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return
-    if limit > 0 and len(os.fsencode(target.name)) > limit:
-        raise path_error(
-            errno.ENAMETOOLONG,
-            f"{func} cannot write {shown!r}: its name is {len(os.fsencode(target.name))} bytes, "
-            f"the file system allows {limit}; use a shorter name",
-            shown,
-        )
-
-
-def _sticky_refuses(dir_st: os.stat_result, st: os.stat_result) -> bool:
-    """Whether a sticky directory forbids this process to rename over the file."""
-    if not dir_st.st_mode & stat.S_ISVTX:
-        return False
-    euid = os.geteuid()
-    return euid != 0 and euid not in (st.st_uid, dir_st.st_uid)
