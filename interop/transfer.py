@@ -93,16 +93,15 @@ def copy_to_host_async(
         bit for bit into the ``ml_dtypes`` dtype of the same name; tensors
         with the conjugate/negative bit give the values they represent.
     out : numpy.ndarray, optional
-        Writable destination (``numpy.memmap`` included) with exactly
-        ``x.shape`` and the matching dtype (``dtype`` where given), any
-        strides. Without it a new (pageable) array is allocated.
+        Writable destination (``numpy.memmap`` included), exactly ``x.shape``
+        and the matching dtype (``dtype`` where given), any strides; default:
+        a new (pageable) array.
     dtype : numpy dtype, optional
-        Cast on the way: the dtype of the result, a floating dtype (float16,
-        float32, float64, or an ``ml_dtypes`` one such as bfloat16) for a
-        floating ``x``. Each chunk is cast where it is, on the device for
-        device data (into a chunk-sized temporary on the producer's stream),
-        so no full-size temporary is made, unlike ``t.float().cpu()``. Default:
-        ``x``'s own dtype (a bit-for-bit copy).
+        Cast on the way to this floating dtype (float16, float32, float64, or
+        an ``ml_dtypes`` one such as bfloat16), for a floating ``x``; each
+        chunk is cast where it is (device data into a chunk-sized temporary
+        on the producer's stream), never the whole array, unlike
+        ``t.float().cpu()``. Default: a bit-for-bit copy.
     chunk_bytes : int, optional
         Chunk (staging buffer) size; default ``interop.config.chunk_bytes``.
     progress : bool or callable
@@ -117,27 +116,26 @@ def copy_to_host_async(
 
     Notes
     -----
-    Copy semantics: always a copy into ``out``. Device sources go through a
-    ring of ``interop.config.num_buffers`` pinned buffers on a dedicated
-    non-blocking stream that waits (an event, not a device-wide sync) on the
-    producer's current stream of the data's device, so the copy sees all work
-    queued before the call. Non-contiguous device chunks are packed on the
-    device into ring-sized staging rows (no full-size temporary). An ``out``
-    already in page-locked memory (``cupyx.empty_pinned``, a pinned tensor's
-    ``.numpy()``, registered memory) and C-contiguous is written by the DMAs
-    directly, with no ring and no host threads. Host
-    sources are copied chunk by chunk by ``interop.config.host_threads``
-    threads where that setting was set, else by all the CPUs (at most 8).
+    Always a copy. Device sources go through a ring of
+    ``interop.config.num_buffers`` pinned buffers on a dedicated stream that
+    waits (an event, not a device-wide sync) on the producer's current stream
+    of the data's device, so the copy sees all work queued before the call;
+    non-contiguous chunks are packed on the device into ring-sized staging
+    rows. An ``out`` in page-locked memory (``cupyx.empty_pinned``, a pinned
+    tensor's ``.numpy()``, registered memory) and C-contiguous is written by
+    the DMAs directly. Host sources are copied chunk by chunk by
+    ``interop.config.host_threads`` threads where that was set, else by all
+    the CPUs (at most 8).
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        ``x`` is not an array (or a nested, sparse or meta tensor), or ``out``
-        has the wrong type, shape or dtype, is read-only, overlaps the
-        source or has elements that may share memory (a stride of 0, an
-        ``as_strided`` view), or ``dtype``, ``chunk_bytes`` or ``progress`` are refused (a
-        cast between other than floating dtypes). A ``TypeError`` or
-        ``ValueError``, raised here, before anything is written.
+        ``x`` is not an array (or a nested, sparse or meta tensor); ``out``
+        has the wrong type, shape or dtype, is read-only, overlaps the source
+        or has elements that may share memory (a stride of 0, an
+        ``as_strided`` view); ``dtype`` (not floating to floating),
+        ``chunk_bytes`` or ``progress`` is refused. A ``TypeError`` or
+        ``ValueError``, before anything is written.
     UnsupportedDtypeError
         The dtype has no NumPy equivalent (``torch.complex32``).
     NoDeviceError, BackendUnavailableError
@@ -155,10 +153,8 @@ def copy_to_host(
     chunk_bytes: int | None = None,
     progress: Any = False,
 ) -> np.ndarray:
-    """Copy ``x`` into host memory in chunks; ``copy_to_host_async(...).result()``.
-
-    See :func:`copy_to_host_async` for the parameters, copy semantics and
-    stream order.
+    """Copy ``x`` into host memory in chunks; ``copy_to_host_async(...).result()``
+    (its parameters, copy semantics and stream order).
 
     Returns
     -------
@@ -168,8 +164,7 @@ def copy_to_host(
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        Bad ``x`` or ``out`` (a ``TypeError`` or ``ValueError``, before
-        anything is written).
+        As :func:`copy_to_host_async`, before anything is written.
     TransferError
         A chunk failed or the copy was cancelled; the message says which byte
         range is complete. The error keeps neither ``x`` nor ``out`` alive.
@@ -189,10 +184,9 @@ HOST_SMALL_BYTES = 32 << 20  # at most one chunk of the default size: one copy, 
 
 
 def _small_host_copy(x: Any) -> np.ndarray | None:
-    """A new C-order copy of a plain host array (an exact NumPy array, not a
-    memmap; a plain CPU tensor) of at most one chunk, made in one call: what the
-    chunked engine would do with one chunk, without its bookkeeping. None for
-    anything else."""
+    """A plain host array (an exact NumPy array, not a memmap; a plain CPU
+    tensor) of at most one chunk copied in one call, without the engine's
+    bookkeeping; None for anything else."""
     if type(x) is np.ndarray:
         return x.copy() if x.nbytes <= HOST_SMALL_BYTES else None
     th = sys.modules.get("torch")  # no tensor exists before torch is imported
@@ -275,26 +269,16 @@ def copy_to_device_async(
 ) -> Transfer:
     """Start a copy of ``x`` into device memory; return a :class:`Transfer`.
 
-    The host threads and the copy stream work while the caller goes on;
-    ``result()`` returns the destination once the data is on the device.
-    See :func:`copy_to_device` for the parameters, copy semantics and stream
-    order.
+    The host threads and the copy stream work while the caller goes on. See
+    :func:`copy_to_device` for the parameters, copy semantics, stream order
+    and errors (all but ``TransferError`` raised here).
 
     Returns
     -------
     Transfer
-        ``result()`` returns ``out`` (or the new CuPy array); ``cancel()``
-        stops after the chunks in flight; ``bytes_done`` counts the bytes
-        already on the device, in the source's C order.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Bad ``x``, ``out`` or ``device``, before anything is written.
-    NoDeviceError, BackendUnavailableError
-        No CUDA device, or CuPy missing.
-    CaptureError
-        Inside CUDA graph capture (see :func:`copy_to_device`); nothing queued.
+        ``result()`` returns ``out`` (or the new CuPy array) once the data is
+        on the device; ``bytes_done`` counts the bytes already there, in the
+        source's C order.
     """
     return _copy_to_device(x, out, device, chunk_bytes, progress, inline=False)
 
@@ -386,26 +370,22 @@ def copy_to_device(
 
     Notes
     -----
-    Always a copy. Host data: the copies run on a dedicated non-blocking
-    stream that first waits (an event, not a device-wide sync) on the current
-    stream of ``out``'s library, so earlier work on ``out`` is respected;
-    host threads fill a ring of ``num_buffers`` pinned slots while earlier
-    slots are copied, and the call returns once the data is on the device, so
-    the result can be used on any stream. Non-native byte order is converted
-    while filling the slots. Extra pinned host memory is the ring; a
-    non-contiguous ``out`` uses as much device memory again for unpacking.
-    A source already in page-locked memory, C-contiguous, in native byte
-    order and without a conjugate/negative bit is read by the DMAs directly,
-    with no ring and no host threads.
+    Always a copy. Host data: host threads fill a ring of ``num_buffers``
+    pinned slots (converting non-native byte order) while earlier slots are
+    copied on a dedicated stream that first waits (an event, not a
+    device-wide sync) on the current stream of ``out``'s library; the call
+    returns once the data is on the device, so the result can be used on any
+    stream. Extra pinned memory is the ring; a non-contiguous ``out`` uses as
+    much device memory again for unpacking. A page-locked, C-contiguous,
+    native-order source without a conjugate/negative bit is read by the DMAs
+    directly.
 
-    Device data: one device-side copy queued on the current stream of
-    ``out``'s library, after an event on the current stream of ``x``'s
-    library (no host synchronisation): the result is ready for work queued on
-    that stream, and the call returns without waiting for the copy. A tensor
-    with the conjugate/negative bit is first resolved into a temporary on
-    ``x``'s library's stream, which then also waits for the copy. ``x`` on
-    another device is first moved whole (the bytes it spans, in one peer DMA
-    on ``out``'s stream) into a temporary of that size on ``out``'s device.
+    Device data: one copy queued on the current stream of ``out``'s library,
+    after an event on ``x``'s library's current stream, which then waits for
+    the copy too (no host synchronisation; the call does not wait for the
+    copy). A conjugate/negative-bit tensor is first resolved into a
+    temporary on ``x``'s stream; ``x`` on another device is first moved
+    whole (one peer DMA of the bytes it spans) to ``out``'s device.
 
     Raises
     ------

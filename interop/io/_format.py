@@ -35,9 +35,11 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from .. import dtypes
-from ..arrays import host_values
+from ..arrays import Source, array_source, host_values
 from ..errors import InvalidValueError, NpyFormatError, path_error
 from ..pipeline.plan import Plan, split_bytes
+from ..pipeline.request import TransferRequest
+from ..pipeline.start import start
 from .destination import checked_path, file_kind
 
 __all__ = [
@@ -50,8 +52,10 @@ __all__ = [
     "file_identity",
     "header_bytes",
     "open_unchanged",
+    "read_into",
     "read_npy_header",
     "write_all",
+    "write_from",
 ]
 
 
@@ -490,3 +494,35 @@ class FileReader(_FileStage):
         for offset, at, length in self.segments(plan, i, piece):
             start = piece[0] + at
             _pread_all(self.fd, buf[start : start + length].data, offset, self.what)
+
+
+def write_from(src: Source, writer: FileWriter, func: str, order: str, **options: Any) -> None:
+    """Write ``src`` through ``writer``: device data through the staging ring,
+    whose host threads write each slot (``options``: ``chunk_bytes``,
+    ``progress``, ``threads``), host data chunk by chunk on this thread."""
+    if src.on_device:
+        request = TransferRequest(func, "d2h", None, writer, device=src, order=order, **options)
+    else:
+        shape, itemsize = src.shape, (writer.dtype or src.dtype).itemsize
+        options.update(threads=1, inline=True)
+        request = TransferRequest(
+            func, "h2h", None, writer, shape=shape, itemsize=itemsize, order=order, **options
+        )
+    start(request).result()
+
+
+def read_into(target: Any, reader: FileReader, func: str, order: str, **options: Any) -> None:
+    """Fill ``target`` (``reader.array``) through ``reader``: a device array
+    through the staging ring (host threads read each chunk into a free slot),
+    a host array chunk by chunk on this thread (straight into it where it is
+    contiguous); ``options``: ``chunk_bytes``, ``progress``."""
+    dst = array_source(target, func)
+    if dst.on_device:
+        request = TransferRequest(func, "h2d", target, reader, device=dst, order=order, **options)
+    else:
+        shape, itemsize = dst.shape, dst.dtype.itemsize
+        options.update(threads=1, inline=True)
+        request = TransferRequest(
+            func, "h2h", target, reader, shape=shape, itemsize=itemsize, order=order, **options
+        )
+    start(request).result()

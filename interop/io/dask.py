@@ -55,8 +55,7 @@ from ..errors import (
 )
 from ..pipeline.hostcopy import run_chunk
 from ..pipeline.plan import nbytes_of, plan_chunks
-from ..pipeline.request import TransferRequest
-from ..pipeline.start import empty_device, start
+from ..pipeline.start import empty_device
 from ._format import (
     FileReader,
     FileWriter,
@@ -64,8 +63,10 @@ from ._format import (
     Runs,
     header_bytes,
     open_unchanged,
+    read_into,
     read_npy_header,
     write_all,
+    write_from,
 )
 from .destination import Destination, prepare_destination
 
@@ -214,20 +215,15 @@ def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWrit
 
 
 def _write_block_data(fd: int, src: Any, runs: Runs, layout: Layout, chunk: int, what: str) -> None:
-    """A device block through the pinned staging ring (the device-to-host
-    pipeline, ordered after the work queued on the block's library's current
-    stream), whose host threads write each slot at its offsets; a host block
-    chunk by chunk on this thread (its own memory where contiguous, else
-    through one chunk buffer), its errors raised as they are."""
-    func = "interop.dask.save_npy"
-    if src.on_device:
-        writer = _block_writer(fd, runs, what)
-        request = TransferRequest(
-            func, "d2h", None, writer, device=src, chunk_bytes=chunk, order="the block's C order"
-        )
-        start(request).result()
-        return
+    """A device block through the pinned staging ring (ordered after the work
+    queued on the block's library's current stream), whose host threads write
+    each slot at its offsets; a host block chunk by chunk on this thread (its
+    own memory where contiguous, else through one chunk buffer), its errors
+    raised as they are."""
     writer = _block_writer(fd, runs, what, src.obj)
+    if src.on_device:
+        write_from(src, writer, "interop.dask.save_npy", "the block's C order", chunk_bytes=chunk)
+        return
     plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
     for i in range(len(plan.chunks)):
         run_chunk(writer, plan, i)
@@ -585,40 +581,6 @@ class _Source:
     host: str  # the machine that read the header (where the device number holds)
 
 
-def _read(
-    fd: int, runs: Runs, shape: tuple[int, ...], dtype: np.dtype, device: Any, what: str
-) -> Any:
-    """Read one block's runs into a new NumPy block, or through the pinned
-    staging ring into a new CuPy block (the pipeline of ``interop.load_npy``,
-    non-native byte order converted in the slots)."""
-    func = "interop.dask.load_npy"
-    if device is None or device[0] != "cuda":
-        block = np.empty(shape, dtype)
-        reader = FileReader(fd, runs, what, block, dtype=dtype)
-        request = TransferRequest(
-            func,
-            "h2h",
-            block,
-            reader,
-            shape=shape,
-            itemsize=dtype.itemsize,
-            order="the block's C order",
-            threads=1,
-            inline=True,
-        )
-    else:
-        block = empty_device(shape, dtype.newbyteorder("="), device[1])
-        request = TransferRequest(
-            func,
-            "h2d",
-            block,
-            FileReader(fd, runs, what, dtype=dtype),
-            device=array_source(block, func),
-            order="the block's C order",
-        )
-    return start(request).result()
-
-
 def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     """Task: read one block from the file."""
     info = block_info[None]
@@ -637,7 +599,12 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     same_machine = source.host == socket.gethostname()
     fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
     try:
-        block = _read(fd, layout.runs(origin, shape), shape, layout.dtype, device, what)
+        if device is None or device[0] != "cuda":
+            block = np.empty(shape, layout.dtype)
+        else:  # non-native byte order is converted in the slots
+            block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
+        reader = FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
+        read_into(block, reader, "interop.dask.load_npy", "the block's C order")
     finally:
         os.close(fd)
     return block.T if source.fortran else block

@@ -19,7 +19,6 @@ import numpy as np
 
 from .. import _backends
 from ..arrays import (
-    Source,
     array_source,
     check_elements_apart,
     is_device_array,
@@ -36,8 +35,9 @@ from ..errors import (
     TransferError,
     path_error,
 )
-from ..pipeline.request import TransferRequest, check_options
-from ..pipeline.start import empty_device, start
+from ..pipeline.plan import nbytes_of
+from ..pipeline.request import check_options
+from ..pipeline.start import empty_device
 from ._format import (
     FileReader,
     FileWriter,
@@ -46,7 +46,9 @@ from ._format import (
     file_dtype,
     header_bytes,
     open_unchanged,
+    read_into,
     read_npy_header,
+    write_from,
 )
 from .destination import Destination, prepare_destination
 
@@ -167,14 +169,19 @@ def save_npy(
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
     dtype = file_dtype(src.dtype)
     header = header_bytes(src.shape, dtype)
+    nbytes = nbytes_of(src.shape, dtype.itemsize)
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
     writer: FileWriter | None = None
     try:
         with dest.open() as f:  # commit when complete, discard on any error
             f.write(header)
             f.flush()
-            writer = _writer(f.fileno(), len(header), src, dtype, dest)
-            start(_save_request(src, writer, dtype, chunk_bytes, progress, dest)).result()
+            runs = None if dest.streaming else Runs(np.array([len(header)], np.int64), nbytes)
+            writer = FileWriter(f.fileno(), runs, repr(str(dest.path)), src.obj, dtype=dtype)
+            # a FIFO or device is written in order, by one thread
+            threads = 1 if dest.streaming else 0
+            options = {"chunk_bytes": chunk_bytes, "progress": progress, "threads": threads}
+            write_from(src, writer, "save_npy", "the file's data", **options)
     except TransferError as exc:
         cause = exc.__cause__
         if writer is not None and any(cause is e for e in writer.failed):
@@ -186,53 +193,6 @@ def save_npy(
             raise
         raise _write_failed(dest, exc) from exc
     return dest.path
-
-
-def _writer(fd: int, offset: int, src: Source, dtype: np.dtype, dest: Destination) -> FileWriter:
-    """The file stage writing ``src``'s data after the header: at its offsets,
-    or in order into a FIFO or device."""
-    nbytes = int(np.prod(src.shape, dtype=np.int64)) * dtype.itemsize
-    runs = None if dest.streaming else Runs(np.array([offset], np.int64), nbytes)
-    array = None if src.on_device else src.obj
-    return FileWriter(fd, runs, repr(str(dest.path)), array, dtype=dtype)
-
-
-def _save_request(
-    src: Source,
-    writer: FileWriter,
-    dtype: np.dtype,
-    chunk_bytes: Any,
-    progress: Any,
-    dest: Destination,
-) -> TransferRequest:
-    """Device data through the staging ring, whose host threads write each
-    slot at its offset (one thread, in order, into a FIFO); host data chunk by
-    chunk on this thread."""
-    if src.on_device:
-        return TransferRequest(
-            "save_npy",
-            "d2h",
-            None,
-            writer,
-            device=src,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
-            order="the file's data",
-            threads=1 if dest.streaming else 0,
-        )
-    return TransferRequest(
-        "save_npy",
-        "h2h",
-        None,
-        writer,
-        shape=src.shape,
-        itemsize=dtype.itemsize,
-        chunk_bytes=chunk_bytes,
-        progress=progress,
-        order="the file's data",
-        threads=1,
-        inline=True,
-    )
 
 
 def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
@@ -616,35 +576,9 @@ def load_npy(
     view = _c_order_view(dest if host else result, header.fortran_order)
     fd = open_unchanged(header.path, header.identity, "load_npy")
     try:
-        reader = FileReader(
-            fd, header.runs(), repr(str(header.path)), view if host else None, dtype=header.dtype
-        )
-        if host:  # chunk by chunk on this thread, straight into view where it is contiguous
-            request = TransferRequest(
-                "load_npy",
-                "h2h",
-                result,
-                reader,
-                shape=view.shape,
-                itemsize=header.dtype.itemsize,
-                chunk_bytes=chunk_bytes,
-                progress=progress,
-                order="the file's data",
-                threads=1,
-                inline=True,
-            )
-        else:  # host threads read each chunk into a free pinned slot
-            request = TransferRequest(
-                "load_npy",
-                "h2d",
-                result,
-                reader,
-                device=array_source(view, "load_npy"),
-                chunk_bytes=chunk_bytes,
-                progress=progress,
-                order="the file's data",
-            )
-        start(request).result()
+        reader = FileReader(fd, header.runs(), repr(str(header.path)), view, dtype=header.dtype)
+        options = {"chunk_bytes": chunk_bytes, "progress": progress}
+        read_into(view, reader, "load_npy", "the file's data", **options)
     finally:
         os.close(fd)
     return result
