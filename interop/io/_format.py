@@ -329,7 +329,12 @@ class Runs:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the elements of a C-order array lie in a ``.npy`` file."""
+    """Where the elements of a C-order array lie in a ``.npy`` file.
+
+    A block's *runs* are the stretches of the file that hold it: one for a
+    block that spans whole trailing axes, else one per row of its leading
+    axes, as long as the layout allows (adjacent ones merged).
+    """
 
     path: str
     shape: tuple[int, ...]

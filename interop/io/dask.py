@@ -1,28 +1,10 @@
-"""Save and load dask arrays of NumPy or CuPy blocks as one ``.npy`` file, on the workers.
+"""Save and load dask arrays of NumPy or CuPy blocks as one ``.npy`` file, on the workers
+(:mod:`interop.dask`'s implementation; ``import interop`` never imports dask).
 
-``interop.dask`` is imported explicitly (``import interop.dask``); ``import
-interop`` never imports dask or distributed. It needs the ``dask`` extra
-(``pip install -e '.[dask]'`` in a clone: ``dask[array]`` and ``distributed``).
-
-Dask schedules everything; interop adds one task per block:
-
-* :func:`save_npy`: the caller writes the ``.npy`` header and sizes a
-  temporary file next to the destination; one task per block (on the worker
-  that holds the block, where Dask puts it) writes the block's bytes at their
-  C-order offsets with positioned writes (``os.pwritev``), from the block's own
-  memory when it is a C-contiguous host array, else piece by piece through one
-  bounded host buffer (a device block through the pinned staging ring of the
-  device-to-host pipeline, whose host threads write each slot to the file);
-  the temporary file is renamed to the final name only when every block is
-  written. A failed save removes it once no task writes it any more (see
-  :func:`_abandon`).
-* :func:`load_npy`: a dask array whose blocks are read on the workers with
-  positioned reads (``os.preadv``) of each block's runs, straight into a new
-  NumPy block, or into the pinned staging ring and on to a new CuPy block.
-
-A block's *runs* are the stretches of the file that hold it: a block that spans
-whole trailing axes is one run, one that does not is one run per row of its
-leading axes. Runs are as long as the layout allows (adjacent ones are merged).
+Dask schedules; interop adds one task per block, which writes or reads the
+block's runs in the file (:class:`~interop.io._format.Layout`). A save's
+temporary file is made and renamed by the caller, and removed once no task
+writes it after a failure (:func:`_abandon`).
 """
 
 from __future__ import annotations
@@ -41,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from .._backends import install_command
+from .. import _backends, dtypes
 from ..arrays import array_source, parse_device
 from ..config import chunk_bytes_or_default
 from ..errors import (
@@ -83,7 +64,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the test environment installs dask
     raise BackendUnavailableError(
         f"interop.dask needs dask, which cannot be imported ({exc}); "
-        f"install it with: {install_command('dask')}"
+        f"install it with: {_backends.install_command('dask')}"
     ) from exc
 
 __all__ = ["SaveError", "load_npy", "save_npy"]
@@ -95,14 +76,12 @@ class SaveError(TransferError):
     Attributes
     ----------
     blocks_done : tuple of tuple of int
-        Indices (``darr.blocks[i, j, ...]``) of the blocks whose bytes were
-        written before the save stopped, sorted.
+        Indices (``darr.blocks[i, j, ...]``) of the blocks written before the
+        save stopped, sorted.
     nblocks : int
         Number of blocks of the array.
-    bytes_done : int
-        0: nothing is kept under the final name.
-    nbytes : int
-        Size of the array's data in bytes.
+    bytes_done, nbytes : int
+        0 (nothing is kept under the final name), and the data's size.
     """
 
     def __init__(
@@ -118,16 +97,23 @@ class SaveError(TransferError):
         self.nblocks = nblocks
 
 
-def _where() -> str:
-    return f"{socket.gethostname()} (pid {os.getpid()})"
+def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tuple[Any, ...]:
+    """A task's block: its first element, shape (in file order) and name for messages."""
+    location = [tuple(map(int, loc)) for loc in info["array-location"]]
+    if fortran:
+        location = location[::-1]  # the file holds the transpose in C order
+    origin = tuple(lo for lo, _ in location)
+    shape = tuple(hi - lo for lo, hi in location)
+    index = tuple(info["chunk-location"])
+    where = f"{socket.gethostname()} (pid {os.getpid()})"
+    return origin, shape, f"{func}: block {index} of {layout.path!r} on {where}"
 
 
 # ------------------------------------------------------------------ save
 
 
 def _refuse_masked(x: Any, what: str) -> None:
-    """Refuse masked blocks (a ``numpy.ma.MaskedArray`` meta or block): a
-    ``.npy`` file has no room for the mask."""
+    """Refuse masked blocks: a ``.npy`` file has no room for the mask."""
     if isinstance(x, np.ma.MaskedArray):
         raise InvalidTypeError(
             f"{what} expected blocks without a mask (got numpy.ma.MaskedArray blocks: a .npy "
@@ -137,25 +123,20 @@ def _refuse_masked(x: Any, what: str) -> None:
         )
 
 
-def _lock_shared(fd: int) -> None:
-    """Hold a shared lock on the temporary file while this task writes it: the
-    caller, giving the save up, takes the exclusive lock to know that no task
-    writes any more. Where the file system has no locks, nothing is held."""
-    if fcntl is not None:
-        with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
-            fcntl.flock(fd, fcntl.LOCK_SH)
-
-
 def _still_saving(fd: int, what: str) -> None:
-    """Raise if the caller gave the save up (it removed the temporary file):
-    checked before each piece is written, so a task stops writing soon after
-    the save failed elsewhere or was cancelled."""
+    """Raise if the caller gave the save up (it removed the temporary file)."""
     if os.fstat(fd).st_nlink == 0:
         raise PathNotFoundError(
             _errno.ENOENT,
             f"{what}: the save failed or was cancelled (its temporary file was removed); "
             "this block stopped writing",
         )
+
+
+def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
+    """The file stage writing a block at its runs, checking before each piece
+    that the save goes on (so a task stops soon after it was given up)."""
+    return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
 
 
 def _write_block(
@@ -166,18 +147,11 @@ def _write_block(
     block_info: Any = None,
 ) -> np.ndarray:
     """Task: write one block at its offsets; return its byte count (as a block).
-
-    Idempotent: run twice (a retry, or a task Dask chose to recompute), it
-    writes the same bytes to the same offsets.
-    """
-    info = block_info[0]
-    location = [tuple(map(int, loc)) for loc in info["array-location"]]
-    origin = tuple(lo for lo, _ in location)
-    shape = tuple(hi - lo for lo, hi in location)
-    index = tuple(info["chunk-location"])
-    what = f"interop.dask.save_npy: block {index} of {layout.path!r} on {_where()}"
+    Idempotent: run twice (a retry, a recomputation), it writes the same bytes."""
+    func = "interop.dask.save_npy"
+    origin, shape, what = _block(block_info[0], layout, func)
     _refuse_masked(block, what)  # a mask its array's meta did not show
-    src = array_source(block, "interop.dask.save_npy")
+    src = array_source(block, func)
     got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
         raise InvalidValueError(
@@ -189,7 +163,6 @@ def _write_block(
     if 0 in shape:
         return result
     chunk = chunk_bytes_or_default(chunk_bytes)
-    runs = layout.runs(origin, shape)
     try:
         fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
     except FileNotFoundError as exc:
@@ -199,43 +172,41 @@ def _write_block(
             "worker does not share the client's file system",
         ) from exc
     try:
-        _lock_shared(fd)  # released by the close
+        # A shared lock until the close: the caller, giving the save up, takes
+        # the exclusive one to know that no task writes any more.
+        if fcntl is not None:
+            with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
+                fcntl.flock(fd, fcntl.LOCK_SH)
         _still_saving(fd, what)
-        _write_block_data(fd, src, runs, layout, chunk, what)
+        writer = _block_writer(fd, layout.runs(origin, shape), what, src.obj)
+        if src.on_device:  # through the staging ring, whose host threads write each slot
+            write_from(src, writer, func, "the block's C order", chunk_bytes=chunk)
+        else:  # chunk by chunk on this thread, the block's errors raised as they are
+            plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
+            for i in range(len(plan.chunks)):
+                run_chunk(writer, plan, i)
     finally:
         os.close(fd)
     result[...] = nbytes_of(shape, layout.dtype.itemsize)
     return result
 
 
-def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
-    """The file stage writing a block at its runs, once the save is seen to
-    go on before each piece."""
-    return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
-
-
-def _write_block_data(fd: int, src: Any, runs: Runs, layout: Layout, chunk: int, what: str) -> None:
-    """A device block through the pinned staging ring (ordered after the work
-    queued on the block's library's current stream), whose host threads write
-    each slot at its offsets; a host block chunk by chunk on this thread (its
-    own memory where contiguous, else through one chunk buffer), its errors
-    raised as they are."""
-    writer = _block_writer(fd, runs, what, src.obj)
-    if src.on_device:
-        write_from(src, writer, "interop.dask.save_npy", "the block's C order", chunk_bytes=chunk)
-        return
-    plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
-    for i in range(len(plan.chunks)):
-        run_chunk(writer, plan, i)
-
-
 def _create(destination: Destination, header: bytes, size: int) -> None:
-    """Create the temporary file (on the caller): the header, then the file
-    sized to ``size``. Never a task: Dask may run a task more than once."""
+    """The temporary file with the header, sized to ``size`` (on the caller:
+    Dask may run a task more than once)."""
     fd = destination.create()
     try:
         write_all(fd, memoryview(header), 0)
-        _allocate(fd, size)
+        os.ftruncate(fd, size)
+        # Allocated blocks take writes from several workers in parallel (ext4 locks a
+        # sparse file's inode: 64 ms against 44 ms for 256 MiB), and a full disk shows now.
+        fallocate = getattr(os, "posix_fallocate", None)
+        if fallocate is not None and size:
+            try:
+                fallocate(fd, 0, size)
+            except OSError as exc:  # not supported here: the file is only sized
+                if exc.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL, _errno.ENOSYS):
+                    raise
     except BaseException as exc:
         os.close(fd)
         destination.discard()
@@ -251,34 +222,11 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
     os.close(fd)
 
 
-def _allocate(fd: int, size: int) -> None:
-    """Size the file to ``size`` bytes with its blocks allocated where the file
-    system can (``posix_fallocate``): positioned writes from several workers
-    into allocated blocks go on in parallel (on ext4, writes into a sparse
-    file take the inode's lock in turn: measured 64 ms against 44 ms for
-    256 MiB from two processes). Elsewhere the file is only sized."""
-    os.ftruncate(fd, size)
-    fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is None or not size:
-        return
-    try:
-        fallocate(fd, 0, size)
-    except OSError as exc:  # a full disk is an error here, before any block is written
-        if exc.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL, _errno.ENOSYS):
-            raise
-
-
 def _abandon(destination: Destination) -> None:
-    """Remove the temporary file once no block task writes it any more.
-
-    Removing it first tells the running tasks to stop (each checks, before
-    every piece, that the file still has its name) and keeps tasks that start
-    later from opening it. The exclusive lock is granted once every task that
-    holds its shared lock has closed the file; truncating the removed file
-    then gives its space back at once, even while a task that stopped still
-    has it open. Where the file system has no locks the truncation alone
-    frees the space, and a task that was writing stops at its next piece.
-    """
+    """Remove the temporary file; return once no block task writes it any more."""
+    # Removing it stops the running tasks (each checks before every piece) and
+    # keeps later ones out; the exclusive lock comes once every task closed the
+    # file; truncating frees the space even while a stopped task holds it.
     fd = -1
     if destination.temporary is not None:
         with contextlib.suppress(OSError):
@@ -310,31 +258,6 @@ def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
     return destination.path
 
 
-def _writes(darr: Any, layout: Layout, chunk_bytes: int | None, name: str) -> Any:
-    """The dask array of write tasks: one element per block (its byte count)."""
-    out_chunks = tuple((1,) * n for n in darr.numblocks)
-    return da.map_blocks(
-        _write_block,
-        darr,
-        name=name,
-        chunks=out_chunks,
-        dtype=np.int64,
-        meta=np.empty((0,) * darr.ndim, np.int64),
-        layout=layout,
-        chunk_bytes=chunk_bytes,
-    )
-
-
-def _distributed_client(scheduler: Any) -> Any:
-    """The distributed Client behind ``scheduler`` (``client.get``), or None."""
-    if "distributed" not in sys.modules:
-        return None
-    from distributed import Client
-
-    client = getattr(scheduler, "__self__", None)
-    return client if isinstance(client, Client) else None
-
-
 def _describe_blocks(blocks: list[tuple[int, ...]], limit: int = 8) -> str:
     shown = ", ".join(str(b) for b in blocks[:limit])
     more = f", ... {len(blocks) - limit} more" if len(blocks) > limit else ""
@@ -342,13 +265,10 @@ def _describe_blocks(blocks: list[tuple[int, ...]], limit: int = 8) -> str:
 
 
 def _failure(
-    path: Path,
-    nblocks: int,
-    nbytes: int,
-    done: list[tuple[int, ...]],
-    culprit: str,
-    cause: BaseException | None,
+    writes: Any, path: Path, nbytes: int, done: list, culprit: str, cause: Any
 ) -> SaveError:
+    """The :class:`SaveError` of a save that stopped, ``done`` the blocks written."""
+    nblocks = int(np.prod(writes.numblocks, dtype=np.int64))
     done = sorted(done)
     reason = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
     err = SaveError(
@@ -364,11 +284,10 @@ def _failure(
 
 
 def _run_distributed(client: Any, writes: Any, path: Path, nbytes: int) -> int:
+    """Run the writes on a distributed cluster; their byte count."""
     from distributed import as_completed, futures_of
 
-    nblocks = int(np.prod(writes.numblocks, dtype=np.int64))
-    persisted = client.persist(writes)
-    futures = futures_of(persisted)
+    futures = futures_of(client.persist(writes))
     try:
         for future in as_completed(futures):
             if future.status != "finished":
@@ -388,12 +307,12 @@ def _run_distributed(client: Any, writes: Any, path: Path, nbytes: int) -> int:
         failed = sorted(tuple(f.key[1:]) for f in erred)
         culprit = f"block(s) {_describe_blocks(failed)} could not be written; "
     client.cancel(futures)
-    raise _failure(path, nblocks, nbytes, done, culprit, cause)
+    raise _failure(writes, path, nbytes, done, culprit, cause)
 
 
 def _run_local(scheduler: Any, writes: Any, path: Path, nbytes: int) -> int:
+    """Run the writes on a local scheduler; their byte count."""
     name = writes.name
-    nblocks = int(np.prod(writes.numblocks, dtype=np.int64))
     done: list[tuple[int, ...]] = []
 
     def posttask(key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
@@ -404,7 +323,7 @@ def _run_local(scheduler: Any, writes: Any, path: Path, nbytes: int) -> int:
         with Callback(posttask=posttask):  # called by dask's local schedulers only
             (written,) = dask.compute(writes, scheduler=scheduler)
     except Exception as exc:
-        raise _failure(path, nblocks, nbytes, done, "", exc) from exc
+        raise _failure(writes, path, nbytes, done, "", exc) from exc
     return int(np.sum(written))
 
 
@@ -421,93 +340,69 @@ def save_npy(
     Parameters
     ----------
     darr : dask.array.Array
-        Blocks may be NumPy or CuPy arrays (any strides), of any dtype
-        ``interop.save_npy`` accepts (bfloat16/float8 under their
-        ``ml_dtypes`` names), with any chunking. Chunk sizes must be known.
+        NumPy or CuPy blocks (any strides, any chunking, known chunk sizes)
+        of any dtype :func:`interop.save_npy` accepts.
     path : str or os.PathLike
-        Destination, on a file system that every worker shares with the
-        caller; ``.npy`` is appended to a name without a suffix, as
-        ``numpy.save`` does. The data goes to a hidden temporary file in the
-        same directory, renamed to ``path`` only when every block is written.
-        A symlink is followed and its target replaced; an existing file's mode
-        (and owner, where permitted) is kept. Checked before any block is
-        computed.
+        On a file system every worker shares with the caller; the path rules
+        of :func:`interop.save_npy` (``.npy`` appended, symlink followed,
+        mode kept), checked before any block is computed. The data goes to a
+        hidden temporary file beside it, renamed to ``path`` once every block
+        is written.
     chunk_bytes : int, optional
         Largest piece a worker copies at once for a block that is not a
         C-contiguous host array; default: each worker's
         ``interop.config.chunk_bytes``.
     compute : bool
-        True: write now and return the path. False: create the temporary
-        file now and return a ``dask.delayed.Delayed`` that writes the blocks
-        and renames the file when computed (with ``dask.compute`` or
-        ``client.compute``, alone or with other collections), and returns the
-        path.
+        True: write now. False: create the temporary file now and return a
+        ``dask.delayed.Delayed`` that writes the blocks and renames the file
+        when computed (alone or with other collections).
 
     Returns
     -------
     pathlib.Path or dask.delayed.Delayed
-        The path written (``.npy`` appended where ``numpy.save`` appends
-        it), or the delayed save.
+        The path written (``.npy`` appended as by ``numpy.save``), or the save.
 
     Notes
     -----
-    Copy semantics: the file is a copy; ``darr`` is computed once, each block
-    on the worker that makes it, and never gathered on the caller. The caller
-    writes the header and sizes the file (nothing of the data); each block's
-    task writes its bytes at their C-order offsets with ``os.pwritev``,
-    straight from a C-contiguous NumPy block, else piece by piece through one
-    host buffer of at most ``chunk_bytes``. A CuPy block (or CUDA tensor)
-    goes through the device-to-host pipeline's pinned staging slots, written
-    from there to the file by its host threads, ordered after the work
-    queued on the block's library's current stream in the task's thread.
-    Extra host memory per running task: at most ``chunk_bytes`` for a host
-    block, the staging ring (``num_buffers * chunk_bytes``, pinned and
-    reused) for a device block. A task that runs twice (Dask retries it
-    after a worker died) writes the same bytes.
-
-    Scheduling is Dask's: the distributed client in use, else the scheduler
-    dask would pick (threads by default). With ``compute=False`` the caller
-    still writes the header and sizes the temporary file now (Dask may run a
-    task more than once, so creating a file is never a task); the rename is
-    the graph's last task. A delayed save that is never computed, or whose
-    computation fails or is cancelled, leaves that hidden temporary file
-    (``.NAME.XXXXXXXX.tmp``) beside ``path``, for the caller to delete; the
-    final name never appears.
+    Copy semantics: ``darr`` is computed once, each block on the worker that
+    makes it, never gathered; the caller writes only the header and sizes
+    the file. Each task writes its block at its C-order offsets
+    (``os.pwritev``) from a C-contiguous NumPy block's memory, else through
+    one host buffer of ``chunk_bytes``, or (a CuPy block, a CUDA tensor)
+    through the device-to-host pipeline's pinned slots, ordered after the
+    work queued on the block's library's current stream. Extra host memory
+    per running task: ``chunk_bytes``, or the staging ring. A task run twice
+    writes the same bytes. Dask schedules: the distributed client in use,
+    else dask's default scheduler. With ``compute=False`` the rename is the
+    graph's last task; a delayed save never computed, failed or cancelled
+    leaves its hidden temporary (``.NAME.XXXXXXXX.tmp``) beside ``path`` for
+    the caller to delete; the final name never appears.
 
     Raises
     ------
     TypeError
-        ``darr`` is not a dask array, holds Python objects, or is a masked
-        array (a ``.npy`` file has no room for the mask: save
-        ``da.ma.filled(darr, fill_value)``, or ``da.ma.getdata`` and
-        ``da.ma.getmaskarray`` as two files); masked blocks under an
-        unmasked meta are refused by their tasks (a :class:`SaveError`).
+        ``darr`` is not a dask array, holds Python objects, or is masked
+        (save ``da.ma.filled(darr, fill_value)``; masked blocks under an
+        unmasked meta fail their tasks: a :class:`SaveError`).
     ValueError
         Unknown chunk sizes (``darr.compute_chunk_sizes()`` first), a bad
-        ``chunk_bytes``, a ``path`` with a NUL byte, or ``path`` is a FIFO
-        or a character device (the blocks are written at their offsets,
-        which needs a regular file: save to a file, or use
-        ``interop.save_npy``).
+        ``chunk_bytes``, a ``path`` with a NUL byte, a FIFO or character
+        device (blocks are written at offsets: use ``interop.save_npy``).
     IsADirectoryError, PermissionError, FileNotFoundError, OSError
-        ``path`` is a directory, may not be written (or its directory may
-        not), its directory does not exist, or it is a socket or block
-        device. Raised before any block is computed; nothing is created.
+        ``path`` is refused, before any block is computed.
     PathError
         The file system cannot hold the array (``errno.ENOSPC``, ``EFBIG``,
-        ``EDQUOT``): the file's blocks are reserved before any block is
-        computed, where the file system can (``posix_fallocate``), so a full
-        disk is found at once; nothing is left, the destination is untouched.
+        ``EDQUOT``), found when the file's blocks are reserved
+        (``posix_fallocate``) before any block is computed; nothing is left.
     SaveError
-        A block raised (a full disk, where blocks could not be reserved: its
-        ``OSError`` with ``errno.ENOSPC``),
+        A block raised (its error is the ``__cause__``; a full disk where
+        blocks could not be reserved: an ``OSError`` with ``errno.ENOSPC``),
         a worker died too often, or the compute was cancelled: no file is
-        left under ``path`` (an existing one is untouched); ``blocks_done``
-        lists the blocks that were written and the block's own error is the
-        ``__cause__``. It is raised once no block task writes the file any
-        more: tasks still writing stop before their next piece, and the
-        temporary file's space is free when the call returns. A
-        ``KeyboardInterrupt`` cancels the tasks, removes the temporary file
-        and is re-raised, after the same wait.
+        left under ``path``, an existing one is untouched; ``blocks_done``
+        lists the blocks written. Raised once no block task writes the file
+        any more (they stop before their next piece), its space free again;
+        a ``KeyboardInterrupt`` cancels the tasks and is re-raised after the
+        same wait.
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
@@ -536,23 +431,30 @@ def save_npy(
     path = destination.path
     shape = tuple(int(n) for n in darr.shape)
     header = header_bytes(shape, dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    size = len(header) + nbytes
+    nbytes = nbytes_of(shape, dtype.itemsize)
     # A save has side effects: its keys are new for every call.
     token = tokenize(darr.name, str(destination.target), chunk_bytes, uuid.uuid4().hex)
-    name = f"interop-save-npy-{token}"
-
-    _create(destination, header, size)
+    _create(destination, header, len(header) + nbytes)
     try:
         layout = Layout(str(destination.temporary), shape, dtype, len(header))
-        writes = _writes(darr, layout, chunk_bytes, name)
+        writes = da.map_blocks(  # one element per block: its byte count
+            _write_block,
+            darr,
+            name=f"interop-save-npy-{token}",
+            chunks=tuple((1,) * n for n in darr.numblocks),
+            dtype=np.int64,
+            meta=np.empty((0,) * darr.ndim, np.int64),
+            layout=layout,
+            chunk_bytes=chunk_bytes,
+        )
         if not compute:
             return dask.delayed(_commit, pure=False)(
                 destination, writes, nbytes, dask_key_name=f"interop-save-npy-commit-{token}"
             )
         scheduler = get_scheduler(collections=[writes])
-        client = _distributed_client(scheduler)
-        if client is not None:
+        client = getattr(scheduler, "__self__", None)  # a distributed Client's client.get
+        distributed = sys.modules.get("distributed")  # imported where a Client exists
+        if distributed is not None and isinstance(client, distributed.Client):
             total = _run_distributed(client, writes, path, nbytes)
         else:
             total = _run_local(scheduler, writes, path, nbytes)
@@ -583,17 +485,8 @@ class _Source:
 
 def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     """Task: read one block from the file."""
-    info = block_info[None]
-    location = [tuple(map(int, loc)) for loc in info["array-location"]]
-    if source.fortran:
-        location = location[::-1]  # the file holds the transpose in C order
-    origin = tuple(lo for lo, _ in location)
-    shape = tuple(hi - lo for lo, hi in location)
     layout = source.layout
-    what = (
-        f"interop.dask.load_npy: block {tuple(info['chunk-location'])} of "
-        f"{layout.path!r} on {_where()}"
-    )
+    origin, shape, what = _block(block_info[None], layout, "interop.dask.load_npy", source.fortran)
     # Every task checks that the file is still the one load_npy described: a
     # file replaced in between would give blocks of two files, silently.
     same_machine = source.host == socket.gethostname()
@@ -611,10 +504,9 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
 
 
 def _meta(ndim: int, dtype: np.dtype, device: Any) -> Any:
+    """The empty block that describes the array's blocks to dask."""
     if device is None or device[0] != "cuda":
         return np.empty((0,) * ndim, dtype)
-    from .. import _backends
-
     cp = _backends.require_cupy_device()
     dtypes.check_cupy_dtype(dtype)
     return cp.empty((0,) * ndim, dtype)
@@ -629,13 +521,12 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
         A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
         system every worker shares with the caller.
     chunks : int, tuple, dict or "auto", default "auto"
-        Block shape, as ``dask.array.from_array`` takes it (``"auto"``: dask's
-        choice, blocks of about ``array.chunk-size``); any chunking, including
-        blocks that do not span whole trailing axes. Every block size must be
-        positive.
+        Block shape, as ``dask.array.from_array`` takes it; any chunking,
+        blocks not spanning whole trailing axes included. Every block size
+        must be positive.
     device : optional
         ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks, each on that device
-        of the worker that reads it (``"cuda"``: the worker's current device).
+        of the worker that reads it (``"cuda"``: its current device).
         ``None`` or ``"cpu"``: NumPy blocks.
 
     Returns
@@ -645,31 +536,26 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
 
     Notes
     -----
-    Copy semantics: every block is a new array, read from the file by the task
-    that makes it; no block is read on the caller, which reads only the
-    header (and checks the file's size). Each task opens the file, checks
-    that it is still the file whose header was read (its device, inode,
-    size and modification time; the device only on the caller's machine,
-    since a shared file system numbers its device per machine), and reads
-    the block's runs with ``os.preadv``: straight into a new NumPy block, or
-    into the pinned staging ring of ``interop.config.num_buffers`` slots of
-    at most the worker's ``interop.config.chunk_bytes``, copied to a new
-    CuPy block on a dedicated stream; a task returns once its block is on
-    the device. A
-    Fortran-order file gives Fortran-ordered blocks (as ``numpy.load``).
-    Extra host memory per running task: none for NumPy blocks, the staging
-    ring for CuPy blocks. The caller needs a CUDA device for
-    ``device="cuda"`` (the array's metadata is an empty CuPy array).
+    Copy semantics: each block is a new array read by its task; the caller
+    reads only the header. Each task checks that the file is still the one
+    whose header was read (device, inode, size, mtime; the device only on
+    the caller's machine) and reads the block's runs with ``os.preadv``:
+    into a new NumPy block, or through the pinned staging ring to a new CuPy
+    block (the task returns once it is on the device). A Fortran-order file
+    gives Fortran-ordered blocks, as ``numpy.load``. Extra host memory per
+    running task: none, or the staging ring for CuPy blocks.
+    ``device="cuda"`` needs a CUDA device on the caller too (for the array's
+    metadata, an empty CuPy array).
 
     Raises
     ------
     ValueError
         Not a readable ``.npy`` file (corrupt, truncated, object dtype), a
-        bad ``chunks`` or ``device``, a ``path`` with a NUL byte; and, from a
-        task, a file replaced (``os.replace``) or written since this call:
-        the compute fails rather than mix blocks of two files.
+        bad ``chunks`` or ``device``, a ``path`` with a NUL byte; from a
+        task, a file replaced or written since this call (the compute fails
+        rather than mix blocks of two files).
     FileNotFoundError, OSError
-        No such file; a directory, a FIFO or a device (refused, nothing read).
+        No such file; a directory, a FIFO or a device (nothing read).
     NoDeviceError, BackendUnavailableError, UnsupportedDtypeError
         ``device="cuda"`` without a usable CUDA device or CuPy, or a dtype
         CuPy cannot hold (float8).
@@ -689,20 +575,14 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
             f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
         ) from exc
-    # Device blocks are made in native byte order (CuPy holds no other), host
-    # blocks keep the file's.
+    # CuPy blocks in native byte order (CuPy holds no other), NumPy blocks in the file's
     on_device = target is not None and target[0] == "cuda"
     dtype = header.dtype.newbyteorder("=") if on_device else header.dtype
-    meta = _meta(len(header.shape), dtype, target)
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
-    resolved = str(header.path.resolve())
-    source = _Source(
-        Layout(resolved, file_shape, header.dtype, header.offset),
-        header.fortran_order,
-        header.identity,
-        socket.gethostname(),
-    )
+    layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
+    source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())
     name = f"interop-load-npy-{tokenize(source, normalized, target)}"
+    meta = _meta(len(header.shape), dtype, target)
     return da.map_blocks(
         _read_block,
         name=name,

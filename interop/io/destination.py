@@ -1,31 +1,21 @@
 """Where a saved file goes: every check before any data moves, atomic replacement.
 
-The policy is :func:`interop.save_npy`'s (its docstring states it for users):
-a new or regular file is replaced atomically through a temporary file beside
-it (its mode kept), a symlink is followed, a FIFO or character device is
-written into, a directory, a socket, a block device or a file this process
-may not write is refused before any data moves. :func:`prepare_destination`
-applies it as named steps:
+The policy is :func:`interop.save_npy`'s (its docstring states it for users).
+:func:`prepare_destination` applies it in named steps: :func:`_file_name`
+(``.npy`` appended as ``numpy.save`` appends it), :func:`_kind` (nothing, a
+regular file, a FIFO or character device written into, or refused),
+:func:`_replaced_target` (the file a symlink leads to), :func:`_check_directory`
+and :func:`_check_permissions` (the temporary can be made beside the target and
+renamed over it, as ``open`` would allow this process: ``os.access`` with the
+effective ids; a file whose directory is not writable is refused, although
+``numpy.save`` would overwrite it in place: a save that cannot be atomic is not
+attempted).
 
-1. :func:`_file_name`: a path that names a file, ``.npy`` appended as
-   ``numpy.save`` appends it;
-2. :func:`_kind`: what is at the path now (nothing, a regular file, a FIFO or
-   character device to stream into, or something refused);
-3. :func:`_replaced_target`: the file a symlink leads to;
-4. :func:`_check_directory` and :func:`_check_permissions`: the temporary
-   file can be made beside the target and renamed over it, as ``open`` would
-   allow this process (``os.access`` with the effective ids: root replaces a
-   0444 file, keeping its mode, as ``numpy.save`` run by root overwrites it).
-   A file whose directory is not writable is refused although ``numpy.save``
-   would overwrite it in place: a save that cannot be atomic is not attempted.
-
-The temporary file of :meth:`Destination.open` has no name while it is
-written where the system allows it (Linux's ``O_TMPFILE``), so a killed
-process leaves nothing behind; it is named (``.NAME.XXXXXXXX.tmp``) just
-before the rename. Elsewhere (a file system that refuses ``O_TMPFILE``, such
-as NFS) it is that hidden named file from the start, which a killed process
-leaves. :meth:`Destination.create` always makes the named file (other
-processes open it by name).
+:meth:`Destination.open` writes an unnamed temporary file where the system
+allows it (Linux's ``O_TMPFILE``), so a killed process leaves nothing behind,
+and names it (``.NAME.XXXXXXXX.tmp``) just before the rename; elsewhere (NFS,
+say) that hidden named file exists from the start. :meth:`Destination.create`
+always makes the named file (other processes open it by name).
 """
 
 from __future__ import annotations
@@ -33,18 +23,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import queue
 import secrets
 import stat
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from ..errors import InvalidTypeError, InvalidValueError, PathError, path_error
+from ._replaced import replaced_files, wait_for_replaced_files
 
-__all__ = ["Destination", "checked_path", "file_kind", "prepare_destination"]
+__all__ = [
+    "Destination",
+    "checked_path",
+    "file_kind",
+    "prepare_destination",
+    "wait_for_replaced_files",
+]
 
 T = TypeVar("T")
 _SUFFIX = ".npy"
@@ -60,50 +55,24 @@ _UNNAMED_TEMPORARY = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE
 # What open(O_TMPFILE) fails with where the file system (or kernel) has no
 # unnamed files: EOPNOTSUPP, EISDIR on kernels before 3.11, EINVAL.
 _NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
-# Replacing a file frees the old one's blocks and page cache inside the
-# rename (about half a second per GiB on ext4); a held descriptor moves that work to
-# its close, which a background thread does. Files smaller than this are
-# freed in the rename (a hand-over costs more); at most this many are held.
-_FREE_LATER_BYTES = 8 << 20
-_FREE_LATER_MAX = 4
-# Local file systems, where the last close frees a file with no name left. On
-# a network file system the client would instead rename an open file to a
-# visible ".nfs..." name until the close (left behind if the process dies).
-_FREE_ON_CLOSE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay"})
 
 
 class Destination:
     """A checked place to write one file (made by :func:`prepare_destination`):
     a temporary renamed over the target, or a FIFO / character device written
-    in place. Write through :meth:`open`, or :meth:`create` then
-    :meth:`commit` or :meth:`discard` (when other processes write parts of the
-    temporary by name).
-
-    Attributes
-    ----------
-    path : pathlib.Path
-        The path as given, with ``.npy`` appended when it had no suffix.
-    target : pathlib.Path
-        What is written or replaced: ``path`` made absolute, the symlinks it
-        ends in followed (a dangling link's target is created).
-    streaming : bool
-        A FIFO or character device: written in place, in order (no
-        temporary, no rename, no positioned writes).
-    temporary : pathlib.Path or None
-        The hidden temporary's name beside ``target`` (None when streaming);
-        it exists from :meth:`create` (with :meth:`open` and an unnamed
-        file, from the end of the writes) until :meth:`commit` or
-        :meth:`discard`.
-    """
+    in place. Write through :meth:`open`, or :meth:`create` then :meth:`commit`
+    or :meth:`discard` (when other processes write the temporary by name)."""
 
     __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
 
     def __init__(
         self, path: Path, target: Path, *, streaming: bool, func: str = "save_npy"
     ) -> None:
-        self.path = path
-        self.target = target
-        self.streaming = streaming
+        self.path = path  # as given, with .npy appended
+        self.target = target  # what is written or replaced: absolute, symlinks followed
+        self.streaming = streaming  # written in place, in order: no temporary, no offsets
+        # the hidden temporary beside target, from create() (open(): the end of
+        # the writes) until commit() or discard()
         self.temporary: Path | None = None if streaming else _temporary_name(target)
         self.func = func
         self._created = False  # the named temporary exists
@@ -114,22 +83,11 @@ class Destination:
         return f"Destination({str(self.path)!r}, target={str(self.target)!r}, {how})"
 
     def create(self) -> int:
-        """Open the destination for writing; return the descriptor (the caller
-        closes it, before :meth:`commit`).
-
-        Creates :attr:`temporary` exclusively, never following a link (another
-        name is drawn while one exists), with the mode ``open(path, "wb")``
-        would give a new file, or private (0600) until :meth:`commit` when it
-        replaces one. Streaming: opens the FIFO (waiting for a reader, as
-        ``open`` does) or device.
-
-        Raises
-        ------
-        OSError
-            The file cannot be created or opened (the system's error).
-        RuntimeError
-            :meth:`create` was already called.
-        """
+        """Open the destination for writing; return the descriptor (closed by
+        the caller before :meth:`commit`): :attr:`temporary` created
+        exclusively, never through a link, with ``open(path, "wb")``'s mode
+        (0600 until :meth:`commit` when it replaces a file); or the FIFO
+        (waiting for a reader, as ``open`` does) or device."""
         self._refuse_a_second_open()
         flags = os.O_WRONLY | os.O_CLOEXEC
         if self.streaming:
@@ -161,9 +119,7 @@ class Destination:
         )
 
     def _create_unnamed(self) -> int | None:
-        """An unnamed temporary file beside the target (``O_TMPFILE``), with
-        :meth:`create`'s mode; None where the system, the file system or
-        ``/proc`` (through which it is named) has none."""
+        """An unnamed temporary beside the target (``O_TMPFILE``); None where there is none."""
         if self.streaming or not _UNNAMED_TEMPORARY:
             return None
         self._refuse_a_second_open()
@@ -197,25 +153,13 @@ class Destination:
         self._created = True
 
     def commit(self) -> None:
-        """Rename the temporary over the target (nothing to do when streaming).
+        """Rename the temporary over the target, atomically (streaming: nothing to do).
 
-        Atomic: the target is the old file or the complete new one. An
-        existing file's mode bits are kept, and its owner and group where
-        this process may set them (not ACLs or extended attributes). Nothing
-        is synced to disk (``numpy.save`` does not either). A replaced file
-        of 8 MiB or more on a local file system (ext2/3/4, xfs, btrfs, tmpfs,
-        f2fs, overlay) is freed just after: a descriptor opened before the
-        rename is closed by a background thread, where the file system frees
-        its blocks and page cache (at most four held at a time).
-
-        Raises
-        ------
-        OSError
-            The rename failed, or the target became a directory or another
-            non-regular file since :func:`prepare_destination`; the temporary
-            is removed.
-        RuntimeError
-            :meth:`create` was not called, or the temporary was discarded.
+        An existing file's mode bits are kept, and its owner and group where
+        this process may set them; nothing is synced to disk (as
+        ``numpy.save``). A replaced file is freed by :data:`~interop.io._replaced.replaced_files`'
+        thread. On an error (the target became a directory, the rename
+        failed) the temporary is removed.
         """
         if self.streaming:
             return
@@ -236,11 +180,11 @@ class Destination:
                         str(self.target),
                     )
                 _copy_owner_and_mode(self.temporary, st)
-                old = _replaced_files.hold(self.target, st)
+                old = replaced_files.hold(self.target, st)
             try:
                 os.replace(self.temporary, self.target)
             finally:
-                _replaced_files.close_later(old)
+                replaced_files.close_later(old)
         except BaseException:
             self.discard()
             raise
@@ -257,13 +201,8 @@ class Destination:
 
     @contextlib.contextmanager
     def open(self) -> Iterator[BinaryIO]:
-        """Write the file in a ``with`` block: committed when the block ends,
-        discarded (the error re-raised) when it raises.
-
-        Yields a buffered binary file. Where the system allows it the
-        temporary has no name while the block writes it (see the module's
-        notes); it is named once the block ends, then renamed over the target.
-        """
+        """Write the file in a ``with`` block (a buffered binary file):
+        committed when it ends, discarded when it raises."""
         fd = self._create_unnamed()
         unnamed = fd is not None
         if fd is None:
@@ -280,143 +219,6 @@ class Destination:
         self.commit()
 
 
-class _ReplacedFiles:
-    """Descriptors of replaced files, closed by a background thread.
-
-    The last close of a file with no name left is where the file system frees
-    its blocks and drops its page cache; :meth:`hold` opens the file before
-    the rename, :meth:`close_later` hands the descriptor to the thread. The
-    thread leaves after a second without work (a process with threads warns
-    at ``os.fork``), and the next hand-over starts another.
-
-    Every held descriptor is kept in ``_held`` with its file's (device,
-    inode) until it is closed, so that a forked child, which inherits the
-    descriptors but not the thread, closes its copies (and only those: the
-    number may have been reused in the parent for another file).
-    """
-
-    _IDLE_SECONDS = 1.0
-
-    def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[int | threading.Event] = queue.SimpleQueue()
-        self._held: dict[int, tuple[int, int]] = {}
-        self._thread: threading.Thread | None = None
-
-    def hold(self, target: Path, st: os.stat_result) -> int | None:
-        """A read-only descriptor of ``target`` (the regular file ``st``), or
-        None where there is nothing worth holding: a small file, a file with
-        other links (the rename frees nothing), a file on a network or unknown
-        file system, a file this process may not read, or a file that changed
-        since ``st``. The caller passes it to :meth:`close_later`."""
-        if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
-            return None
-        # read each time: device numbers of tmpfs, overlay or NFS mounts are reused
-        kind = _file_system_types().get((os.major(st.st_dev), os.minor(st.st_dev)))
-        if kind not in _FREE_ON_CLOSE:
-            return None
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
-        try:
-            fd = os.open(target, flags)
-        except OSError:
-            return None
-        try:
-            now = os.fstat(fd)
-        except OSError:  # pragma: no cover - fstat of a descriptor just opened
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            os.close(fd)
-            return None
-        with self._lock:
-            self._held[fd] = (now.st_dev, now.st_ino)
-        return fd
-
-    def close_later(self, fd: int | None) -> None:
-        """Close ``fd`` (from :meth:`hold`) on the background thread; at once
-        when enough already wait or no thread can be started. Never raises."""
-        if fd is None:
-            return
-        with self._lock:
-            if len(self._held) <= _FREE_LATER_MAX and self._started():
-                self._queue.put(fd)
-                return
-        self._close(fd)
-
-    def _started(self) -> bool:
-        """A running thread (called with the lock held); False if none can start."""
-        if self._thread is not None:
-            return True
-        # Not named "interop-...": the exit handler joins those (transfer threads).
-        # At exit the kernel closes what is still held.
-        thread = threading.Thread(target=self._run, name="free-replaced-files", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # "can't start new thread"
-            return False
-        self._thread = thread
-        return True
-
-    def _close(self, fd: int) -> None:
-        """Close a held descriptor, then forget it (in that order: a child forked
-        in between finds its number closed or another file's, and leaves it).
-        Once closed, the number may already be held again, for another file
-        that :meth:`hold` opened meanwhile: only this file's entry is forgotten."""
-        with self._lock:
-            key = self._held.get(fd)
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        with self._lock:
-            if key is not None and self._held.get(fd) == key:
-                del self._held[fd]
-
-    def wait(self) -> None:
-        """Block until every descriptor handed over so far was closed (for
-        benchmarks and tests, through :func:`wait_for_replaced_files`)."""
-        done = threading.Event()
-        with self._lock:
-            if self._thread is None:
-                return
-            self._queue.put(done)  # set by the thread after what was queued before it
-        done.wait()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=self._IDLE_SECONDS)
-            except queue.Empty:
-                with self._lock:  # every put happens under the lock: nothing can slip in
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            if isinstance(item, threading.Event):
-                item.set()
-            else:
-                self._close(item)
-
-    def after_fork_in_child(self) -> None:
-        """Close the child's copies of the held descriptors (it has no thread)."""
-        for fd, key in list(self._held.items()):
-            with contextlib.suppress(OSError):
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) == key:
-                    os.close(fd)
-        self._reset()
-
-
-_replaced_files = _ReplacedFiles()
-os.register_at_fork(after_in_child=_replaced_files.after_fork_in_child)
-
-
-def wait_for_replaced_files() -> None:
-    """Block until every file replaced so far was freed (closed by the
-    background thread): for benchmarks and tests that time what follows."""
-    _replaced_files.wait()
-
-
 def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
     """Give ``temporary`` the replaced file's owner/group (where permitted), then
     its mode (after chown, which clears set-user/group-ID bits)."""
@@ -431,24 +233,6 @@ def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
     os.chmod(temporary, stat.S_IMODE(st.st_mode))
 
 
-def _file_system_types() -> dict[tuple[int, int], str]:
-    """The type of each mounted file system, by device number (Linux's
-    ``/proc/self/mountinfo``; empty where there is none)."""
-    types = {}
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                fields, _, rest = line.partition(" - ")
-                parts = fields.split()
-                if len(parts) < 3 or not rest:
-                    continue
-                major, _, minor = parts[2].partition(":")
-                types[(int(major), int(minor))] = rest.split()[0]
-    except (OSError, ValueError):
-        return {}
-    return types
-
-
 def _temporary_name(target: Path) -> Path:
     return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
 
@@ -457,36 +241,11 @@ def _temporary_name(target: Path) -> Path:
 
 
 def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
-    """Check where ``path`` leads and how a file written there must be made.
-
-    Nothing is created or written: every check a save can fail before its
-    data moves is done here (the module's steps), so a refused destination
-    costs nothing. ``func`` names the public function in messages.
-
-    Returns
-    -------
-    Destination
-        With ``path``, ``target``, ``streaming`` and ``temporary`` set.
-
-    Raises
-    ------
-    TypeError
-        ``path`` is not a str or ``os.PathLike``.
-    ValueError
-        ``path`` is empty or holds a NUL byte.
-    IsADirectoryError
-        ``path`` is a directory, or ends with a path separator.
-    FileNotFoundError, NotADirectoryError
-        The directory the file would be in does not exist (or is a file).
-    PermissionError
-        The file exists and this process may not write it (as ``open`` would
-        refuse), or its directory does not let this process create the
-        temporary file (or replace the file in a sticky directory).
-    OSError
-        ``path`` is a socket or block device (never written into or
-        replaced), its name is too long for the file system, or symlinks
-        loop.
-    """
+    """Check where ``path`` leads and how a file written there must be made
+    (the module's steps; ``func`` names the caller in messages). Nothing is
+    created: a refused destination costs nothing. Raises the interop
+    ``PathError`` subclasses (``PermissionError``, ``IsADirectoryError``...),
+    ``TypeError`` and ``ValueError`` that :func:`interop.save_npy` lists."""
     dest = _file_name(path, func)
     st, streaming = _kind(dest, func)
     if streaming:
@@ -519,9 +278,8 @@ def checked_path(path: object, func: str) -> str:
 
 
 def _file_name(path: object, func: str) -> Path:
-    """Step 1: the file's path, with ``.npy`` appended to a name without a
-    suffix (as ``numpy.save`` does), unless it names an existing FIFO or
-    character device (those are written into)."""
+    """Step 1: the path, ``.npy`` appended to a name without a suffix (not
+    to an existing FIFO or character device's)."""
     given = checked_path(path, func)
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
@@ -547,10 +305,9 @@ def _streams(st: os.stat_result) -> bool:
 
 
 def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
-    """Step 2: what ``dest`` names now (None: nothing, or a dangling link
-    whose target is created), and whether it is written into in place (a
-    writable FIFO or character device); anything else but a regular file is
-    refused."""
+    """Step 2: what ``dest`` is now (None: nothing, or a dangling link) and
+    whether it streams (a writable FIFO or character device); anything else
+    but a regular file is refused."""
     shown = str(dest)
     try:
         st = os.stat(dest)
@@ -589,9 +346,8 @@ def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
 
 
 def _replaced_target(dest: Path, st: os.stat_result | None, func: str) -> Path:
-    """Step 3: the file that is replaced (or created): ``dest`` with the
-    symlinks of its last component followed, which must lead to the file
-    ``dest`` names (a link into ``/proc`` may not)."""
+    """Step 3: the file replaced (or created), symlinks followed; it must be
+    the file ``dest`` names (a link into ``/proc`` may not lead there)."""
     target = _follow_links(dest)
     if st is not None and not _same_file(target, st):
         raise path_error(
@@ -604,8 +360,7 @@ def _replaced_target(dest: Path, st: os.stat_result | None, func: str) -> Path:
 
 
 def _check_directory(target: Path, shown: str, func: str) -> os.stat_result:
-    """Step 4: the target's directory exists, is a directory, and its file
-    system allows the target's name; returns its status."""
+    """Step 4: the target's directory exists and allows its name; its status."""
     directory = target.parent
     try:
         dir_st = os.stat(directory)
@@ -641,8 +396,8 @@ def _check_directory(target: Path, shown: str, func: str) -> os.stat_result:
 def _check_permissions(
     target: Path, dest: Path, st: os.stat_result | None, dir_st: os.stat_result, func: str
 ) -> None:
-    """Step 4 (cont.): this process may write the file, create the temporary
-    beside it and rename it over the file (a sticky directory's rule)."""
+    """Step 5: this process may write the file, make the temporary beside it
+    and rename it over the file (a sticky directory's rule included)."""
     shown, directory = str(dest), target.parent
     if st is not None and not _writable(target, os.W_OK):
         raise _not_writable(func, dest, st)
@@ -685,10 +440,10 @@ def _fix(code: int | None) -> str:
 
 
 def _follow_links(path: Path) -> Path:
-    """``path`` made absolute, with the symlinks of its last component followed
-    (as ``open`` follows them). The directory part is kept as written: its links
-    lead to the same directory, and resolving them could need permissions that
-    ``open`` does not."""
+    """``path`` made absolute, the symlinks of its last component followed (as
+    ``open`` follows them)."""
+    # The directory part is kept as written: its links lead to the same
+    # directory, and resolving them could need permissions that open does not.
     path = path.absolute()
     for _ in range(40):  # the kernel's own limit on links followed
         try:
