@@ -1,11 +1,8 @@
 """Stream arrays to and from ``.npy`` files in chunks: ``save_npy`` / ``load_npy``.
 
-Neither function holds the whole array in host memory: ``save_npy`` writes the
-standard ``.npy`` header and then the data chunk by chunk in C order, through
-the transfer pipeline (device data through its staging ring, host data
-through the host engine), each chunk written at its offset by the file stage
-of :mod:`interop.io._format`; ``load_npy`` reads the file chunk by chunk the
-same way, into bounded buffers, and streams each chunk to its destination.
+Neither holds the whole array in host memory: each chunk goes between the
+file (:mod:`interop.io._format`'s stages, at its offset) and the array,
+through the staging ring for device data, on the host engine for host data.
 """
 
 from __future__ import annotations
@@ -77,37 +74,23 @@ def save_npy(
         A NumPy array (memmaps included), a PyTorch tensor (CPU or CUDA) or a
         CuPy array, any strides.
     path : str or os.PathLike
-        Destination. ``.npy`` is appended when the name has no suffix, as
-        ``numpy.save`` does (``"weights"`` is written as ``"weights.npy"``;
-        ``"x.bin"`` is kept), except for an existing FIFO or character device.
-        What happens at the path:
-
-        - a new or regular file: the data is written to a temporary file in
-          the same directory, renamed to ``path`` only when complete, so an
-          interrupted or failed save never leaves a partial file under
-          ``path`` (an existing file stays as it was, byte for byte). On
-          Linux file systems with ``O_TMPFILE`` (tmpfs, ext4, xfs, btrfs...)
-          the temporary file has no name until the data is complete, so even
-          a process killed mid-save leaves nothing behind; elsewhere it is a
-          short hidden file (``.NAME.XXXXXXXX.tmp``), which a killed process
-          leaves. A replaced file keeps its mode bits, and its owner and group
-          where this process may set them;
-        - a symlink: followed; the file it points to is replaced (the
-          temporary is made beside that file) and the link stays;
-        - a FIFO or character device: written into, in order, as
-          ``numpy.save`` writes it (no temporary, no rename; what was written
-          before an error stays written);
-        - a directory (or a path ending in a separator): ``IsADirectoryError``;
-          a socket or block device: ``OSError``.
-
-        A file this process may not write is refused with ``PermissionError``,
-        as ``numpy.save`` refuses it (root may write a 0444 file, as with
-        ``numpy.save``; it keeps mode 0444). So is a file in a directory
-        where the temporary cannot be created (``numpy.save`` would overwrite
-        such a file in place; a save that cannot be atomic is refused).
+        Destination; ``.npy`` is appended to a name without a suffix, as by
+        ``numpy.save`` (``"x.bin"`` is kept), but not to an existing FIFO's or
+        character device's. A new or regular file is written to a temporary
+        file beside it, renamed to ``path`` once complete: a failed save
+        leaves the old file as it was and no partial file (on Linux file
+        systems with ``O_TMPFILE`` the temporary has no name until complete,
+        so a killed process leaves nothing; elsewhere a killed process leaves
+        a hidden ``.NAME.XXXXXXXX.tmp``); a replaced file keeps its mode bits,
+        and its owner and group where permitted. A symlink is followed (its
+        target replaced, the link kept). A FIFO or character device is
+        written into, in order, as by ``numpy.save``. A directory, a socket
+        or block device, a file this process may not write (as ``numpy.save``
+        refuses it; root may replace a 0444 file, keeping its mode) and a
+        file whose directory is not writable (no atomic save there) are
+        refused.
     chunk_bytes : int, optional
-        Chunk size; default ``interop.config.chunk_bytes`` (at least 64 KiB
-        is used).
+        Chunk size; default ``interop.config.chunk_bytes`` (at least 64 KiB).
     progress : bool or callable
         ``True`` shows a tqdm bar in bytes; a callable is called as
         ``progress(bytes_done, bytes_total)``.
@@ -119,48 +102,42 @@ def save_npy(
 
     Notes
     -----
-    Copy semantics: the file is a copy; ``x`` is not modified and no
-    full-size host copy is made. Device data goes through the pinned staging
-    ring of :func:`interop.copy_to_host`, ordered after the work queued on the
-    producer's current stream, and host threads write each slot straight into
-    the file at its offset; the call returns when the file is complete. Extra
+    Copy semantics: the file is a copy, made without a full-size host copy.
+    Device data goes through the pinned staging ring of
+    :func:`interop.copy_to_host`, ordered after the work queued on the
+    producer's current stream, and host threads write each slot into the
+    file at its offset; the call returns when the file is complete. Extra
     host memory: one chunk buffer (strided host data) or the staging ring.
-    bfloat16/float8 data is written under its ``ml_dtypes`` name (see the
-    module docstring for reading it with ``numpy.load``). The file is not
-    synced to disk (``numpy.save`` does not either). A replaced file of 8 MiB
-    or more on a local file system is freed by a background thread just
-    after the rename: the name is the new file's when the call returns, and
-    the old file's disk space comes back a moment later.
+    bfloat16/float8 data is written under its ``ml_dtypes`` name (``numpy.load``
+    reads it once ``ml_dtypes`` is imported). The file is not synced to disk
+    (as ``numpy.save``). A replaced file of 8 MiB or more on a local file
+    system is freed by a background thread just after the rename (its disk
+    space comes back a moment later).
 
     Raises
     ------
     InvalidTypeError
-        ``x`` is not an array, or a masked array (a ``.npy`` file has no room
-        for the mask: save ``x.filled(...)``, or ``x.data`` and its mask
-        apart), a nested or sparse tensor, object data; or ``path`` is not a
-        path. A ``TypeError``, raised before any data moves.
+        ``x`` is not an array, a masked array (a ``.npy`` file has no room for
+        the mask: save ``x.filled(...)``), a nested or sparse tensor, object
+        data; ``path`` is not a path. Before any data moves.
     InvalidValueError
-        A meta tensor, an empty ``path`` or one with a NUL byte, or a
-        ``chunk_bytes`` out of bounds (a ``ValueError``, before any data
-        moves).
+        A meta tensor, an empty ``path`` or one with a NUL byte, a
+        ``chunk_bytes`` out of bounds. Before any data moves.
     UnsupportedDtypeError
         ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
     PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
-        The destination is refused (see ``path``), before any data moves; each
-        is also the ``OSError`` subclass of its name (``IsADirectoryError``, ...).
+        The destination is refused (see ``path``), before any data moves;
+        also ``IsADirectoryError``, ``FileNotFoundError``, ...
     PathError
-        The file cannot be written (a full disk: ``errno.ENOSPC``, a file
-        size limit: ``EFBIG``, an I/O error), for host and device sources
-        alike: an ``OSError`` with the failure's ``errno`` and the path as
-        ``filename``. The destination is untouched (an existing file keeps its
-        contents, a new one is not created, no temporary file is left), and
-        the message says so; for a FIFO or device it says instead that what
-        was written stays written.
+        The file cannot be written (``errno.ENOSPC``, ``EFBIG``, an I/O
+        error), for host and device data alike: an ``OSError`` with the
+        failure's ``errno`` and the path as ``filename``; the destination is
+        untouched (no temporary left) and the message says so (for a FIFO or
+        device: that what was written stays written).
     TransferError
-        A device chunk failed otherwise (a CUDA error, a ``progress`` callable
-        that raised, chained as ``__cause__``): the destination is untouched
-        as above and ``bytes_done`` is 0 (for a FIFO or device: the data bytes
-        known to be written).
+        A device chunk failed otherwise (a CUDA error; the cause is chained):
+        the destination is untouched and ``bytes_done`` is 0 (for a FIFO or
+        device: the data bytes known to be written).
     """
     check_options(chunk_bytes, progress)  # refused before any file is made
     _refuse_masked(x)
@@ -210,8 +187,7 @@ def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
 
 
 def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None) -> PathError:
-    """The :class:`PathError` (with the failure's ``errno``) of a write or
-    rename that failed: a full disk, a file size limit, an I/O error."""
+    """The :class:`PathError` (with its ``errno``) of a write or rename that failed."""
     return path_error(
         exc.errno,
         f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; "
@@ -221,9 +197,7 @@ def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None)
 
 
 def _transfer_failed(dest: Destination, exc: TransferError) -> TransferError:
-    """The pipeline's error (a device error, a ``progress`` callable that
-    raised, a cancel) restated for the file: nothing of an atomic save is
-    kept, so no byte of the destination counts as done."""
+    """The pipeline's error restated for the file: no byte of an atomic save is kept."""
     cause = exc.__cause__
     what = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
     done = exc.bytes_done if dest.streaming else 0
@@ -356,8 +330,7 @@ def _byte_order_error(where: str, want: np.dtype, got: np.dtype, numpy: bool) ->
 
 
 def _may_map_a_file(a: np.ndarray) -> bool:
-    """False where ``a``'s memory is certainly not a file mapping: its base
-    chain ends in an array that allocated its own memory (``numpy.empty``)."""
+    """False where ``a``'s base chain ends in memory of its own (not a file mapping)."""
     obj: Any = a
     while isinstance(obj, np.ndarray):
         if obj.base is None:
@@ -367,11 +340,9 @@ def _may_map_a_file(a: np.ndarray) -> bool:
 
 
 def _mapped_file_ranges(lo: int, hi: int) -> list[tuple[int, int, int, str, int, int]] | None:
-    """The shared file mappings of this process under addresses ``[lo, hi)``,
-    from Linux's ``/proc/self/maps``: ``(major, minor, inode, path, start,
-    end)``, where ``[start, end)`` are the file offsets of the part inside
-    ``[lo, hi)``. A private (copy-on-write) mapping never writes the file and
-    is left out. None where there is no such table (another system)."""
+    """This process's shared file mappings under addresses ``[lo, hi)`` (Linux's
+    ``/proc/self/maps``; None elsewhere), as ``(major, minor, inode, path,
+    start, end)`` with the file offsets inside ``[lo, hi)``."""
     found = []
     try:
         with open("/proc/self/maps") as f:
@@ -404,9 +375,8 @@ def _mapped_file_ranges(lo: int, hi: int) -> list[tuple[int, int, int, str, int,
 def _memmap_file_ranges(
     a: np.ndarray, lo: int, hi: int
 ) -> list[tuple[str | os.PathLike[str], int, int]]:
-    """Where ``/proc/self/maps`` is missing: the ``numpy.memmap`` at the root
-    of ``a``'s base chain, as ``(filename, start, end)`` file offsets of
-    ``[lo, hi)``."""
+    """Without ``/proc/self/maps``: the ``numpy.memmap`` under ``a``, as
+    ``(filename, start, end)`` file offsets of ``[lo, hi)``."""
     root: Any = None
     obj: Any = a
     while isinstance(obj, np.ndarray):
@@ -420,15 +390,12 @@ def _memmap_file_ranges(
 
 
 def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
-    """Refuse an ``out`` that maps bytes of the file being read (a
-    ``numpy.memmap`` of it, ``numpy.load(path, mmap_mode="r+")``, any view of
-    one): each chunk written into ``out`` would change bytes of the file that
-    later chunks read, so the result would be wrong (a reversed view leaves a
-    palindrome). Two mappings of one file have different addresses, so
-    nothing else can see the overlap. Conservative: any byte of the file
-    under ``out``'s extent is refused; a mapping of another file, of an older
-    file that was since replaced under the same name, or a copy-on-write one
-    (``mmap_mode="c"``: it never writes the file) is not."""
+    """Refuse an ``out`` over a shared mapping of bytes of the file being read."""
+    # Each chunk written into out would change bytes later chunks read (a
+    # reversed view leaves a palindrome), and two mappings of one file have
+    # different addresses, so no overlap check sees it. Any byte of the file
+    # under out's extent is refused; a mapping of another (or a since
+    # replaced) file, or a copy-on-write one, is not.
     if not out.size or not _may_map_a_file(out):
         return
     lo, hi = np.lib.array_utils.byte_bounds(out)
@@ -497,19 +464,12 @@ def load_npy(
         Preallocated destination with the file's shape and dtype, any strides.
         Checked, with the header and the file size, before anything is read.
     device : optional
-        Where a new array goes when ``out`` is not given. None (the default)
-        or ``"cpu"``: a NumPy array in host memory, like ``numpy.load`` (a
-        file's natural home is host memory; no GPU is needed). ``"cuda"``,
-        ``"cuda:N"``, an int, a ``torch.device`` or a ``cupy.cuda.Device``: a
-        CuPy array on that CUDA device (``"cuda"``: the current device).
-        With ``out``, ``device`` may be given only if it names where ``out``
-        is.
-    chunk_bytes : int, optional
-        Chunk size; default ``interop.config.chunk_bytes`` (at least 64 KiB
-        is used).
-    progress : bool or callable
-        ``True`` shows a tqdm bar in bytes; a callable is called as
-        ``progress(bytes_done, bytes_total)``.
+        Where a new array goes without ``out``: None (default) or ``"cpu"``,
+        a NumPy array, like ``numpy.load``; ``"cuda"``, ``"cuda:N"``, an int,
+        a ``torch.device`` or a ``cupy.cuda.Device``, a CuPy array on that
+        device. With ``out``, only where ``out`` is.
+    chunk_bytes, progress
+        As for :func:`save_npy`.
 
     Returns
     -------
@@ -519,54 +479,41 @@ def load_npy(
 
     Notes
     -----
-    The file is never read whole. For host memory, contiguous chunks are read
-    straight into the destination, others through one chunk buffer. For
-    device memory, host threads read each chunk (``os.preadv``) straight into
-    a free pinned staging slot while earlier slots are copied to the device —
-    the pipeline of :func:`interop.copy_to_device`, ordered after the
-    destination library's current stream; the call returns when the data is
-    on the device. Extra host memory is one chunk buffer (host) or the
-    staging ring (device).
+    The file is never read whole. Host memory: contiguous chunks are read
+    straight into the destination, others through one chunk buffer. Device
+    memory: host threads read each chunk (``os.preadv``) into a free pinned
+    slot while earlier slots are copied to the device (the pipeline of
+    :func:`interop.copy_to_device`, ordered after the destination library's
+    current stream); the call returns when the data is on the device.
 
     Raises
     ------
     NpyFormatError
-        Corrupt, truncated or object-dtype file, a header with an impossible
-        shape, or one longer than ``numpy.load`` parses by default (see
-        :func:`read_npy_header`; the message names the file). A
-        ``ValueError``; nothing is written.
+        Corrupt, truncated or object-dtype file, an impossible shape, a
+        header longer than ``numpy.load`` parses by default (see
+        :func:`read_npy_header`). A ``ValueError``; nothing is written.
     InvalidValueError
-        An ``out`` of the wrong shape/dtype or read-only, or a ``device`` that
-        is not where ``out`` is; a ``device`` string that is not ``"cpu"``,
-        ``"cuda"`` or ``"cuda:N"`` (the message lists what to pass); a host
-        ``out`` in the other byte order than the file's (the bytes are not
-        swapped into host memory; the message says how to convert); an
-        ``out`` whose elements may share memory (a stride of 0, an
-        ``as_strided`` view); an ``out`` that is a shared memory map of the
-        file being read (a ``numpy.memmap`` or ``numpy.load(path,
-        mmap_mode="r+")`` of it, any view of one, a tensor over one: writing
-        it would change bytes still to be read; load into new memory and
-        copy, ``out[...] = load_npy(path)``); a file replaced or written
-        between reading its header and its data; a ``path`` with a NUL byte.
-        A ``ValueError``; nothing is written.
+        An ``out`` of the wrong shape or dtype, read-only, with elements that
+        may share memory, elsewhere than ``device``, or (host) in the other
+        byte order than the file's (the message says how to convert); an
+        ``out`` that is a shared memory map of the file itself (writing it
+        would change bytes still to be read: ``out[...] = load_npy(path)``);
+        a bad ``device`` string; a file replaced or written between reading
+        its header and its data; a ``path`` with a NUL byte. Nothing is
+        written.
     InvalidTypeError
-        ``out`` is not an array, ``device`` is not a device, or ``path`` is
-        not a path (a ``TypeError``).
+        ``out`` is not an array, ``device`` not a device, ``path`` not a path.
     BackendUnavailableError, NoDeviceError
-        A CUDA ``device`` without CuPy or without a visible GPU; the message
-        says that ``device="cpu"`` (or no ``device``) reads into NumPy.
+        A CUDA ``device`` without CuPy or a visible GPU (the message says
+        that ``device="cpu"`` reads into NumPy).
     CaptureError
-        A device destination inside CUDA graph capture (nothing is allocated
-        or read).
+        A device destination inside CUDA graph capture (nothing done).
     PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
-        No such file, a file this process may not read, a directory (also
-        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``),
-        or a FIFO, socket or device (a ``PathError``, an ``OSError``; nothing
-        is read from it).
+        No such file, a file this process may not read, a directory, a FIFO,
+        socket or device (nothing read from it).
     TransferError
         Reading or copying failed part-way; the message says which byte range
-        of ``out`` (in file order) is complete. The call never reports a
-        partly written ``out`` as success.
+        of ``out`` (in file order) is complete.
     """
     target = _load_target(device)
     check_options(chunk_bytes, progress)

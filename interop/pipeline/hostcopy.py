@@ -27,15 +27,12 @@ HOST_CHUNK_MAX = 256 << 20
 
 
 def host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
-    """Default chunk size of a host-to-host copy between arrays.
-
-    It needs no staging buffer, so the chunk size only sets the
-    progress/cancel granularity and the parallelism. Measured on a 2-core
-    machine: copying 256 MiB in 32 MiB pieces was 1.5x slower than one
-    ``numpy.copyto`` (the C library's large-copy strategy works per call),
-    while one piece per thread beat it. So: one chunk per thread, at least
-    ``chunk_bytes`` and at most 256 MiB.
-    """
+    """Default chunk size of a host-to-host copy between arrays: one chunk per
+    thread, at least ``chunk`` and at most 256 MiB."""
+    # No staging buffer: the chunk only sets the progress/cancel granularity and
+    # the parallelism. On 2 cores, 256 MiB in 32 MiB pieces was 1.5x slower than
+    # one numpy.copyto (libc's large-copy strategy works per call); a piece per
+    # thread beat it.
     per_thread = -(-nbytes // max(1, threads))
     return max(chunk, min(per_thread, HOST_CHUNK_MAX))
 

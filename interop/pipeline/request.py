@@ -33,14 +33,7 @@ _NEEDS = {
 
 def check_options(chunk_bytes: Any, progress: Any) -> int:
     """The chunk size of ``chunk_bytes`` (:func:`~interop.config.chunk_bytes_or_default`),
-    once ``progress`` is a bool or a callable.
-
-    Raises
-    ------
-    InvalidTypeError, InvalidValueError
-        A ``chunk_bytes`` that is not an integer in bounds, a ``progress``
-        that is neither (a ``TypeError`` or ``ValueError``).
-    """
+    once ``progress`` is a bool or a callable (else a TypeError or ValueError)."""
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
     return chunk
@@ -48,59 +41,27 @@ def check_options(chunk_bytes: Any, progress: Any) -> int:
 
 @dataclass(frozen=True)
 class TransferRequest:
-    """One copy, described by the public call that starts it.
+    """One copy, described by the public call that starts it: what moves
+    (``device``, ``stage``, ``shape``), where (``direction``), how (the rest)."""
 
-    Attributes
-    ----------
-    func : str
-        The public function, for messages and the transfer thread's name.
-    direction : {"d2h", "h2d", "h2h", "d2d"}
-        Device to host, host to device (both through the staging ring), host
-        to host (the host engine), device to device (one queued copy).
-    result : object
-        What :meth:`Transfer.result` returns.
-    stage : HostStage, optional
-        The host end: what happens to each chunk on the host.
-    device : Source, optional
-        The device array: the source (d2h, d2d) or the destination (h2d).
-    target : Source, optional
-        d2d: the destination.
-    shape, itemsize : tuple of int, int
-        h2h: the array walked in C order (a device request reads them off
-        the device array).
-    chunk_bytes : int, optional
-        Given to the constructor; validated into :attr:`chunk`, default
-        ``config.chunk_bytes`` (at least 64 KiB).
-    progress : bool or callable
-        A tqdm bar, or ``progress(bytes_done, bytes_total)``.
-    order : str
-        What the byte ranges of progress and errors count in.
-    threads : int
-        Host threads for the stage's pieces; 0 (default): ``config.host_threads``.
-    host : numpy.ndarray, optional
-        The host array the stage writes (d2h) or reads (h2d): the DMAs use it
-        directly where it is page-locked and C-contiguous.
-    cast : numpy.dtype, optional
-        d2h: the floating dtype the chunks are cast to on the device.
-    inline : bool
-        Run on the calling thread before :func:`start` returns (blocking calls).
-    """
-
-    func: str
+    func: str  # the public function: messages, the transfer thread's name
+    # d2h, h2d: through the staging ring; h2h: the host engine; d2d: one queued copy
     direction: Literal["d2h", "h2d", "h2h", "d2d"]
-    result: Any
-    stage: HostStage | None = None
-    device: Source | None = None
-    target: Source | None = None
-    shape: tuple[int, ...] = ()
+    result: Any  # what Transfer.result() returns
+    stage: HostStage | None = None  # the host end (all but d2d)
+    device: Source | None = None  # the device array: the source (d2h, d2d) or destination (h2d)
+    target: Source | None = None  # d2d: the destination
+    shape: tuple[int, ...] = ()  # h2h: the array walked in C order, and its itemsize
     itemsize: int = 1
-    chunk_bytes: InitVar[int | None] = None
-    progress: Any = False
-    order: str = "the source's C order"
-    threads: int = 0
+    chunk_bytes: InitVar[int | None] = None  # resolved into chunk (config's default)
+    progress: Any = False  # a tqdm bar, or progress(bytes_done, bytes_total)
+    order: str = "the source's C order"  # what progress and error byte ranges count
+    threads: int = 0  # host threads for the stage's pieces (0: config.host_threads)
+    # d2h, h2d: the host array the stage writes or reads; the DMAs use it
+    # directly where it is page-locked and C-contiguous
     host: np.ndarray | None = None
-    cast: np.dtype | None = None
-    inline: bool = False
+    cast: np.dtype | None = None  # d2h: the floating dtype chunks are cast to on the device
+    inline: bool = False  # run on the calling thread before start() returns (blocking calls)
     chunk: int = field(init=False)
 
     def __post_init__(self, chunk_bytes: int | None) -> None:

@@ -108,16 +108,7 @@ def _transfer(request: TransferRequest, sizes: list[int]) -> Transfer:
 
 
 def backend_for(src: Source) -> Backend:
-    """The device that moves the device array ``src`` describes: its CUDA
-    device's backend, or the registered device's.
-
-    Raises
-    ------
-    InvalidTypeError
-        ``src`` is host data.
-    NoDeviceError, BackendUnavailableError
-        CUDA data without a usable device or CuPy.
-    """
+    """The device that moves the device array ``src`` (InvalidTypeError for host data)."""
     if src.device is not None:
         return src.device
     if src.cuda is None:
@@ -130,15 +121,7 @@ def backend_for(src: Source) -> Backend:
 
 
 def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Any:
-    """A new uninitialised array of ``backend``'s for ``func``'s result, once
-    no capture under way forbids it.
-
-    Raises
-    ------
-    CaptureError
-        A CUDA graph capture is under way and the allocation could grow
-        CuPy's pool (``cudaMalloc``, which would break it); nothing allocated.
-    """
+    """A new array of ``backend``'s for ``func``'s result, once no capture forbids it."""
     if backend.capture_forbids_allocation():
         raise CaptureError(
             f"{func} expected no CUDA graph capture under way when it allocates its result "
@@ -153,15 +136,7 @@ def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func
 def empty_device(
     shape: tuple[int, ...], dtype: np.dtype, device: Any = None, func: str = "copy_to_device"
 ) -> Any:
-    """A new uninitialised CuPy array on ``device`` (default: the current
-    device) for ``func``'s result (:func:`empty_result`).
-
-    Raises
-    ------
-    ValueError
-        ``device`` is not a CUDA device.
-    BackendUnavailableError, NoDeviceError, UnsupportedDtypeError, CaptureError
-    """
+    """A new CuPy array on CUDA ``device`` (None: the current one), as :func:`empty_result`."""
     index = cuda_index(device)
     cp = _backends.require_cupy_device()
     dtypes.check_cupy_dtype(np.dtype(dtype))
@@ -172,13 +147,7 @@ def empty_device(
 
 
 def cuda_index(device: Any) -> int | None:
-    """The index of a CUDA ``device`` argument (None: the current device).
-
-    Raises
-    ------
-    InvalidValueError
-        ``device`` is not a CUDA device.
-    """
+    """The index of a CUDA ``device`` argument (None: the current device)."""
     target = parse_device(device)
     if target is not None and target[0] != "cuda":
         raise InvalidValueError(
@@ -189,10 +158,10 @@ def cuda_index(device: Any) -> int | None:
 
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
-    """A new copy stream that starts after the work queued so far on the data's
-    own stream (an event recorded now, in the caller's thread: current streams
-    are per thread). The record runs with the data's device current: a legacy
-    default stream handle (0) means the current device's."""
+    """A new copy stream that starts after the work queued so far on the data's stream."""
+    # Recorded now, in the caller's thread (current streams are per thread),
+    # with the data's device current (a legacy default stream handle, 0, means
+    # the current device's).
     with backend.activate():
         stream = backend.stream()
         start = backend.event()
@@ -204,27 +173,18 @@ def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
 def _pinned_addresses(
     backend: Backend, host: np.ndarray | None, plan: Plan
 ) -> Callable[[int], int] | None:
-    """Chunk ``i``'s address in ``host`` when the DMAs can use it directly: a
-    C-contiguous array (chunk ``i`` is then its bytes ``[starts[i], starts[i] +
-    sizes[i])``) in page-locked memory. None: go through the staging ring."""
+    """Chunk ``i``'s address in ``host``, where the DMAs can use it directly (a
+    page-locked C-contiguous array); None: through the staging ring."""
     if host is None or not host.flags.c_contiguous or host.nbytes != plan.nbytes:
         return None
-    if not backend.is_pinned(int(host.ctypes.data), plan.nbytes):
+    base = int(host.ctypes.data)
+    if not backend.is_pinned(base, plan.nbytes):
         return None
-    return _ChunkAddresses(host, plan.starts)
 
+    def address(i: int, host: np.ndarray = host) -> int:  # holds host alive for the DMAs
+        return base + plan.starts[i]  # chunk i: bytes [starts[i], starts[i] + sizes[i])
 
-class _ChunkAddresses:
-    """Chunk ``i``'s address in a C-contiguous host array; holds the array, so
-    its memory stays alive while the DMAs use it."""
-
-    def __init__(self, host: np.ndarray, starts: list[int]) -> None:
-        self.host = host
-        self.base = int(host.ctypes.data)
-        self.starts = starts
-
-    def __call__(self, i: int) -> int:
-        return self.base + self.starts[i]
+    return address
 
 
 # ----------------------------------------------------------------- device to device
@@ -232,29 +192,16 @@ class _ChunkAddresses:
 
 def device_to_device(src: Source, dst: Source) -> None:
     """Queue ``dst[...] = src`` on ``dst``'s library's current stream, ordered
-    both ways with ``src``'s library's current stream (both read in this thread).
-
-    The consumer's stream first waits for an event on the producer's stream,
-    so the copy reads ``x`` after the work that made it. Then the producer's
-    stream waits for the copy: both libraries' pools hand a freed block
-    straight back out to the next allocation on the stream it belongs to, so
-    without this a caller who drops ``x`` (or the temporary made for a tensor
-    with the conjugate/negative bit) as soon as this returns could have its
-    memory overwritten by new work on that stream before the copy read it.
-    This is the two-way barrier of PyTorch's own cross-device copy. Where both
-    libraries use one stream of one device nothing is waited on: stream order
-    covers both directions.
-
-    Raises
-    ------
-    InvalidTypeError
-        ``x`` and ``out`` are on different kinds of device.
-    CaptureError
-        A CUDA graph capture is under way and the two streams differ, unless
-        the source's stream captures and the destination's can join it (an
-        event wait across the capture's boundary, or the legacy default
-        stream waiting on the capture, would invalidate it); nothing was queued.
-    """
+    both ways with ``src``'s library's current stream (both read in this
+    thread): PyTorch's two-way barrier of a cross-device copy. Raises
+    InvalidTypeError for two kinds of device, CaptureError where a capture
+    cannot hold the two streams' events (nothing queued)."""
+    # The consumer's stream waits for the producer's, so the copy reads src
+    # after the work that made it; then the producer's waits for the copy:
+    # both libraries' pools hand a freed block straight to the next
+    # allocation on its stream, so a caller who drops src (or the temporary
+    # of a conjugate/negative-bit tensor) at once could see it overwritten
+    # before the copy read it. One stream of one device needs no waits.
     producer, backend = backend_for(src), backend_for(dst)
     if type(producer) is not type(backend):
         raise InvalidTypeError(
