@@ -44,8 +44,7 @@ __all__ = [
 
 
 def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
-    """The host source's memory where it holds exactly the bytes the device
-    gets (native byte order, no conjugate/negative bit to apply); else None."""
+    """The host source's memory where it holds exactly the bytes the device gets."""
     obj = src.obj
     if isinstance(obj, np.ndarray):
         return obj if obj.dtype == dtype else None
@@ -55,8 +54,7 @@ def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
 
 
 def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Source:
-    """Check a device destination's type, shape and dtype (before anything is
-    written); return it described."""
+    """A device ``out`` checked (type, shape, dtype, elements apart) and described."""
     if not is_device_array(out):
         raise InvalidTypeError(
             f"{func} expected out to be a CuPy array or a CUDA torch tensor "
@@ -346,22 +344,16 @@ def copy_to_device(
     Parameters
     ----------
     x : array
-        Host data (NumPy arrays of any strides and byte order, memmaps
-        included; CPU or pinned torch tensors) or device data (CuPy arrays,
-        CUDA tensors).
+        Host data (NumPy arrays of any strides and byte order, memmaps, CPU
+        or pinned tensors) or device data (CuPy arrays, CUDA tensors).
     out : cupy.ndarray or torch.Tensor, optional
-        Preallocated CuPy array or CUDA tensor with exactly ``x.shape`` and
-        ``x``'s dtype in native byte order, any strides. Checked before
-        anything is written.
+        Exactly ``x.shape`` and ``x``'s dtype in native byte order, any
+        strides; checked before anything is written.
     device : optional
         Without ``out``: the CUDA device of the new CuPy array (default: the
-        current device).
-    chunk_bytes : int, optional
-        Staging chunk size; default ``interop.config.chunk_bytes``.
-    progress : bool or callable
-        ``True`` shows a tqdm bar in bytes; a callable is called as
-        ``progress(bytes_done, bytes_total)`` as chunks complete on the
-        device, in order.
+        current one).
+    chunk_bytes, progress
+        As for :func:`copy_to_host_async` (chunks complete on the device).
 
     Returns
     -------

@@ -389,6 +389,14 @@ def test_missing_file(tmp_path):
         interop.load_npy(tmp_path / "nope.npy", device="cpu")
 
 
+def test_load_refuses_a_progress_that_is_neither_a_bool_nor_a_callable(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(4.0))
+    out = np.full(4, 7.0)
+    with pytest.raises(interop.InvalidTypeError, match=r"expected progress .* \(got 5\)"):
+        interop.load_npy(tmp_path / "a.npy", out, progress=5)
+    assert out.tolist() == [7.0] * 4  # refused before anything was read
+
+
 def test_save_rejects_non_arrays(tmp_path):
     with pytest.raises(TypeError, match=r"save_npy expected .* \(got builtins.list: \[1, 2, 3\]\)"):
         interop.save_npy([1, 2, 3], tmp_path / "x.npy")

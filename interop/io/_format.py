@@ -1,20 +1,15 @@
 """The ``.npy`` file: its header, where an array's bytes lie, and the host
 stages that move chunks to and from those places.
 
-The header is ``numpy.lib.format``'s (formats 1.0, 2.0 and 3.0 are read, as
-by ``numpy.load``). bfloat16 and float8 arrays are written with their
-``ml_dtypes`` name as the header's ``descr`` (``'bfloat16'``,
-``'float8_e4m3fn'``, ...). ``numpy.load`` reads such a file back with the
-right dtype once ``ml_dtypes`` has been imported (it registers those names
-with NumPy); without ``ml_dtypes`` ``numpy.load`` refuses the file instead of
-returning raw bytes. (``numpy.save`` itself writes such arrays as opaque
-``'<V2'`` records and loses the dtype.)
+The header is ``numpy.lib.format``'s (formats 1.0, 2.0 and 3.0 are read, as by
+``numpy.load``). bfloat16 and float8 arrays are written under their
+``ml_dtypes`` name as ``descr`` (``'bfloat16'``, ...), which ``numpy.load``
+reads once ``ml_dtypes`` is imported and refuses before (``numpy.save`` writes
+them as opaque ``'<V2'`` records and loses the dtype).
 
-The data is moved with positioned reads and writes (``os.preadv``,
-``os.pwrite``) at each chunk's offsets, by :class:`FileWriter` and
-:class:`FileReader`, the pipeline's host stages for files. A file mapping is
-deliberately not used: every page written through a mapping stays in the
-process's resident memory.
+:class:`FileWriter` and :class:`FileReader`, the pipeline's host stages for
+files, move each chunk with positioned writes and reads at its offsets; never
+through a file mapping, whose written pages stay in the process's memory.
 """
 
 from __future__ import annotations
@@ -64,31 +59,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class NpyHeader:
-    """What a ``.npy`` header says, checked against the file's size.
-
-    Attributes
-    ----------
-    path : pathlib.Path
-    shape : tuple of int
-    dtype : numpy.dtype
-    fortran_order : bool
-        True if the data is stored in Fortran (column-major) order.
-    offset : int
-        Byte offset of the data in the file.
-    nbytes : int
-        Size of the data in bytes.
-    identity : tuple of int
-        The file's device, inode, size and modification time (``st_mtime_ns``)
-        when the header was read: a reader that finds another identity is
-        reading a file replaced or changed since.
-    """
+    """What a ``.npy`` header says, checked against the file's size."""
 
     path: Path
     shape: tuple[int, ...]
     dtype: np.dtype
-    fortran_order: bool
-    offset: int
-    nbytes: int
+    fortran_order: bool  # the data is stored in Fortran (column-major) order
+    offset: int  # of the data in the file
+    nbytes: int  # of the data
+    # device, inode, size and st_mtime_ns when the header was read: a reader
+    # that finds another identity reads a file replaced or changed since
     identity: tuple[int, int, int, int]
 
     def runs(self) -> Runs:
@@ -109,10 +89,9 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
 def open_unchanged(
     path: str | os.PathLike[str], identity: tuple[int, ...], what: str, *, same_machine: bool = True
 ) -> int:
-    """Open ``path`` for reading; refuse it if it is not the file of
-    ``identity`` (:func:`file_identity`) any more: replaced (``os.replace``)
-    or written since. On another machine than the one that took ``identity``
-    a shared file has another device number, so the rest is compared."""
+    """Open ``path`` for reading, unless it is no longer the file of ``identity``
+    (replaced or written since); on another machine the device number is not
+    compared (a shared file has another one there)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     now = file_identity(os.fstat(fd))
     first = 0 if same_machine else 1  # the device number holds on one machine only
@@ -159,13 +138,10 @@ def header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
 
 
 def _read_array_header_3_0(f: BinaryIO) -> tuple[Any, bool, np.dtype]:
-    """Read a format 3.0 header: format 2.0 with the header text in UTF-8.
-
-    ``numpy.lib.format`` reads 3.0 only inside ``numpy.load``; here the text is
-    handed to its public 2.0 reader with non-ASCII characters written as
-    escapes (they occur only inside the header's string literals, so the
-    header means the same), leaving ``f`` at the start of the data.
-    """
+    """Read a format 3.0 header (2.0 with UTF-8 text), leaving ``f`` at the data."""
+    # numpy.lib.format reads 3.0 only inside numpy.load: its public 2.0 reader
+    # gets the text with non-ASCII characters escaped (they occur only inside
+    # string literals, so the header means the same).
     size_bytes = f.read(4)
     if len(size_bytes) < 4:
         raise ValueError("EOF while reading the header length")
@@ -187,31 +163,22 @@ _HEADER_READERS: dict[tuple[int, int], Callable[[BinaryIO], tuple[Any, bool, np.
 
 
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and check the header of a ``.npy`` file without reading its data.
-
-    Formats 1.0, 2.0 and 3.0 (a UTF-8 header) are read, as by ``numpy.load``.
+    """Read and check the header of a ``.npy`` file (format 1.0, 2.0 or 3.0)
+    without reading its data.
 
     Raises
     ------
     NpyFormatError
-        The file is not a ``.npy`` file, its header is corrupt, longer than
-        the 10000 bytes ``numpy.load`` parses by default (the message says
-        how to map such a file with ``numpy.load`` if it is trusted), or gives
-        an impossible shape (a dimension that is negative, not an int, a
-        bool, or more bytes than this machine can address), it holds Python
-        objects (never unpickled), or its size does not match the header
-        (truncated or with trailing bytes). The message names the file. A
-        ``ValueError``.
+        Not a ``.npy`` file, a corrupt header or one longer than the 10000
+        bytes ``numpy.load`` parses by default (the message says how to map a
+        trusted one), an impossible shape (negative, not an int, more bytes
+        than this machine addresses), Python objects (never unpickled), or a
+        size that does not match the header. A ``ValueError``.
     PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
-        No such file, a file this process may not read, a directory, a FIFO,
-        socket or device (refused without reading from it: the data is read
-        at offsets), or another reason the file cannot be opened (also
-        ``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``,
-        ``OSError``).
-    InvalidTypeError
-        ``path`` is not a str or ``os.PathLike`` (a ``TypeError``).
-    InvalidValueError
-        ``path`` holds a NUL byte (a ``ValueError``).
+        The file cannot be opened, or is a directory, a FIFO, socket or
+        device (refused unread: the data is read at offsets).
+    InvalidTypeError, InvalidValueError
+        ``path`` is not a str or ``os.PathLike``, or holds a NUL byte.
     """
     path = Path(checked_path(path, "load_npy"))
     shown = repr(str(path))
@@ -302,12 +269,8 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
 
 @dataclass(frozen=True)
 class Runs:
-    """The file stretches that hold one block, in the block's C order.
-
-    Every run is ``nbytes`` long; ``offsets[r]`` is where run ``r`` starts in
-    the file. Byte ``b`` of the block (in its C order) is at
-    ``offsets[b // nbytes] + b % nbytes``.
-    """
+    """The file stretches that hold one block: byte ``b`` of the block (in its
+    C order) is at ``offsets[b // nbytes] + b % nbytes``."""
 
     offsets: np.ndarray
     nbytes: int

@@ -322,7 +322,9 @@ def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
         ) from exc
     except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES on a directory above
         raise path_error(
-            exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}{_fix(exc.errno)}", shown
+            exc.errno,
+            f"{func} cannot write {shown!r}: {exc.strerror}{_FIXES.get(exc.errno, '')}",
+            shown,
         ) from exc
     if stat.S_ISDIR(st.st_mode):
         raise path_error(
@@ -427,16 +429,11 @@ def _check_permissions(
         )
 
 
-_FIXES = {
+_FIXES: dict[int | None, str] = {  # what to do about a failed stat of the path
     errno.ENAMETOOLONG: "; use a shorter name",
     errno.ELOOP: "; the symlinks at the path lead back to themselves: fix or remove them",
     errno.EACCES: "; a directory above it may not be searched by this process: save elsewhere",
 }
-
-
-def _fix(code: int | None) -> str:
-    """What to do about a failed ``stat`` of the path, for a message."""
-    return _FIXES.get(code, "") if code is not None else ""
 
 
 def _follow_links(path: Path) -> Path:
