@@ -28,7 +28,7 @@ import numpy as np
 
 import interop
 from interop.info import install_command
-from interop.npy import read_npy_header
+from interop.io.npy import read_npy_header
 
 try:
     import dask.array as da

@@ -35,7 +35,7 @@ from .errors import (
     UsageError,
 )
 from .exchange import to_cupy, to_numpy, to_torch
-from .npy import load_npy, save_npy
+from .io.npy import load_npy, save_npy
 from .pinned import Pinned, empty_pinned, pin
 from .streams import stream
 from .transfer import (

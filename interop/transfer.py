@@ -2,10 +2,9 @@
 and their asynchronous forms.
 
 The public calls: they check their arguments (before anything is written),
-describe the source and destination once, and start a
-:class:`~interop.pipeline.future.Transfer` through the pipeline's entry points
-(:mod:`interop.pipeline.start`) for device data, or the host copy engine for
-host data.
+describe the source and destination once, build one
+:class:`~interop.pipeline.request.TransferRequest` and start it
+(:func:`interop.pipeline.start.start`).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _backends, dtypes
+from . import dtypes
 from .arrays import (
     Source,
     array_source,
@@ -23,23 +22,14 @@ from .arrays import (
     check_host_out,
     is_device_array,
     numpy_view_of_cpu_tensor,
-    parse_device,
 )
-from .config import chunk_bytes_or_default, config, host_copy_threads
-from .errors import CaptureError, InvalidTypeError, InvalidValueError
-from .pipeline.backend import Backend
+from .config import chunk_bytes_or_default, host_copy_threads
+from .errors import InvalidTypeError, InvalidValueError
 from .pipeline.future import Transfer
-from .pipeline.hostcopy import host_chunk_bytes, host_copy
-from .pipeline.plan import c_order_chunks, nbytes_of
-from .pipeline.progress import Progress, check_progress
-from .pipeline.start import (
-    backend_for,
-    device_to_device,
-    device_to_host,
-    drain_into,
-    fill_from,
-    host_to_device,
-)
+from .pipeline.hostcopy import CopyIn, CopyOut, host_chunk_bytes
+from .pipeline.plan import nbytes_of
+from .pipeline.request import TransferRequest, check_options
+from .pipeline.start import backend_for, cuda_index, empty_device, empty_result, start
 
 __all__ = [
     "Transfer",
@@ -54,8 +44,7 @@ __all__ = [
 
 
 def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
-    """The host source's memory where it holds exactly the bytes the device
-    gets (native byte order, no conjugate/negative bit to apply); else None."""
+    """The host source's memory where it holds exactly the bytes the device gets."""
     obj = src.obj
     if isinstance(obj, np.ndarray):
         return obj if obj.dtype == dtype else None
@@ -65,8 +54,7 @@ def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
 
 
 def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Source:
-    """Check a device destination's type, shape and dtype (before anything is
-    written); return it described."""
+    """A device ``out`` checked (type, shape, dtype, elements apart) and described."""
     if not is_device_array(out):
         raise InvalidTypeError(
             f"{func} expected out to be a CuPy array or a CUDA torch tensor "
@@ -79,48 +67,6 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
         raise InvalidValueError(dtypes.mismatch_message(func, dtype, dst.dtype))
     check_elements_apart(out, func)
     return dst
-
-
-def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Any:
-    """A new uninitialised array of ``backend``'s for ``func``'s result, once
-    no capture under way forbids it.
-
-    Raises
-    ------
-    CaptureError
-        A CUDA graph capture is under way and the allocation could grow
-        CuPy's pool (``cudaMalloc``, which would break it); nothing allocated.
-    """
-    if backend.capture_forbids_allocation():
-        raise CaptureError(
-            f"{func} expected no CUDA graph capture under way when it allocates its result "
-            "(got one: CuPy's memory pool grows with cudaMalloc, which the capture forbids); "
-            "pass out= allocated before the capture, or let CuPy allocate from PyTorch's graph "
-            "pool with interop.use_torch_allocator(). Nothing was allocated or queued and the "
-            "capture stays valid"
-        )
-    return backend.empty(shape, dtype)
-
-
-def empty_device(
-    shape: tuple[int, ...], dtype: np.dtype, device: Any = None, func: str = "copy_to_device"
-) -> Any:
-    """A new uninitialised CuPy array on ``device`` (default: the current
-    device) for ``func``'s result (:func:`empty_result`).
-
-    Raises
-    ------
-    ValueError
-        ``device`` is not a CUDA device.
-    BackendUnavailableError, NoDeviceError, UnsupportedDtypeError, CaptureError
-    """
-    index = _cuda_index(device)
-    cp = _backends.require_cupy_device()
-    dtypes.check_cupy_dtype(np.dtype(dtype))
-    from .pipeline.cuda import cuda_backend
-
-    backend = cuda_backend(cp.cuda.runtime.getDevice() if index is None else index)
-    return empty_result(backend, shape, dtype, func)
 
 
 # ----------------------------------------------------------------- copy_to_host
@@ -145,16 +91,15 @@ def copy_to_host_async(
         bit for bit into the ``ml_dtypes`` dtype of the same name; tensors
         with the conjugate/negative bit give the values they represent.
     out : numpy.ndarray, optional
-        Writable destination (``numpy.memmap`` included) with exactly
-        ``x.shape`` and the matching dtype (``dtype`` where given), any
-        strides. Without it a new (pageable) array is allocated.
+        Writable destination (``numpy.memmap`` included), exactly ``x.shape``
+        and the matching dtype (``dtype`` where given), any strides; default:
+        a new (pageable) array.
     dtype : numpy dtype, optional
-        Cast on the way: the dtype of the result, a floating dtype (float16,
-        float32, float64, or an ``ml_dtypes`` one such as bfloat16) for a
-        floating ``x``. Each chunk is cast where it is, on the device for
-        device data (into a chunk-sized temporary on the producer's stream),
-        so no full-size temporary is made, unlike ``t.float().cpu()``. Default:
-        ``x``'s own dtype (a bit-for-bit copy).
+        Cast on the way to this floating dtype (float16, float32, float64, or
+        an ``ml_dtypes`` one such as bfloat16), for a floating ``x``; each
+        chunk is cast where it is (device data into a chunk-sized temporary
+        on the producer's stream), never the whole array, unlike
+        ``t.float().cpu()``. Default: a bit-for-bit copy.
     chunk_bytes : int, optional
         Chunk (staging buffer) size; default ``interop.config.chunk_bytes``.
     progress : bool or callable
@@ -169,27 +114,26 @@ def copy_to_host_async(
 
     Notes
     -----
-    Copy semantics: always a copy into ``out``. Device sources go through a
-    ring of ``interop.config.num_buffers`` pinned buffers on a dedicated
-    non-blocking stream that waits (an event, not a device-wide sync) on the
-    producer's current stream of the data's device, so the copy sees all work
-    queued before the call. Non-contiguous device chunks are packed on the
-    device into ring-sized staging rows (no full-size temporary). An ``out``
-    already in page-locked memory (``cupyx.empty_pinned``, a pinned tensor's
-    ``.numpy()``, registered memory) and C-contiguous is written by the DMAs
-    directly, with no ring and no host threads. Host
-    sources are copied chunk by chunk by ``interop.config.host_threads``
-    threads where that setting was set, else by all the CPUs (at most 8).
+    Always a copy. Device sources go through a ring of
+    ``interop.config.num_buffers`` pinned buffers on a dedicated stream that
+    waits (an event, not a device-wide sync) on the producer's current stream
+    of the data's device, so the copy sees all work queued before the call;
+    non-contiguous chunks are packed on the device into ring-sized staging
+    rows. An ``out`` in page-locked memory (``cupyx.empty_pinned``, a pinned
+    tensor's ``.numpy()``, registered memory) and C-contiguous is written by
+    the DMAs directly. Host sources are copied chunk by chunk by
+    ``interop.config.host_threads`` threads where that was set, else by all
+    the CPUs (at most 8).
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        ``x`` is not an array (or a nested, sparse or meta tensor), or ``out``
-        has the wrong type, shape or dtype, is read-only, overlaps the
-        source or has elements that may share memory (a stride of 0, an
-        ``as_strided`` view), or ``dtype``, ``chunk_bytes`` or ``progress`` are refused (a
-        cast between other than floating dtypes). A ``TypeError`` or
-        ``ValueError``, raised here, before anything is written.
+        ``x`` is not an array (or a nested, sparse or meta tensor); ``out``
+        has the wrong type, shape or dtype, is read-only, overlaps the source
+        or has elements that may share memory (a stride of 0, an
+        ``as_strided`` view); ``dtype`` (not floating to floating),
+        ``chunk_bytes`` or ``progress`` is refused. A ``TypeError`` or
+        ``ValueError``, before anything is written.
     UnsupportedDtypeError
         The dtype has no NumPy equivalent (``torch.complex32``).
     NoDeviceError, BackendUnavailableError
@@ -207,10 +151,8 @@ def copy_to_host(
     chunk_bytes: int | None = None,
     progress: Any = False,
 ) -> np.ndarray:
-    """Copy ``x`` into host memory in chunks; ``copy_to_host_async(...).result()``.
-
-    See :func:`copy_to_host_async` for the parameters, copy semantics and
-    stream order.
+    """Copy ``x`` into host memory in chunks; ``copy_to_host_async(...).result()``
+    (its parameters, copy semantics and stream order).
 
     Returns
     -------
@@ -220,8 +162,7 @@ def copy_to_host(
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        Bad ``x`` or ``out`` (a ``TypeError`` or ``ValueError``, before
-        anything is written).
+        As :func:`copy_to_host_async`, before anything is written.
     TransferError
         A chunk failed or the copy was cancelled; the message says which byte
         range is complete. The error keeps neither ``x`` nor ``out`` alive.
@@ -241,10 +182,9 @@ HOST_SMALL_BYTES = 32 << 20  # at most one chunk of the default size: one copy, 
 
 
 def _small_host_copy(x: Any) -> np.ndarray | None:
-    """A new C-order copy of a plain host array (an exact NumPy array, not a
-    memmap; a plain CPU tensor) of at most one chunk, made in one call: what the
-    chunked engine would do with one chunk, without its bookkeeping. None for
-    anything else."""
+    """A plain host array (an exact NumPy array, not a memmap; a plain CPU
+    tensor) of at most one chunk copied in one call, without the engine's
+    bookkeeping; None for anything else."""
     if type(x) is np.ndarray:
         return x.copy() if x.nbytes <= HOST_SMALL_BYTES else None
     th = sys.modules.get("torch")  # no tensor exists before torch is imported
@@ -273,8 +213,7 @@ def _copy_to_host(
 ) -> Transfer:
     """``copy_to_host_async``; ``inline``: the copy runs on the calling thread
     before this returns (``copy_to_host``, which waits for it anyway)."""
-    chunk = chunk_bytes_or_default(chunk_bytes)
-    check_progress(progress)
+    check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_host")
     cast = dtypes.check_cast(src.dtype, dtype, "copy_to_host")
     if out is None:
@@ -282,28 +221,36 @@ def _copy_to_host(
     else:
         check_host_out(out, src, "copy_to_host", cast)
     if src.on_device:
-        return device_to_host(
-            src,
-            chunk,
-            drain_into(out, config.host_threads),
-            result=out,
+        request = TransferRequest(
+            "copy_to_host",
+            "d2h",
+            out,
+            CopyOut(out),
+            device=src,
+            chunk_bytes=chunk_bytes,
             progress=progress,
-            func="copy_to_host",
-            order="the source's C order",
-            into=out,
-            inline=inline,
+            host=out,
             cast=cast,
+            inline=inline,
         )
-    threads = host_copy_threads()
-    itemsize = out.dtype.itemsize  # progress counts the bytes of out
-    nbytes = nbytes_of(src.shape, itemsize)
-    if chunk_bytes is None:
-        chunk = host_chunk_bytes(nbytes, chunk, threads)
-    chunks = list(c_order_chunks(src.shape, itemsize, chunk))
-    sizes = [nbytes_of(out[idx].shape, itemsize) for idx in chunks]
-    transfer = Transfer(out, sizes, Progress(progress, nbytes, "copy_to_host"), func="copy_to_host")
-    engine = host_copy(src.obj, out, chunks, threads, cast=cast is not None)
-    return transfer.start(engine, inline=inline)
+    else:
+        threads = host_copy_threads()
+        if chunk_bytes is None:
+            nbytes = nbytes_of(src.shape, out.dtype.itemsize)  # progress counts out's bytes
+            chunk_bytes = host_chunk_bytes(nbytes, chunk_bytes_or_default(None), threads)
+        request = TransferRequest(
+            "copy_to_host",
+            "h2h",
+            out,
+            CopyOut(out, src.obj, cast=cast is not None),
+            shape=src.shape,
+            itemsize=out.dtype.itemsize,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            threads=threads,
+            inline=inline,
+        )
+    return start(request)
 
 
 # ----------------------------------------------------------------- copy_to_device
@@ -320,45 +267,18 @@ def copy_to_device_async(
 ) -> Transfer:
     """Start a copy of ``x`` into device memory; return a :class:`Transfer`.
 
-    The host threads and the copy stream work while the caller goes on;
-    ``result()`` returns the destination once the data is on the device.
-    See :func:`copy_to_device` for the parameters, copy semantics and stream
-    order.
+    The host threads and the copy stream work while the caller goes on. See
+    :func:`copy_to_device` for the parameters, copy semantics, stream order
+    and errors (all but ``TransferError`` raised here).
 
     Returns
     -------
     Transfer
-        ``result()`` returns ``out`` (or the new CuPy array); ``cancel()``
-        stops after the chunks in flight; ``bytes_done`` counts the bytes
-        already on the device, in the source's C order.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Bad ``x``, ``out`` or ``device``, before anything is written.
-    NoDeviceError, BackendUnavailableError
-        No CUDA device, or CuPy missing.
-    CaptureError
-        Inside CUDA graph capture (see :func:`copy_to_device`); nothing queued.
+        ``result()`` returns ``out`` (or the new CuPy array) once the data is
+        on the device; ``bytes_done`` counts the bytes already there, in the
+        source's C order.
     """
     return _copy_to_device(x, out, device, chunk_bytes, progress, inline=False)
-
-
-def _cuda_index(device: Any) -> int | None:
-    """The index of a CUDA ``device`` argument (None: the current device).
-
-    Raises
-    ------
-    InvalidValueError
-        ``device`` is not a CUDA device.
-    """
-    target = parse_device(device)
-    if target is not None and target[0] != "cuda":
-        raise InvalidValueError(
-            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
-            "use interop.copy_to_host for host destinations"
-        )
-    return None if target is None else target[1]
 
 
 def _copy_to_device(
@@ -372,8 +292,7 @@ def _copy_to_device(
 ) -> Transfer:
     """``copy_to_device_async``; ``inline``: the copy runs on the calling thread
     before this returns (``copy_to_device``, which waits for it anyway)."""
-    chunk = chunk_bytes_or_default(chunk_bytes)
-    check_progress(progress)
+    check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_device")
     native = src.dtype.newbyteorder("=")
     if out is not None:
@@ -381,28 +300,34 @@ def _copy_to_device(
         result = out
     else:
         if src.on_device:  # on the current (or the given) device of the source's kind
-            backend = backend_for(src).peer(_cuda_index(device))
+            backend = backend_for(src).peer(cuda_index(device))
             result = empty_result(backend, src.shape, native, "copy_to_device")
         else:
             result = empty_device(src.shape, native, device)
         dst = array_source(result, "copy_to_device")
     if src.on_device:
-        device_to_device(src, dst)
-        transfer = Transfer(
-            result, [], Progress(progress, 0, "copy_to_device"), func="copy_to_device"
+        request = TransferRequest(
+            "copy_to_device",
+            "d2d",
+            result,
+            device=src,
+            target=dst,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
         )
-        return transfer.start(lambda t: None, inline=True)
-    return host_to_device(
-        dst,
-        chunk,
-        fill_from(src.obj, native, config.host_threads),
-        result=result,
-        progress=progress,
-        func="copy_to_device",
-        order="the source's C order",
-        source=_host_bytes(src, native),
-        inline=inline,
-    )
+    else:
+        request = TransferRequest(
+            "copy_to_device",
+            "h2d",
+            result,
+            CopyIn(src.obj, native),
+            device=dst,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            host=_host_bytes(src, native),
+            inline=inline,
+        )
+    return start(request)
 
 
 def copy_to_device(
@@ -419,22 +344,16 @@ def copy_to_device(
     Parameters
     ----------
     x : array
-        Host data (NumPy arrays of any strides and byte order, memmaps
-        included; CPU or pinned torch tensors) or device data (CuPy arrays,
-        CUDA tensors).
+        Host data (NumPy arrays of any strides and byte order, memmaps, CPU
+        or pinned tensors) or device data (CuPy arrays, CUDA tensors).
     out : cupy.ndarray or torch.Tensor, optional
-        Preallocated CuPy array or CUDA tensor with exactly ``x.shape`` and
-        ``x``'s dtype in native byte order, any strides. Checked before
-        anything is written.
+        Exactly ``x.shape`` and ``x``'s dtype in native byte order, any
+        strides; checked before anything is written.
     device : optional
         Without ``out``: the CUDA device of the new CuPy array (default: the
-        current device).
-    chunk_bytes : int, optional
-        Staging chunk size; default ``interop.config.chunk_bytes``.
-    progress : bool or callable
-        ``True`` shows a tqdm bar in bytes; a callable is called as
-        ``progress(bytes_done, bytes_total)`` as chunks complete on the
-        device, in order.
+        current one).
+    chunk_bytes, progress
+        As for :func:`copy_to_host_async` (chunks complete on the device).
 
     Returns
     -------
@@ -443,26 +362,22 @@ def copy_to_device(
 
     Notes
     -----
-    Always a copy. Host data: the copies run on a dedicated non-blocking
-    stream that first waits (an event, not a device-wide sync) on the current
-    stream of ``out``'s library, so earlier work on ``out`` is respected;
-    host threads fill a ring of ``num_buffers`` pinned slots while earlier
-    slots are copied, and the call returns once the data is on the device, so
-    the result can be used on any stream. Non-native byte order is converted
-    while filling the slots. Extra pinned host memory is the ring; a
-    non-contiguous ``out`` uses as much device memory again for unpacking.
-    A source already in page-locked memory, C-contiguous, in native byte
-    order and without a conjugate/negative bit is read by the DMAs directly,
-    with no ring and no host threads.
+    Always a copy. Host data: host threads fill a ring of ``num_buffers``
+    pinned slots (converting non-native byte order) while earlier slots are
+    copied on a dedicated stream that first waits (an event, not a
+    device-wide sync) on the current stream of ``out``'s library; the call
+    returns once the data is on the device, so the result can be used on any
+    stream. Extra pinned memory is the ring; a non-contiguous ``out`` uses as
+    much device memory again for unpacking. A page-locked, C-contiguous,
+    native-order source without a conjugate/negative bit is read by the DMAs
+    directly.
 
-    Device data: one device-side copy queued on the current stream of
-    ``out``'s library, after an event on the current stream of ``x``'s
-    library (no host synchronisation): the result is ready for work queued on
-    that stream, and the call returns without waiting for the copy. A tensor
-    with the conjugate/negative bit is first resolved into a temporary on
-    ``x``'s library's stream, which then also waits for the copy. ``x`` on
-    another device is first moved whole (the bytes it spans, in one peer DMA
-    on ``out``'s stream) into a temporary of that size on ``out``'s device.
+    Device data: one copy queued on the current stream of ``out``'s library,
+    after an event on ``x``'s library's current stream, which then waits for
+    the copy too (no host synchronisation; the call does not wait for the
+    copy). A conjugate/negative-bit tensor is first resolved into a
+    temporary on ``x``'s stream; ``x`` on another device is first moved
+    whole (one peer DMA of the bytes it spans) to ``out``'s device.
 
     Raises
     ------

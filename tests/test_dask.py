@@ -30,6 +30,7 @@ import interop  # noqa: E402
 import interop.dask as idask  # noqa: E402
 from interop import _backends  # noqa: E402
 from interop.dask import SaveError  # noqa: E402
+from interop.io._format import Layout  # noqa: E402
 
 from .helpers import NO_GPU, NUMPY_DTYPES, run_python, sample  # noqa: E402
 
@@ -228,7 +229,7 @@ def test_block_runs_match_the_c_order_offsets(data):
     start = tuple(data.draw(st.integers(0, n - 1)) for n in shape)
     stop = tuple(data.draw(st.integers(s + 1, n)) for s, n in zip(start, shape, strict=True))
     itemsize = data.draw(st.sampled_from([1, 2, 8]))
-    layout = idask._Layout("x", shape, np.dtype(f"V{itemsize}"), 128)
+    layout = Layout("x", shape, np.dtype(f"V{itemsize}"), 128)
     block = tuple(b - a for a, b in zip(start, stop, strict=True))
     runs = layout.runs(start, block)
     index = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
@@ -780,17 +781,17 @@ def test_a_device_block_streams_through_the_pipeline_into_its_runs(tmp_path, cor
     """The write task's device path (pinned slots written straight to the
     block's runs) on the host backend: a block that does not span whole
     trailing axes lands at its C-order offsets."""
-    from interop.dask import _Layout, _write_block
-    from interop.npy import _header_bytes
+    from interop.io._format import Layout, header_bytes
+    from interop.io.dask import _write_block
     from interop.testing import EmulatedDevice
 
     full = sample((640, 480), np.float64, seed=4)
     path = tmp_path / "blocks.npy"
-    header = _header_bytes(full.shape, full.dtype)
+    header = header_bytes(full.shape, full.dtype)
     with open(path, "wb") as f:
         f.write(header)
         f.truncate(len(header) + full.nbytes)
-    layout = _Layout(str(path), full.shape, full.dtype, len(header))
+    layout = Layout(str(path), full.shape, full.dtype, len(header))
     device = EmulatedDevice(delay=0.0002)
     r, c = corner
     block = full[r : r + 160, c : c + 120]  # 150 KiB: three chunks of 64 KiB
@@ -827,19 +828,18 @@ class _RemovesTheFileAtSecondPiece(np.ndarray):
 
 
 def _temporary_file(tmp_path, shape, dtype):
-    from interop.dask import _Layout
-    from interop.npy import _header_bytes
+    from interop.io._format import Layout, header_bytes
 
     path = tmp_path / ".blocks.npy.tmp"
-    header = _header_bytes(shape, np.dtype(dtype))
+    header = header_bytes(shape, np.dtype(dtype))
     with open(path, "wb") as f:
         f.write(header)
         f.truncate(len(header) + int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    return path, _Layout(str(path), shape, np.dtype(dtype), len(header))
+    return path, Layout(str(path), shape, np.dtype(dtype), len(header))
 
 
 def test_a_block_stops_writing_at_its_next_piece_once_the_file_is_removed(tmp_path):
-    from interop.dask import _write_block
+    from interop.io.dask import _write_block
 
     a = sample((256, 1024), np.float64)  # 2 MiB, Fortran-ordered: 32 pieces of 64 KiB
     path, layout = _temporary_file(tmp_path, a.shape, a.dtype)
@@ -860,7 +860,7 @@ def test_a_block_stops_writing_at_its_next_piece_once_the_file_is_removed(tmp_pa
 
 @pytest.mark.parametrize("where", ["host", "device"])
 def test_a_block_that_starts_after_the_save_was_given_up_writes_nothing(tmp_path, where):
-    from interop.dask import _write_block
+    from interop.io.dask import _write_block
     from interop.testing import EmulatedDevice
 
     a = sample((64, 512), np.float32)
@@ -884,22 +884,23 @@ def test_a_device_blocks_slots_stop_once_the_file_is_removed(tmp_path):
     """The device path's host step checks before each piece it writes."""
     from types import SimpleNamespace
 
-    from interop.dask import _into_runs, _Runs
+    from interop.io._format import Runs
+    from interop.io.dask import _block_writer
 
     path = tmp_path / ".d.npy.tmp"
     path.write_bytes(bytes(2 * PIECE))
     fd = os.open(path, os.O_WRONLY)
     try:
-        runs = _Runs(np.array([0], np.int64), 2 * PIECE)
+        runs = Runs(np.array([0], np.int64), 2 * PIECE)
         plan = SimpleNamespace(starts=[0, PIECE], sizes=[PIECE, PIECE])
-        step = _into_runs(fd, runs, 1, "block (0,)")(plan)
+        stage = _block_writer(fd, runs, "block (0,)")
         slot = np.full(PIECE, 7, np.uint8)
-        (first,) = step(0)
-        first(slot)
+        (first,) = stage.pieces(plan, 0, 1)
+        stage.run(plan, 0, first, slot)
         os.unlink(path)
-        (second,) = step(1)
+        (second,) = stage.pieces(plan, 1, 1)
         with pytest.raises(FileNotFoundError, match=r"block \(0,\): the save failed or was"):
-            second(slot)
+            stage.run(plan, 1, second, slot)
         with open(f"/proc/self/fd/{fd}", "rb") as f:
             written = f.read()
     finally:

@@ -1,4 +1,4 @@
-"""interop.destination: what a save may replace, checked before any data moves.
+"""interop.io.destination: what a save may replace, checked before any data moves.
 
 Every case runs on real files in tmp_path (FIFOs through os.mkfifo, read by a
 thread); never on a device node. Permission refusal is tested as an
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import interop
-from interop import destination
-from interop.destination import Destination, prepare_destination
+from interop.io import _replaced, destination
+from interop.io.destination import Destination, prepare_destination
 
 from .helpers import reading_fifo, run_python
 
@@ -101,8 +101,8 @@ def _held_names() -> list[str]:
 def local_fs(tmp_path):
     """``tmp_path``, on a file system where a replaced file is freed in the background."""
     dev = os.stat(tmp_path).st_dev
-    kind = destination._file_system_types().get((os.major(dev), os.minor(dev)))
-    if kind not in destination._FREE_ON_CLOSE:
+    kind = _replaced._file_system_types().get((os.major(dev), os.minor(dev)))
+    if kind not in _replaced._FREE_ON_CLOSE:
         pytest.skip(f"the temporary directory is on {kind!r}: replaced files are freed inline")
     return tmp_path
 
@@ -140,14 +140,14 @@ def test_a_replaced_large_file_is_freed_after_the_save_returns(local_fs, gated_c
     # the old file has no name but is still open: its blocks are not freed yet
     assert f"{path} (deleted)" in _held_names()
     gate.set()
-    destination._replaced_files.wait()
+    _replaced.replaced_files.wait()
     assert f"{path} (deleted)" not in _held_names()
 
 
 def test_the_background_closer_holds_at_most_four_files(local_fs, gated_closes):
     tmp_path = local_fs
     gate, entered, closed_by = gated_closes
-    files = destination._ReplacedFiles()
+    files = _replaced._ReplacedFiles()
     fds = []
     for i in range(6):
         st = _big_file(tmp_path / f"f{i}", 8 << 20)
@@ -171,7 +171,7 @@ def test_a_number_held_again_before_its_close_is_forgotten_stays_held(local_fs, 
     """The descriptor number a close frees may be handed out at once, for the
     next replaced file: forgetting the closed one must not forget that one."""
     tmp_path = local_fs
-    files = destination._ReplacedFiles()
+    files = _replaced._ReplacedFiles()
     first, second = tmp_path / "first", tmp_path / "second"
     fd = files.hold(first, _big_file(first))
     again: list[int | None] = []
@@ -195,7 +195,7 @@ def test_a_number_held_again_before_its_close_is_forgotten_stays_held(local_fs, 
 def test_the_closer_leaves_when_idle_and_wait_returns_at_once_without_it(local_fs):
     """A process with a thread warns at os.fork(): the closer does not linger."""
     tmp_path = local_fs
-    files = destination._ReplacedFiles()
+    files = _replaced._ReplacedFiles()
     files._IDLE_SECONDS = 0.05
     files.wait()  # no thread yet
     for round_ in range(2):  # and a later hand-over starts another
@@ -216,7 +216,7 @@ def test_the_closer_leaves_when_idle_and_wait_returns_at_once_without_it(local_f
 
 def test_a_closer_that_cannot_start_closes_at_once(local_fs, monkeypatch):
     tmp_path = local_fs
-    files = destination._ReplacedFiles()
+    files = _replaced._ReplacedFiles()
 
     def refuse(self) -> None:
         raise RuntimeError("can't start new thread")
@@ -232,16 +232,16 @@ def test_a_closer_that_cannot_start_closes_at_once(local_fs, monkeypatch):
 
 
 def test_the_mount_table_names_each_devices_file_system(local_fs):
-    types = destination._file_system_types()
+    types = _replaced._file_system_types()
     proc = os.stat("/proc").st_dev
     assert types[(os.major(proc), os.minor(proc))] == "proc"
     here = os.stat(local_fs).st_dev
-    assert types[(os.major(here), os.minor(here))] in destination._FREE_ON_CLOSE
+    assert types[(os.major(here), os.minor(here))] in _replaced._FREE_ON_CLOSE
 
 
 def test_files_not_worth_holding_are_freed_by_the_rename(local_fs, monkeypatch):
     tmp_path = local_fs
-    files = destination._ReplacedFiles()
+    files = _replaced._ReplacedFiles()
     small = _big_file(tmp_path / "small", (8 << 20) - 4096)
     assert files.hold(tmp_path / "small", small) is None
     linked = _big_file(tmp_path / "linked")
@@ -256,7 +256,7 @@ def test_files_not_worth_holding_are_freed_by_the_rename(local_fs, monkeypatch):
     files.wait()
     dev = (os.major(big.st_dev), os.minor(big.st_dev))
     # a network file system: holding would leave a visible ".nfs..." file
-    monkeypatch.setattr(destination, "_file_system_types", lambda: {dev: "nfs4"})
+    monkeypatch.setattr(_replaced, "_file_system_types", lambda: {dev: "nfs4"})
     assert files.hold(tmp_path / "big", big) is None
     assert files._held == {}
     names = _held_names()
@@ -273,9 +273,9 @@ def test_a_forked_child_closes_the_files_its_parent_holds(local_fs):
         f"""
         import os
         from pathlib import Path
-        from interop import destination
+        from interop.io import _replaced
         path = Path({str(tmp_path / "old")!r})
-        files = destination._replaced_files
+        files = _replaced.replaced_files
         fd = files.hold(path, os.stat(path))  # held, not yet handed to a thread
         other = os.open({str(tmp_path / "other")!r}, os.O_RDONLY)
         files._held[other] = (0, 0)  # a number since reused for another file
@@ -555,7 +555,7 @@ def test_a_read_only_file_has_the_outcome_numpy_save_has(tmp_path):
 
 _UNPRIVILEGED = """
     import ctypes, os, numpy as np
-    import interop.destination as d
+    import interop.io.destination as d
 
     if os.geteuid() == 0:  # drop root's bypass of mode bits (CAP_DAC_OVERRIDE, _READ_SEARCH)
         class Header(ctypes.Structure):
@@ -616,7 +616,7 @@ def test_files_and_directories_this_process_may_not_write_are_refused_first(tmp_
 _KILLED_MID_SAVE = """
 import sys, time
 import numpy as np, interop
-from interop import destination
+from interop.io import destination
 from interop.testing import EmulatedDevice
 
 path, kind, unnamed = sys.argv[1], sys.argv[2], sys.argv[3] == "unnamed"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import interop
-from interop.npy import read_npy_header
+from interop.io.npy import read_npy_header
 
 from .helpers import (
     NUMPY_DTYPES,
@@ -358,14 +358,14 @@ def test_a_file_replaced_after_its_header_was_read_is_refused(tmp_path, monkeypa
     path = tmp_path / "a.npy"
     np.save(path, np.zeros(4))
     np.save(tmp_path / "new.npy", np.ones(4))
-    read = interop.npy.read_npy_header
+    read = interop.io.npy.read_npy_header
 
     def then_replaced(p):
         header = read(p)
         os.replace(tmp_path / "new.npy", path)
         return header
 
-    monkeypatch.setattr(interop.npy, "read_npy_header", then_replaced)
+    monkeypatch.setattr(interop.io.npy, "read_npy_header", then_replaced)
     out = np.full(4, 7.0)
     with pytest.raises(interop.InvalidValueError, match="replaced"):
         interop.load_npy(path, out)
@@ -376,17 +376,25 @@ def test_another_machine_compares_a_files_identity_without_its_device(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(2))
     header = read_npy_header(tmp_path / "a.npy")
     elsewhere = (header.identity[0] + 1, *header.identity[1:])  # a shared file's other number
-    os.close(interop.npy.open_unchanged(header.path, elsewhere, "x", same_machine=False))
+    os.close(interop.io.npy.open_unchanged(header.path, elsewhere, "x", same_machine=False))
     with pytest.raises(interop.InvalidValueError, match="x: expected the file whose header"):
-        interop.npy.open_unchanged(header.path, elsewhere, "x")
+        interop.io.npy.open_unchanged(header.path, elsewhere, "x")
     moved = (header.identity[0], header.identity[1] + 1, *header.identity[2:])  # another inode
     with pytest.raises(interop.InvalidValueError, match="replaced or changed since"):
-        interop.npy.open_unchanged(header.path, moved, "x", same_machine=False)
+        interop.io.npy.open_unchanged(header.path, moved, "x", same_machine=False)
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         interop.load_npy(tmp_path / "nope.npy", device="cpu")
+
+
+def test_load_refuses_a_progress_that_is_neither_a_bool_nor_a_callable(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(4.0))
+    out = np.full(4, 7.0)
+    with pytest.raises(interop.InvalidTypeError, match=r"expected progress .* \(got 5\)"):
+        interop.load_npy(tmp_path / "a.npy", out, progress=5)
+    assert out.tolist() == [7.0] * 4  # refused before anything was read
 
 
 def test_save_rejects_non_arrays(tmp_path):
@@ -884,7 +892,7 @@ def test_maps_that_cannot_change_what_is_read_are_allowed(tmp_path, how):
 
 
 def test_where_there_is_no_maps_table_the_memmap_names_its_file(tmp_path):
-    from interop import npy
+    from interop.io import npy
 
     path = tmp_path / "m.npy"
     np.save(path, np.arange(1000, dtype=np.int32))
@@ -899,7 +907,7 @@ def test_where_there_is_no_maps_table_the_memmap_names_its_file(tmp_path):
 
 @pytest.mark.parametrize("mode", ["r", "r+"])
 def test_saving_a_map_of_the_destination_writes_the_right_values(tmp_path, mode, monkeypatch):
-    from interop import destination
+    from interop.io import destination
 
     for unnamed in (True, False):
         monkeypatch.setattr(destination, "_UNNAMED_TEMPORARY", unnamed)

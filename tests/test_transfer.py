@@ -120,6 +120,23 @@ def test_zero_d_and_zero_size(shape):
     assert bits(out) == bits(a)
 
 
+def test_a_transfer_request_resolves_its_options_and_refuses_missing_ends():
+    """The pipeline's request: one validator for what every copy shares."""
+    from interop.pipeline.hostcopy import CopyOut
+    from interop.pipeline.request import TransferRequest
+
+    out = np.zeros(3)
+    with interop.config.set(chunk_bytes=1 << 20, host_threads=3):
+        request = TransferRequest("f", "h2h", out, CopyOut(out), shape=(3,), itemsize=8)
+    assert (request.chunk, request.threads) == (1 << 20, 3)
+    with pytest.raises(interop.UsageError, match=r"f: expected a request .* \(got 'd2h' with"):
+        TransferRequest("f", "d2h", out, CopyOut(out))  # no device array
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        TransferRequest("f", "h2h", out, CopyOut(out), chunk_bytes=0)
+    with pytest.raises(TypeError, match="progress"):
+        TransferRequest("f", "h2h", out, CopyOut(out), progress="yes")
+
+
 def test_chunk_smaller_than_an_element_is_clamped():
     a = sample((17,), np.complex128)
     np.testing.assert_array_equal(interop.copy_to_host(a, chunk_bytes=1), a)

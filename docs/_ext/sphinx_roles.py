@@ -86,7 +86,7 @@ class SphinxRoles(Extension):
         tilde, target = match.groups()
         shown = target.rsplit(".", 1)[-1] if tilde else target
         candidates = [target]
-        if obj.path.startswith("interop.dask"):
+        if obj.path.startswith(("interop.dask", "interop.io.dask")):
             candidates.append(dask.get(target, ""))
         if obj.is_class or (obj.parent is not None and obj.parent.is_class):
             cls = obj if obj.is_class else obj.parent

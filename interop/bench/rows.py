@@ -29,7 +29,7 @@ import interop
 
 from .. import _backends
 from ..config import chunk_bytes_or_default, config, host_copy_threads
-from ..destination import wait_for_replaced_files
+from ..io.destination import wait_for_replaced_files
 from .measure import (
     BenchSizes,
     Case,

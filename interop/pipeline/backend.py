@@ -6,18 +6,32 @@ CPU: worker threads that execute queued copies in order and enforce CUDA's
 rules), which plugs in by registering its array types
 (:func:`interop.arrays.register_device_type`). The schedule
 (:mod:`interop.pipeline.schedule`) is written once against this interface,
-for both directions.
+for both directions. Its host end is a :class:`HostStage`: a copy into or
+out of a host array (:mod:`interop.pipeline.hostcopy`), or a file writer or
+reader (:mod:`interop.io`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-__all__ = ["Backend", "DeviceChunk", "DeviceData", "Event", "Staging", "Stream", "Timer"]
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = [
+    "Backend",
+    "DeviceChunk",
+    "DeviceData",
+    "Event",
+    "HostStage",
+    "Staging",
+    "Stream",
+    "Timer",
+]
 
 
 class Stream(Protocol):
@@ -187,3 +201,16 @@ class Backend(Protocol):
     def target(self, out: Any, func: str) -> DeviceData:
         """Device array ``out`` as a transfer's destination (its stream: the
         consuming library's current stream now); refuses what cannot be written."""
+
+
+class HostStage(Protocol):
+    """The host end of a chunked copy: moves chunk ``i`` of a plan between a
+    host buffer holding its bytes in C order (a staging slot) and where it
+    lives on the host (an array, a file)."""
+
+    def pieces(self, plan: Plan, i: int, threads: int) -> Sequence[Any]:
+        """Chunk ``i``'s host work as at most ``threads`` independent pieces."""
+
+    def run(self, plan: Plan, i: int, piece: Any, buf: np.ndarray | None) -> None:
+        """Do ``piece`` of chunk ``i`` with ``buf``, the chunk's bytes in its
+        slot; ``buf`` None: host to host, the stage moves the chunk itself."""

@@ -1,8 +1,9 @@
-"""The host engine: chunked host-to-host copies on a thread pool.
+"""Host copies: the stages between slots and host arrays, and the host engine.
 
-A host source (a NumPy array, a memory map, a CPU tensor) needs no staging:
-each chunk is copied straight into ``out`` by one of ``threads`` threads, with
-a tensor's conjugate/negative bit applied chunk by chunk.
+:class:`CopyOut` copies chunks into a host ``out`` (from their slots, or
+straight from a host source), :class:`CopyIn` fills slots from a host source;
+both apply a tensor's conjugate/negative bit chunk by chunk. The host engine
+runs a host-to-host copy (no staging) on a thread pool, one chunk per task.
 """
 
 from __future__ import annotations
@@ -13,45 +14,85 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes
 from ..arrays import bits, host_values
+from .backend import HostStage
 from .future import Transfer
+from .plan import Plan, split_rows
 from .workers import host_pool, settle, submit
 
-__all__ = ["HOST_CHUNK_MAX", "host_chunk_bytes", "host_copy"]
+__all__ = ["HOST_CHUNK_MAX", "CopyIn", "CopyOut", "host_chunk_bytes", "host_engine", "run_chunk"]
 
 HOST_CHUNK_MAX = 256 << 20
 
 
 def host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
-    """Default chunk size of the host engine.
-
-    A host-to-host copy needs no staging buffer, so the chunk size only sets
-    the progress/cancel granularity and the parallelism. Measured on a 2-core
-    machine: copying 256 MiB in 32 MiB pieces was 1.5x slower than one
-    ``numpy.copyto`` (the C library's large-copy strategy works per call),
-    while one piece per thread beat it. So: one chunk per thread, at least
-    ``chunk_bytes`` and at most 256 MiB.
-    """
+    """Default chunk size of a host-to-host copy between arrays: one chunk per
+    thread, at least ``chunk`` and at most 256 MiB."""
+    # No staging buffer: the chunk only sets the progress/cancel granularity and
+    # the parallelism. On 2 cores, 256 MiB in 32 MiB pieces was 1.5x slower than
+    # one numpy.copyto (libc's large-copy strategy works per call); a piece per
+    # thread beat it.
     per_thread = -(-nbytes // max(1, threads))
     return max(chunk, min(per_thread, HOST_CHUNK_MAX))
 
 
-def host_copy(
-    src: Any, out: np.ndarray, chunks: list[tuple], threads: int, *, cast: bool = False
-) -> Callable[[Transfer], None]:
-    """The engine copying host ``src`` into ``out``, chunk by chunk (``cast``:
-    converting the values to ``out``'s dtype, else bit for bit)."""
+class CopyOut:
+    """Copy each chunk into host ``out``: from its slot, or (host to host) from
+    ``source``, converting values to ``out``'s dtype where ``cast``, else bit
+    for bit."""
+
+    def __init__(self, out: np.ndarray, source: Any = None, *, cast: bool = False) -> None:
+        self.out, self.source, self.cast = out, source, cast
+        self.view = dtypes.int_view_of_numpy(out.dtype)
+
+    def pieces(self, plan: Plan, i: int, threads: int) -> list[tuple]:
+        return split_rows(plan.shapes[i], plan.sizes[i], threads)
+
+    def run(self, plan: Plan, i: int, piece: tuple, buf: np.ndarray | None) -> None:
+        dst = self.out[plan.chunks[i]][piece]
+        if buf is not None:
+            np.copyto(bits(dst), buf.view(self.view).reshape(plan.shapes[i])[piece])
+        elif self.cast:
+            np.copyto(dst, host_values(self.source[plan.chunks[i]][piece]), casting="unsafe")
+        else:
+            np.copyto(bits(dst), bits(host_values(self.source[plan.chunks[i]][piece])))
+
+
+class CopyIn:
+    """Fill each slot from host ``source``'s chunk (bits applied, byte order
+    converted to ``dtype``)."""
+
+    def __init__(self, source: Any, dtype: np.dtype) -> None:
+        self.source = source
+        self.view = dtypes.int_view_of_numpy(dtype)
+
+    def pieces(self, plan: Plan, i: int, threads: int) -> list[tuple]:
+        return split_rows(plan.shapes[i], plan.sizes[i], threads)
+
+    def run(self, plan: Plan, i: int, piece: tuple, buf: np.ndarray | None) -> None:
+        assert buf is not None  # a slot: CopyIn is the host end of host-to-device copies
+        part = bits(host_values(self.source[plan.chunks[i]][piece]))
+        np.copyto(buf.view(self.view).reshape(plan.shapes[i])[piece], part)
+
+
+def run_chunk(stage: HostStage, plan: Plan, i: int) -> None:
+    """Host to host: ``stage`` moves chunk ``i`` whole, on the calling thread."""
+    for piece in stage.pieces(plan, i, 1):
+        stage.run(plan, i, piece, None)
+
+
+def host_engine(plan: Plan, stage: HostStage, threads: int) -> Callable[[Transfer], None]:
+    """The engine of a host-to-host copy: ``stage`` moves each chunk whole,
+    ``threads`` chunks at once, completed in order."""
 
     def copy(i: int) -> None:
-        idx = chunks[i]
-        if cast:
-            np.copyto(out[idx], host_values(src[idx]), casting="unsafe")
-        else:
-            np.copyto(bits(out[idx]), bits(host_values(src[idx])))
+        run_chunk(stage, plan, i)
 
     def run(transfer: Transfer) -> None:
-        if len(chunks) == 1 or threads <= 1:  # nothing to overlap: no thread to start
-            for i in range(len(chunks)):
+        count = len(plan.chunks)
+        if count == 1 or threads <= 1:  # nothing to overlap: no thread to start
+            for i in range(count):
                 transfer.check_cancel()
                 copy(i)
                 transfer.chunk_done(i)
@@ -60,7 +101,7 @@ def host_copy(
         pool = host_pool(threads)
         pending: dict[int, Future[None]] = {}
         try:
-            for i in range(len(chunks)):
+            for i in range(count):
                 transfer.check_cancel()
                 pending[i] = submit(pool, copy, i)
                 if len(pending) >= window:

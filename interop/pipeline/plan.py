@@ -72,33 +72,17 @@ def round_up(n: int, multiple: int) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """A chunked copy of an array of ``shape`` through a ring of slots.
+    """A chunked copy of an array through a ring of slots."""
 
-    Attributes
-    ----------
-    chunks : list of tuple
-        Index tuples in C order (:func:`c_order_chunks`).
-    shapes : list of tuple
-        The shape of each chunk.
-    sizes, starts : list of int
-        Each chunk's size and byte offset in the array's C order.
-    nbytes : int
-        Total bytes.
-    slot_bytes : int
-        Size of one staging slot: a multiple of :data:`STAGING_ALIGN`, at least
-        the largest chunk and less than twice what it needs (so a huge
-        ``chunk_bytes`` never allocates more than the array needs).
-    nslots : int
-        Slots in the ring: ``num_buffers``, or fewer when there are fewer chunks.
-    """
-
-    chunks: list[tuple]
-    shapes: list[tuple[int, ...]]
-    sizes: list[int]
-    starts: list[int]
+    chunks: list[tuple]  # index tuples in C order (c_order_chunks)
+    shapes: list[tuple[int, ...]]  # each chunk's shape
+    sizes: list[int]  # each chunk's bytes
+    starts: list[int]  # each chunk's byte offset in the array's C order
     nbytes: int
+    # a multiple of STAGING_ALIGN, at least the largest chunk and less than
+    # twice it (a huge chunk_bytes never allocates more than the array needs)
     slot_bytes: int
-    nslots: int
+    nslots: int  # num_buffers, or fewer when there are fewer chunks
 
 
 def plan_chunks(shape: tuple[int, ...], itemsize: int, chunk_bytes: int, num_buffers: int) -> Plan:

@@ -1,56 +1,114 @@
-"""Where transfers enter the slot pipeline.
+"""Where copies enter the pipeline: :func:`start` runs a
+:class:`~interop.pipeline.request.TransferRequest`.
 
-The public calls (:mod:`interop.transfer`), the ``.npy`` functions and
-:mod:`interop.dask` describe their arrays once (:func:`interop.arrays.array_source`)
-and start the pipeline here: :func:`device_to_host` and :func:`host_to_device`
-run the slot schedule with a host step of the caller's (copy a slot into an
-array or a file, fill a slot from an array or a file), and
-:func:`device_to_device` queues one device copy ordered both ways between two
-streams. The device that moves an array is found once, from its
-:class:`~interop.arrays.Source` (:func:`backend_for`).
+Device-to-host and host-to-device requests run the slot schedule with the
+request's host stage; host-to-host ones run the host engine; a
+device-to-device one queues one device copy ordered both ways between two
+streams (:func:`device_to_device`). The device that moves an array is found
+once, from its :class:`~interop.arrays.Source` (:func:`backend_for`); new
+device arrays are allocated here too (:func:`empty_result`), once no capture
+under way forbids it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..arrays import Source, bits, host_values
+from .. import _backends, dtypes
+from ..arrays import Source, parse_device
 from ..config import config
-from ..errors import CaptureError, InvalidTypeError
+from ..errors import CaptureError, InvalidTypeError, InvalidValueError
 from .backend import Backend, DeviceData
 from .future import Transfer
-from .plan import Plan, plan_chunks, split_rows
+from .hostcopy import host_engine
+from .plan import Plan, plan_chunks
 from .progress import Progress
-from .schedule import HostTask, SlotJob, run_slots
+from .request import TransferRequest
+from .schedule import SlotJob, run_slots
 
 __all__ = [
-    "HostStep",
     "backend_for",
+    "cuda_index",
     "device_to_device",
-    "device_to_host",
-    "drain_into",
-    "fill_from",
-    "host_to_device",
+    "empty_device",
+    "empty_result",
+    "start",
 ]
 
-HostStep = Callable[[Plan], Callable[[int], Sequence[HostTask]]]
 
+def start(request: TransferRequest) -> Transfer:
+    """Start the copy ``request`` describes; return its :class:`Transfer`.
 
-def backend_for(src: Source) -> Backend:
-    """The device that moves the device array ``src`` describes: its CUDA
-    device's backend, or the registered device's.
+    Through the ring, the copy is ordered after the work queued on the device
+    array's library's current stream at this call, and the host stage's
+    pieces run on ``request.threads`` host threads; a host array the stage
+    uses (``request.host``) is read or written by the DMAs directly, without
+    the ring, where it is page-locked and C-contiguous.
 
     Raises
     ------
-    InvalidTypeError
-        ``src`` is host data.
-    NoDeviceError, BackendUnavailableError
-        CUDA data without a usable device or CuPy.
+    CaptureError
+        Through the ring while a CUDA graph capture is under way on the data's
+        stream; for d2d, see :func:`device_to_device`. Nothing was queued.
     """
+    direction, func, stage = request.direction, request.func, request.stage
+    if direction == "d2d":
+        assert request.device is not None
+        assert request.target is not None
+        device_to_device(request.device, request.target)
+        return _transfer(request, []).start(lambda t: None, inline=True)
+    assert stage is not None
+    if request.device is None:
+        plan = plan_chunks(request.shape, request.itemsize, request.chunk, 1)
+        run = host_engine(plan, stage, request.threads)
+        return _transfer(request, plan.sizes).start(run, inline=request.inline)
+    backend = backend_for(request.device)
+    obj = request.device.obj
+    data = backend.source(obj, request.cast) if direction == "d2h" else backend.target(obj, func)
+    if backend.capture_under_way(data.stream):
+        raise CaptureError(
+            f"{func} expected to run outside CUDA graph capture (got a capture under way on the "
+            "data's stream); it copies through pinned host memory and waits on the host, which "
+            "a captured graph cannot hold. Call it before or after the captured region; nothing "
+            "was queued and the capture stays valid"
+        )
+    plan = plan_chunks(data.shape, data.dtype.itemsize, request.chunk, config.num_buffers)
+    transfer = _transfer(request, plan.sizes)
+    if not plan.nbytes:
+        return transfer.start(lambda t: None, inline=True)  # zero-size: no ring, no stream
+    threads = request.threads
+    pinned = _pinned_addresses(backend, request.host, plan)
+    job = SlotJob(
+        direction,  # type: ignore[arg-type]
+        backend,
+        _ordered_stream(backend, data),  # last: nothing after it can fail and leak it
+        plan,
+        data,
+        lambda i: [partial(stage.run, plan, i, p) for p in stage.pieces(plan, i, threads)],
+        threads,
+        pinned=pinned,
+    )
+
+    def engine(t: Transfer) -> None:
+        if not request.inline:  # the transfer's thread: run_slots' activate must restore nothing
+            backend.use()
+        run_slots(t, job)
+
+    return transfer.start(engine, inline=request.inline)
+
+
+def _transfer(request: TransferRequest, sizes: list[int]) -> Transfer:
+    """The :class:`Transfer` of ``request``, whose chunks have ``sizes``."""
+    progress = Progress(request.progress, sum(sizes), request.func)
+    return Transfer(request.result, sizes, progress, func=request.func, order=request.order)
+
+
+def backend_for(src: Source) -> Backend:
+    """The device that moves the device array ``src`` (InvalidTypeError for host data)."""
     if src.device is not None:
         return src.device
     if src.cuda is None:
@@ -62,127 +120,48 @@ def backend_for(src: Source) -> Backend:
     return cuda_backend(src.cuda)
 
 
-def device_to_host(
-    src: Source,
-    chunk: int,
-    host_step: HostStep,
-    *,
-    result: Any,
-    progress: Any,
-    func: str,
-    order: str,
-    threads: int | None = None,
-    into: np.ndarray | None = None,
-    inline: bool = False,
-    cast: np.dtype | None = None,
-) -> Transfer:
-    """Start the device-to-host slot pipeline for the device array ``src``.
-
-    ``host_step(plan)(i)`` gives the pieces that copy chunk ``i`` out of its
-    pinned slot (into ``out``, or into a file), run on ``threads`` host
-    threads (default ``config.host_threads``); the copy is ordered after the
-    work queued on the array's library's current stream at this call.
-    ``into``, the host array the pieces write (if they write one), is written
-    by the DMAs directly, without the ring and the pieces, where it is
-    page-locked and C-contiguous. ``inline``: run on the calling thread
-    before returning (for blocking calls; see :meth:`Transfer.start`).
-    ``cast``: a floating dtype the chunks are cast to on the device first.
-
-    Raises
-    ------
-    CaptureError
-        A CUDA graph capture is under way (nothing was queued).
-    """
-    backend = backend_for(src)
-    return _start("d2h", backend, backend.source(src.obj, cast), chunk, host_step,
-                  result, progress, func, order, threads, into, inline)  # fmt: skip
-
-
-def host_to_device(
-    dst: Source,
-    chunk: int,
-    host_step: HostStep,
-    *,
-    result: Any,
-    progress: Any,
-    func: str,
-    order: str,
-    threads: int | None = None,
-    source: np.ndarray | None = None,
-    inline: bool = False,
-) -> Transfer:
-    """Start the host-to-device slot pipeline into the device array ``dst``.
-
-    ``host_step(plan)(i)`` gives the pieces that fill chunk ``i``'s pinned
-    slot; the copy is ordered after the work queued on the array's library's
-    current stream at this call, and the transfer completes when the data is
-    on the device. ``source``, host memory holding exactly the bytes the
-    pieces would fill the slots with, is read by the DMAs directly, without
-    the ring and the pieces, where it is page-locked and C-contiguous.
-    ``inline``: run on the calling thread before returning.
-
-    Raises
-    ------
-    CaptureError
-        A CUDA graph capture is under way (nothing was queued).
-    """
-    backend = backend_for(dst)
-    return _start("h2d", backend, backend.target(dst.obj, func), chunk, host_step,
-                  result, progress, func, order, threads, source, inline)  # fmt: skip
-
-
-def _start(
-    direction: str,
-    backend: Backend,
-    data: DeviceData,
-    chunk: int,
-    host_step: HostStep,
-    result: Any,
-    progress: Any,
-    func: str,
-    order: str,
-    threads: int | None,
-    host: np.ndarray | None,
-    inline: bool,
-) -> Transfer:
-    if backend.capture_under_way(data.stream):
+def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func: str) -> Any:
+    """A new array of ``backend``'s for ``func``'s result, once no capture forbids it."""
+    if backend.capture_forbids_allocation():
         raise CaptureError(
-            f"{func} expected to run outside CUDA graph capture (got a capture under way on the "
-            "data's stream); it copies through pinned host memory and waits on the host, which "
-            "a captured graph cannot hold. Call it before or after the captured region; nothing "
-            "was queued and the capture stays valid"
+            f"{func} expected no CUDA graph capture under way when it allocates its result "
+            "(got one: CuPy's memory pool grows with cudaMalloc, which the capture forbids); "
+            "pass out= allocated before the capture, or let CuPy allocate from PyTorch's graph "
+            "pool with interop.use_torch_allocator(). Nothing was allocated or queued and the "
+            "capture stays valid"
         )
-    plan = plan_chunks(data.shape, data.dtype.itemsize, chunk, config.num_buffers)
-    transfer = Transfer(
-        result, plan.sizes, Progress(progress, plan.nbytes, func), func=func, order=order
-    )
-    if not plan.nbytes:
-        return transfer.start(lambda t: None, inline=True)  # zero-size: no ring, no stream
-    tasks, pinned = host_step(plan), _pinned_addresses(backend, host, plan)
-    job = SlotJob(
-        direction,  # type: ignore[arg-type]
-        backend,
-        _ordered_stream(backend, data),  # last: nothing after it can fail and leak it
-        plan,
-        data,
-        tasks,
-        config.host_threads if threads is None else threads,
-        pinned=pinned,
-    )
+    return backend.empty(shape, dtype)
 
-    def engine(t: Transfer) -> None:
-        if not inline:  # the transfer's own thread: run_slots' activate must restore nothing
-            backend.use()
-        run_slots(t, job)
 
-    return transfer.start(engine, inline=inline)
+def empty_device(
+    shape: tuple[int, ...], dtype: np.dtype, device: Any = None, func: str = "copy_to_device"
+) -> Any:
+    """A new CuPy array on CUDA ``device`` (None: the current one), as :func:`empty_result`."""
+    index = cuda_index(device)
+    cp = _backends.require_cupy_device()
+    dtypes.check_cupy_dtype(np.dtype(dtype))
+    from .cuda import cuda_backend
+
+    backend = cuda_backend(cp.cuda.runtime.getDevice() if index is None else index)
+    return empty_result(backend, shape, dtype, func)
+
+
+def cuda_index(device: Any) -> int | None:
+    """The index of a CUDA ``device`` argument (None: the current device)."""
+    target = parse_device(device)
+    if target is not None and target[0] != "cuda":
+        raise InvalidValueError(
+            f"expected a CUDA device (got {device!r}); device memory lives on a GPU: "
+            "use interop.copy_to_host for host destinations"
+        )
+    return None if target is None else target[1]
 
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
-    """A new copy stream that starts after the work queued so far on the data's
-    own stream (an event recorded now, in the caller's thread: current streams
-    are per thread). The record runs with the data's device current: a legacy
-    default stream handle (0) means the current device's."""
+    """A new copy stream that starts after the work queued so far on the data's stream."""
+    # Recorded now, in the caller's thread (current streams are per thread),
+    # with the data's device current (a legacy default stream handle, 0, means
+    # the current device's).
     with backend.activate():
         stream = backend.stream()
         start = backend.event()
@@ -194,71 +173,18 @@ def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
 def _pinned_addresses(
     backend: Backend, host: np.ndarray | None, plan: Plan
 ) -> Callable[[int], int] | None:
-    """Chunk ``i``'s address in ``host`` when the DMAs can use it directly: a
-    C-contiguous array (chunk ``i`` is then its bytes ``[starts[i], starts[i] +
-    sizes[i])``) in page-locked memory. None: go through the staging ring."""
+    """Chunk ``i``'s address in ``host``, where the DMAs can use it directly (a
+    page-locked C-contiguous array); None: through the staging ring."""
     if host is None or not host.flags.c_contiguous or host.nbytes != plan.nbytes:
         return None
-    if not backend.is_pinned(int(host.ctypes.data), plan.nbytes):
+    base = int(host.ctypes.data)
+    if not backend.is_pinned(base, plan.nbytes):
         return None
-    return _ChunkAddresses(host, plan.starts)
 
+    def address(i: int, host: np.ndarray = host) -> int:  # holds host alive for the DMAs
+        return base + plan.starts[i]  # chunk i: bytes [starts[i], starts[i] + sizes[i])
 
-class _ChunkAddresses:
-    """Chunk ``i``'s address in a C-contiguous host array; holds the array, so
-    its memory stays alive while the DMAs use it."""
-
-    def __init__(self, host: np.ndarray, starts: list[int]) -> None:
-        self.host = host
-        self.base = int(host.ctypes.data)
-        self.starts = starts
-
-    def __call__(self, i: int) -> int:
-        return self.base + self.starts[i]
-
-
-# ----------------------------------------------------------------- host steps
-
-
-def drain_into(out: np.ndarray, threads: int) -> HostStep:
-    """Drain each slot into ``out``'s chunk, split across host threads."""
-    view_dtype = dtypes.int_view_of_numpy(out.dtype)
-
-    def step(plan: Plan) -> Callable[[int], Sequence[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            dst = bits(out[plan.chunks[i]])
-            shape = plan.shapes[i]
-
-            def piece(p: tuple) -> HostTask:
-                return lambda buf: np.copyto(dst[p], buf.view(view_dtype).reshape(shape)[p])
-
-            return [piece(p) for p in split_rows(shape, plan.sizes[i], threads)]
-
-        return tasks
-
-    return step
-
-
-def fill_from(src: Any, dtype: np.dtype, threads: int) -> HostStep:
-    """Fill each slot from the host source's chunk (bits applied, byte order
-    converted to ``dtype``), split across host threads."""
-    view_dtype = dtypes.int_view_of_numpy(dtype)
-
-    def step(plan: Plan) -> Callable[[int], Sequence[HostTask]]:
-        def tasks(i: int) -> list[HostTask]:
-            part = src[plan.chunks[i]]
-            shape = plan.shapes[i]
-
-            def piece(p: tuple) -> HostTask:
-                return lambda buf: np.copyto(
-                    buf.view(view_dtype).reshape(shape)[p], bits(host_values(part[p]))
-                )
-
-            return [piece(p) for p in split_rows(shape, plan.sizes[i], threads)]
-
-        return tasks
-
-    return step
+    return address
 
 
 # ----------------------------------------------------------------- device to device
@@ -266,29 +192,16 @@ def fill_from(src: Any, dtype: np.dtype, threads: int) -> HostStep:
 
 def device_to_device(src: Source, dst: Source) -> None:
     """Queue ``dst[...] = src`` on ``dst``'s library's current stream, ordered
-    both ways with ``src``'s library's current stream (both read in this thread).
-
-    The consumer's stream first waits for an event on the producer's stream,
-    so the copy reads ``x`` after the work that made it. Then the producer's
-    stream waits for the copy: both libraries' pools hand a freed block
-    straight back out to the next allocation on the stream it belongs to, so
-    without this a caller who drops ``x`` (or the temporary made for a tensor
-    with the conjugate/negative bit) as soon as this returns could have its
-    memory overwritten by new work on that stream before the copy read it.
-    This is the two-way barrier of PyTorch's own cross-device copy. Where both
-    libraries use one stream of one device nothing is waited on: stream order
-    covers both directions.
-
-    Raises
-    ------
-    InvalidTypeError
-        ``x`` and ``out`` are on different kinds of device.
-    CaptureError
-        A CUDA graph capture is under way and the two streams differ, unless
-        the source's stream captures and the destination's can join it (an
-        event wait across the capture's boundary, or the legacy default
-        stream waiting on the capture, would invalidate it); nothing was queued.
-    """
+    both ways with ``src``'s library's current stream (both read in this
+    thread): PyTorch's two-way barrier of a cross-device copy. Raises
+    InvalidTypeError for two kinds of device, CaptureError where a capture
+    cannot hold the two streams' events (nothing queued)."""
+    # The consumer's stream waits for the producer's, so the copy reads src
+    # after the work that made it; then the producer's waits for the copy:
+    # both libraries' pools hand a freed block straight to the next
+    # allocation on its stream, so a caller who drops src (or the temporary
+    # of a conjugate/negative-bit tensor) at once could see it overwritten
+    # before the copy read it. One stream of one device needs no waits.
     producer, backend = backend_for(src), backend_for(dst)
     if type(producer) is not type(backend):
         raise InvalidTypeError(

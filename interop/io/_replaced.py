@@ -1,0 +1,181 @@
+"""Replaced files, freed by a background thread (self-contained, with its own
+fork handler, for the process-wide state to take over later).
+
+Replacing a file frees the old one's blocks and page cache inside the rename
+(about half a second per GiB on ext4); a descriptor held across the rename
+moves that work to its close, which a background thread does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from pathlib import Path
+
+__all__ = ["replaced_files", "wait_for_replaced_files"]
+
+# Files smaller than this are freed in the rename (a hand-over costs more); at
+# most this many are held.
+_FREE_LATER_BYTES = 8 << 20
+_FREE_LATER_MAX = 4
+# Local file systems, where the last close frees a file with no name left. On
+# a network file system the client would instead rename an open file to a
+# visible ".nfs..." name until the close (left behind if the process dies).
+_FREE_ON_CLOSE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay"})
+
+
+def _file_system_types() -> dict[tuple[int, int], str]:
+    """The type of each mounted file system, by device number (Linux's
+    ``/proc/self/mountinfo``; empty where there is none)."""
+    types = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 3 or not rest:
+                    continue
+                major, _, minor = parts[2].partition(":")
+                types[(int(major), int(minor))] = rest.split()[0]
+    except (OSError, ValueError):
+        return {}
+    return types
+
+
+class _ReplacedFiles:
+    """Descriptors of replaced files, closed by a background thread.
+
+    The last close of a file with no name left is where the file system frees
+    its blocks and drops its page cache; :meth:`hold` opens the file before
+    the rename, :meth:`close_later` hands the descriptor to the thread. The
+    thread leaves after a second without work (a process with threads warns
+    at ``os.fork``), and the next hand-over starts another.
+
+    Every held descriptor is kept in ``_held`` with its file's (device,
+    inode) until it is closed, so that a forked child, which inherits the
+    descriptors but not the thread, closes its copies (and only those: the
+    number may have been reused in the parent for another file).
+    """
+
+    _IDLE_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[int | threading.Event] = queue.SimpleQueue()
+        self._held: dict[int, tuple[int, int]] = {}
+        self._thread: threading.Thread | None = None
+
+    def hold(self, target: Path, st: os.stat_result) -> int | None:
+        """A read-only descriptor of ``target`` (the regular file ``st``), or
+        None where there is nothing worth holding: a small file, a file with
+        other links (the rename frees nothing), a file on a network or unknown
+        file system, a file this process may not read, or a file that changed
+        since ``st``. The caller passes it to :meth:`close_later`."""
+        if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
+            return None
+        # read each time: device numbers of tmpfs, overlay or NFS mounts are reused
+        kind = _file_system_types().get((os.major(st.st_dev), os.minor(st.st_dev)))
+        if kind not in _FREE_ON_CLOSE:
+            return None
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            fd = os.open(target, flags)
+        except OSError:
+            return None
+        try:
+            now = os.fstat(fd)
+        except OSError:  # pragma: no cover - fstat of a descriptor just opened
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            return None
+        with self._lock:
+            self._held[fd] = (now.st_dev, now.st_ino)
+        return fd
+
+    def close_later(self, fd: int | None) -> None:
+        """Close ``fd`` (from :meth:`hold`) on the background thread; at once
+        when enough already wait or no thread can be started. Never raises."""
+        if fd is None:
+            return
+        with self._lock:
+            if len(self._held) <= _FREE_LATER_MAX and self._started():
+                self._queue.put(fd)
+                return
+        self._close(fd)
+
+    def _started(self) -> bool:
+        """A running thread (called with the lock held); False if none can start."""
+        if self._thread is not None:
+            return True
+        # Not named "interop-...": the exit handler joins those (transfer threads).
+        # At exit the kernel closes what is still held.
+        thread = threading.Thread(target=self._run, name="free-replaced-files", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread"
+            return False
+        self._thread = thread
+        return True
+
+    def _close(self, fd: int) -> None:
+        """Close a held descriptor, then forget it (in that order: a child forked
+        in between finds its number closed or another file's, and leaves it).
+        Once closed, the number may already be held again, for another file
+        that :meth:`hold` opened meanwhile: only this file's entry is forgotten."""
+        with self._lock:
+            key = self._held.get(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with self._lock:
+            if key is not None and self._held.get(fd) == key:
+                del self._held[fd]
+
+    def wait(self) -> None:
+        """Block until every descriptor handed over so far was closed (for
+        benchmarks and tests, through :func:`wait_for_replaced_files`)."""
+        done = threading.Event()
+        with self._lock:
+            if self._thread is None:
+                return
+            self._queue.put(done)  # set by the thread after what was queued before it
+        done.wait()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=self._IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:  # every put happens under the lock: nothing can slip in
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            if isinstance(item, threading.Event):
+                item.set()
+            else:
+                self._close(item)
+
+    def after_fork_in_child(self) -> None:
+        """Close the child's copies of the held descriptors (it has no thread)."""
+        for fd, key in list(self._held.items()):
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == key:
+                    os.close(fd)
+        self._reset()
+
+
+replaced_files = _ReplacedFiles()
+os.register_at_fork(after_in_child=replaced_files.after_fork_in_child)
+
+
+def wait_for_replaced_files() -> None:
+    """Block until every file replaced so far was freed (closed by the
+    background thread): for benchmarks and tests that time what follows."""
+    replaced_files.wait()

@@ -1,0 +1,594 @@
+"""Save and load dask arrays of NumPy or CuPy blocks as one ``.npy`` file, on the workers
+(:mod:`interop.dask`'s implementation; ``import interop`` never imports dask).
+
+Dask schedules; interop adds one task per block, which writes or reads the
+block's runs in the file (:class:`~interop.io._format.Layout`). A save's
+temporary file is made and renamed by the caller, and removed once no task
+writes it after a failure (:func:`_abandon`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno as _errno
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import _backends, dtypes
+from ..arrays import array_source, parse_device
+from ..config import chunk_bytes_or_default
+from ..errors import (
+    BackendUnavailableError,
+    InvalidTypeError,
+    InvalidValueError,
+    PathNotFoundError,
+    TransferError,
+    path_error,
+)
+from ..pipeline.hostcopy import run_chunk
+from ..pipeline.plan import nbytes_of, plan_chunks
+from ..pipeline.start import empty_device
+from ._format import (
+    FileReader,
+    FileWriter,
+    Layout,
+    Runs,
+    header_bytes,
+    open_unchanged,
+    read_into,
+    read_npy_header,
+    write_all,
+    write_from,
+)
+from .destination import Destination, prepare_destination
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system: no file locks
+    fcntl = None  # type: ignore[assignment]
+
+try:
+    import dask
+    import dask.array as da
+    from dask.base import get_scheduler, tokenize
+    from dask.callbacks import Callback
+except ImportError as exc:  # pragma: no cover - the test environment installs dask
+    raise BackendUnavailableError(
+        f"interop.dask needs dask, which cannot be imported ({exc}); "
+        f"install it with: {_backends.install_command('dask')}"
+    ) from exc
+
+__all__ = ["SaveError", "load_npy", "save_npy"]
+
+
+class SaveError(TransferError):
+    """:func:`save_npy` failed or was cancelled; no file was left under the path.
+
+    Attributes
+    ----------
+    blocks_done : tuple of tuple of int
+        Indices (``darr.blocks[i, j, ...]``) of the blocks written before the
+        save stopped, sorted.
+    nblocks : int
+        Number of blocks of the array.
+    bytes_done, nbytes : int
+        0 (nothing is kept under the final name), and the data's size.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        blocks_done: Iterable[tuple[int, ...]] = (),
+        nblocks: int = 0,
+        nbytes: int = 0,
+    ) -> None:
+        super().__init__(message, bytes_done=0, nbytes=nbytes)
+        self.blocks_done = tuple(sorted(blocks_done))
+        self.nblocks = nblocks
+
+
+def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tuple[Any, ...]:
+    """A task's block: its first element, shape (in file order) and name for messages."""
+    location = [tuple(map(int, loc)) for loc in info["array-location"]]
+    if fortran:
+        location = location[::-1]  # the file holds the transpose in C order
+    origin = tuple(lo for lo, _ in location)
+    shape = tuple(hi - lo for lo, hi in location)
+    index = tuple(info["chunk-location"])
+    where = f"{socket.gethostname()} (pid {os.getpid()})"
+    return origin, shape, f"{func}: block {index} of {layout.path!r} on {where}"
+
+
+# ------------------------------------------------------------------ save
+
+
+def _refuse_masked(x: Any, what: str) -> None:
+    """Refuse masked blocks: a ``.npy`` file has no room for the mask."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise InvalidTypeError(
+            f"{what} expected blocks without a mask (got numpy.ma.MaskedArray blocks: a .npy "
+            "file holds no mask, and numpy.save refuses masked arrays too); save "
+            "da.ma.filled(darr, fill_value) for the values with the masked ones replaced, or "
+            "da.ma.getdata(darr) and da.ma.getmaskarray(darr) as two files"
+        )
+
+
+def _still_saving(fd: int, what: str) -> None:
+    """Raise if the caller gave the save up (it removed the temporary file)."""
+    if os.fstat(fd).st_nlink == 0:
+        raise PathNotFoundError(
+            _errno.ENOENT,
+            f"{what}: the save failed or was cancelled (its temporary file was removed); "
+            "this block stopped writing",
+        )
+
+
+def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
+    """The file stage writing a block at its runs, checking before each piece
+    that the save goes on (so a task stops soon after it was given up)."""
+    return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
+
+
+def _write_block(
+    block: Any,
+    *,
+    layout: Layout,
+    chunk_bytes: int | None,
+    block_info: Any = None,
+) -> np.ndarray:
+    """Task: write one block at its offsets; return its byte count (as a block).
+    Idempotent: run twice (a retry, a recomputation), it writes the same bytes."""
+    func = "interop.dask.save_npy"
+    origin, shape, what = _block(block_info[0], layout, func)
+    _refuse_masked(block, what)  # a mask its array's meta did not show
+    src = array_source(block, func)
+    got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
+    if got_shape != shape or got_dtype != layout.dtype:
+        raise InvalidValueError(
+            f"{what}: expected a block of shape {shape} and dtype {layout.dtype} "
+            f"(got shape {got_shape} and dtype {got_dtype}); the dask array's chunks or dtype "
+            "do not describe its blocks: fix the function that makes them"
+        )
+    result = np.full((1,) * len(shape), 0, np.int64)
+    if 0 in shape:
+        return result
+    chunk = chunk_bytes_or_default(chunk_bytes)
+    try:
+        fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
+    except FileNotFoundError as exc:
+        raise PathNotFoundError(
+            _errno.ENOENT,
+            f"{what}: the temporary file is gone (the save failed or was cancelled), or this "
+            "worker does not share the client's file system",
+        ) from exc
+    try:
+        # A shared lock until the close: the caller, giving the save up, takes
+        # the exclusive one to know that no task writes any more.
+        if fcntl is not None:
+            with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
+                fcntl.flock(fd, fcntl.LOCK_SH)
+        _still_saving(fd, what)
+        writer = _block_writer(fd, layout.runs(origin, shape), what, src.obj)
+        if src.on_device:  # through the staging ring, whose host threads write each slot
+            write_from(src, writer, func, "the block's C order", chunk_bytes=chunk)
+        else:  # chunk by chunk on this thread, the block's errors raised as they are
+            plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
+            for i in range(len(plan.chunks)):
+                run_chunk(writer, plan, i)
+    finally:
+        os.close(fd)
+    result[...] = nbytes_of(shape, layout.dtype.itemsize)
+    return result
+
+
+def _create(destination: Destination, header: bytes, size: int) -> None:
+    """The temporary file with the header, sized to ``size`` (on the caller:
+    Dask may run a task more than once)."""
+    fd = destination.create()
+    try:
+        write_all(fd, memoryview(header), 0)
+        os.ftruncate(fd, size)
+        # Allocated blocks take writes from several workers in parallel (ext4 locks a
+        # sparse file's inode: 64 ms against 44 ms for 256 MiB), and a full disk shows now.
+        fallocate = getattr(os, "posix_fallocate", None)
+        if fallocate is not None and size:
+            try:
+                fallocate(fd, 0, size)
+            except OSError as exc:  # not supported here: the file is only sized
+                if exc.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL, _errno.ENOSYS):
+                    raise
+    except BaseException as exc:
+        os.close(fd)
+        destination.discard()
+        if isinstance(exc, OSError) and exc.errno in (_errno.ENOSPC, _errno.EFBIG, _errno.EDQUOT):
+            raise path_error(
+                exc.errno,
+                f"interop.dask.save_npy could not reserve the {size} bytes of the file "
+                f"({os.strerror(exc.errno)}); nothing was written and the destination is "
+                "untouched: free space, or save elsewhere",
+                str(destination.path),
+            ) from exc
+        raise
+    os.close(fd)
+
+
+def _abandon(destination: Destination) -> None:
+    """Remove the temporary file; return once no block task writes it any more."""
+    # Removing it stops the running tasks (each checks before every piece) and
+    # keeps later ones out; the exclusive lock comes once every task closed the
+    # file; truncating frees the space even while a stopped task holds it.
+    fd = -1
+    if destination.temporary is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(destination.temporary, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        destination.discard()
+        if fd >= 0:
+            if fcntl is not None:
+                with contextlib.suppress(OSError):  # no locks here: nothing to wait for
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
+    """Task (``compute=False``): rename once every block is written."""
+    total = int(np.sum(written))
+    if total != nbytes:
+        destination.discard()
+        raise SaveError(
+            f"interop.dask.save_npy: expected {nbytes} bytes written to "
+            f"{str(destination.path)!r} (got {total}); no file was left under that name",
+            nbytes=nbytes,
+        )
+    destination.commit()
+    return destination.path
+
+
+def _describe_blocks(blocks: list[tuple[int, ...]], limit: int = 8) -> str:
+    shown = ", ".join(str(b) for b in blocks[:limit])
+    more = f", ... {len(blocks) - limit} more" if len(blocks) > limit else ""
+    return f"[{shown}{more}]"
+
+
+def _failure(
+    writes: Any, path: Path, nbytes: int, done: list, culprit: str, cause: Any
+) -> SaveError:
+    """The :class:`SaveError` of a save that stopped, ``done`` the blocks written."""
+    nblocks = int(np.prod(writes.numblocks, dtype=np.int64))
+    done = sorted(done)
+    reason = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
+    err = SaveError(
+        f"interop.dask.save_npy of {str(path)!r} {reason}; {culprit}{len(done)} of {nblocks} "
+        f"blocks were written {_describe_blocks(done)}; no file was left under "
+        f"{str(path)!r} (an existing one is untouched)",
+        blocks_done=done,
+        nblocks=nblocks,
+        nbytes=nbytes,
+    )
+    err.__cause__ = cause
+    return err
+
+
+def _run_distributed(client: Any, writes: Any, path: Path, nbytes: int) -> int:
+    """Run the writes on a distributed cluster; their byte count."""
+    from distributed import as_completed, futures_of
+
+    futures = futures_of(client.persist(writes))
+    try:
+        for future in as_completed(futures):
+            if future.status != "finished":
+                break  # the first failure (or cancellation) ends the save
+        statuses = [f.status for f in futures]
+        if all(s == "finished" for s in statuses):
+            return int(sum(int(np.sum(r)) for r in client.gather(futures)))
+    except BaseException:  # KeyboardInterrupt while waiting: nothing else may run
+        client.cancel(futures)
+        raise
+    done = [tuple(f.key[1:]) for f, s in zip(futures, statuses, strict=True) if s == "finished"]
+    erred = [f for f, s in zip(futures, statuses, strict=True) if s == "error"]
+    cause: BaseException | None = None
+    culprit = ""
+    if erred:
+        cause = erred[0].exception()  # before cancelling, which forgets it
+        failed = sorted(tuple(f.key[1:]) for f in erred)
+        culprit = f"block(s) {_describe_blocks(failed)} could not be written; "
+    client.cancel(futures)
+    raise _failure(writes, path, nbytes, done, culprit, cause)
+
+
+def _run_local(scheduler: Any, writes: Any, path: Path, nbytes: int) -> int:
+    """Run the writes on a local scheduler; their byte count."""
+    name = writes.name
+    done: list[tuple[int, ...]] = []
+
+    def posttask(key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        if isinstance(key, tuple) and key and key[0] == name:
+            done.append(tuple(key[1:]))
+
+    try:
+        with Callback(posttask=posttask):  # called by dask's local schedulers only
+            (written,) = dask.compute(writes, scheduler=scheduler)
+    except Exception as exc:
+        raise _failure(writes, path, nbytes, done, "", exc) from exc
+    return int(np.sum(written))
+
+
+def save_npy(
+    darr: Any,
+    path: str | os.PathLike[str],
+    /,
+    *,
+    chunk_bytes: int | None = None,
+    compute: bool = True,
+) -> Any:
+    """Write a dask array to one standard ``.npy`` file, block by block on the workers.
+
+    Parameters
+    ----------
+    darr : dask.array.Array
+        NumPy or CuPy blocks (any strides, any chunking, known chunk sizes)
+        of any dtype :func:`interop.save_npy` accepts.
+    path : str or os.PathLike
+        On a file system every worker shares with the caller; the path rules
+        of :func:`interop.save_npy` (``.npy`` appended, symlink followed,
+        mode kept), checked before any block is computed. The data goes to a
+        hidden temporary file beside it, renamed to ``path`` once every block
+        is written.
+    chunk_bytes : int, optional
+        Largest piece a worker copies at once for a block that is not a
+        C-contiguous host array; default: each worker's
+        ``interop.config.chunk_bytes``.
+    compute : bool
+        True: write now. False: create the temporary file now and return a
+        ``dask.delayed.Delayed`` that writes the blocks and renames the file
+        when computed (alone or with other collections).
+
+    Returns
+    -------
+    pathlib.Path or dask.delayed.Delayed
+        The path written (``.npy`` appended as by ``numpy.save``), or the save.
+
+    Notes
+    -----
+    Copy semantics: ``darr`` is computed once, each block on the worker that
+    makes it, never gathered; the caller writes only the header and sizes
+    the file. Each task writes its block at its C-order offsets
+    (``os.pwritev``) from a C-contiguous NumPy block's memory, else through
+    one host buffer of ``chunk_bytes``, or (a CuPy block, a CUDA tensor)
+    through the device-to-host pipeline's pinned slots, ordered after the
+    work queued on the block's library's current stream. Extra host memory
+    per running task: ``chunk_bytes``, or the staging ring. A task run twice
+    writes the same bytes. Dask schedules: the distributed client in use,
+    else dask's default scheduler. With ``compute=False`` the rename is the
+    graph's last task; a delayed save never computed, failed or cancelled
+    leaves its hidden temporary (``.NAME.XXXXXXXX.tmp``) beside ``path`` for
+    the caller to delete; the final name never appears.
+
+    Raises
+    ------
+    TypeError
+        ``darr`` is not a dask array, holds Python objects, or is masked
+        (save ``da.ma.filled(darr, fill_value)``; masked blocks under an
+        unmasked meta fail their tasks: a :class:`SaveError`).
+    ValueError
+        Unknown chunk sizes (``darr.compute_chunk_sizes()`` first), a bad
+        ``chunk_bytes``, a ``path`` with a NUL byte, a FIFO or character
+        device (blocks are written at offsets: use ``interop.save_npy``).
+    IsADirectoryError, PermissionError, FileNotFoundError, OSError
+        ``path`` is refused, before any block is computed.
+    PathError
+        The file system cannot hold the array (``errno.ENOSPC``, ``EFBIG``,
+        ``EDQUOT``), found when the file's blocks are reserved
+        (``posix_fallocate``) before any block is computed; nothing is left.
+    SaveError
+        A block raised (its error is the ``__cause__``; a full disk where
+        blocks could not be reserved: an ``OSError`` with ``errno.ENOSPC``),
+        a worker died too often, or the compute was cancelled: no file is
+        left under ``path``, an existing one is untouched; ``blocks_done``
+        lists the blocks written. Raised once no block task writes the file
+        any more (they stop before their next piece), its space free again;
+        a ``KeyboardInterrupt`` cancels the tasks and is re-raised after the
+        same wait.
+    """
+    func = "interop.dask.save_npy"
+    if not isinstance(darr, da.Array):
+        raise InvalidTypeError(
+            f"{func} expected a dask.array.Array (got {type(darr).__module__}."
+            f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
+        )
+    _refuse_masked(darr._meta, func)
+    dtype = np.dtype(darr.dtype)
+    if dtype.hasobject:
+        raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
+    if any(np.isnan(c) for sizes in darr.chunks for c in sizes):
+        raise InvalidValueError(
+            f"{func} expected known chunk sizes (got {darr.chunks!r}); "
+            "call darr.compute_chunk_sizes() first"
+        )
+    if chunk_bytes is not None:
+        chunk_bytes_or_default(chunk_bytes)  # validated here, used on the workers
+    destination = prepare_destination(path, func)
+    if destination.streaming:
+        raise InvalidValueError(
+            f"{func} expected a regular file or a new path (got {str(destination.path)!r}, a "
+            "FIFO or character device); the blocks are written at their offsets, which needs a "
+            "regular file: save to a file and copy it, or use interop.save_npy"
+        )
+    path = destination.path
+    shape = tuple(int(n) for n in darr.shape)
+    header = header_bytes(shape, dtype)
+    nbytes = nbytes_of(shape, dtype.itemsize)
+    # A save has side effects: its keys are new for every call.
+    token = tokenize(darr.name, str(destination.target), chunk_bytes, uuid.uuid4().hex)
+    _create(destination, header, len(header) + nbytes)
+    try:
+        layout = Layout(str(destination.temporary), shape, dtype, len(header))
+        writes = da.map_blocks(  # one element per block: its byte count
+            _write_block,
+            darr,
+            name=f"interop-save-npy-{token}",
+            chunks=tuple((1,) * n for n in darr.numblocks),
+            dtype=np.int64,
+            meta=np.empty((0,) * darr.ndim, np.int64),
+            layout=layout,
+            chunk_bytes=chunk_bytes,
+        )
+        if not compute:
+            return dask.delayed(_commit, pure=False)(
+                destination, writes, nbytes, dask_key_name=f"interop-save-npy-commit-{token}"
+            )
+        scheduler = get_scheduler(collections=[writes])
+        client = getattr(scheduler, "__self__", None)  # a distributed Client's client.get
+        distributed = sys.modules.get("distributed")  # imported where a Client exists
+        if distributed is not None and isinstance(client, distributed.Client):
+            total = _run_distributed(client, writes, path, nbytes)
+        else:
+            total = _run_local(scheduler, writes, path, nbytes)
+        if total != nbytes:  # every block checks its shape: a bug if reached
+            raise SaveError(
+                f"{func}: expected {nbytes} bytes written to {str(path)!r} (got {total})",
+                nbytes=nbytes,
+            )
+        destination.commit()
+    except BaseException:
+        _abandon(destination)  # returns once no block task writes the file any more
+        raise
+    return path
+
+
+# ------------------------------------------------------------------ load
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What the read tasks need to know about the file (its identity checked by each)."""
+
+    layout: Layout  # in file order (a Fortran-order file: the transposed shape)
+    fortran: bool
+    identity: tuple[int, int, int, int]  # npy.file_identity when the header was read
+    host: str  # the machine that read the header (where the device number holds)
+
+
+def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
+    """Task: read one block from the file."""
+    layout = source.layout
+    origin, shape, what = _block(block_info[None], layout, "interop.dask.load_npy", source.fortran)
+    # Every task checks that the file is still the one load_npy described: a
+    # file replaced in between would give blocks of two files, silently.
+    same_machine = source.host == socket.gethostname()
+    fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
+    try:
+        if device is None or device[0] != "cuda":
+            block = np.empty(shape, layout.dtype)
+        else:  # non-native byte order is converted in the slots
+            block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
+        reader = FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
+        read_into(block, reader, "interop.dask.load_npy", "the block's C order")
+    finally:
+        os.close(fd)
+    return block.T if source.fortran else block
+
+
+def _meta(ndim: int, dtype: np.dtype, device: Any) -> Any:
+    """The empty block that describes the array's blocks to dask."""
+    if device is None or device[0] != "cuda":
+        return np.empty((0,) * ndim, dtype)
+    cp = _backends.require_cupy_device()
+    dtypes.check_cupy_dtype(dtype)
+    return cp.empty((0,) * ndim, dtype)
+
+
+def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: Any = None) -> Any:
+    """A dask array whose blocks are read from a ``.npy`` file on the workers.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
+        system every worker shares with the caller.
+    chunks : int, tuple, dict or "auto", default "auto"
+        Block shape, as ``dask.array.from_array`` takes it; any chunking,
+        blocks not spanning whole trailing axes included. Every block size
+        must be positive.
+    device : optional
+        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks, each on that device
+        of the worker that reads it (``"cuda"``: its current device).
+        ``None`` or ``"cpu"``: NumPy blocks.
+
+    Returns
+    -------
+    dask.array.Array
+        Lazy: nothing is read until it is computed.
+
+    Notes
+    -----
+    Copy semantics: each block is a new array read by its task; the caller
+    reads only the header. Each task checks that the file is still the one
+    whose header was read (device, inode, size, mtime; the device only on
+    the caller's machine) and reads the block's runs with ``os.preadv``:
+    into a new NumPy block, or through the pinned staging ring to a new CuPy
+    block (the task returns once it is on the device). A Fortran-order file
+    gives Fortran-ordered blocks, as ``numpy.load``. Extra host memory per
+    running task: none, or the staging ring for CuPy blocks.
+    ``device="cuda"`` needs a CUDA device on the caller too (for the array's
+    metadata, an empty CuPy array).
+
+    Raises
+    ------
+    ValueError
+        Not a readable ``.npy`` file (corrupt, truncated, object dtype), a
+        bad ``chunks`` or ``device``, a ``path`` with a NUL byte; from a
+        task, a file replaced or written since this call (the compute fails
+        rather than mix blocks of two files).
+    FileNotFoundError, OSError
+        No such file; a directory, a FIFO or a device (nothing read).
+    NoDeviceError, BackendUnavailableError, UnsupportedDtypeError
+        ``device="cuda"`` without a usable CUDA device or CuPy, or a dtype
+        CuPy cannot hold (float8).
+    TransferError
+        From a task: the file came up short.
+    """
+    header = read_npy_header(path)
+    target = parse_device(device)
+    try:
+        normalized = da.core.normalize_chunks(chunks, header.shape, dtype=header.dtype)
+        if any(n == 0 for axis, size in zip(normalized, header.shape, strict=True) if size
+               for n in axis):  # fmt: skip
+            raise ValueError("a block size of 0 along an axis that has data")
+    except (ValueError, TypeError, ZeroDivisionError) as exc:
+        why = "a block size of 0" if isinstance(exc, ZeroDivisionError) else str(exc)
+        raise InvalidValueError(
+            f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
+            f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
+        ) from exc
+    # CuPy blocks in native byte order (CuPy holds no other), NumPy blocks in the file's
+    on_device = target is not None and target[0] == "cuda"
+    dtype = header.dtype.newbyteorder("=") if on_device else header.dtype
+    file_shape = header.shape[::-1] if header.fortran_order else header.shape
+    layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
+    source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())
+    name = f"interop-load-npy-{tokenize(source, normalized, target)}"
+    meta = _meta(len(header.shape), dtype, target)
+    return da.map_blocks(
+        _read_block,
+        name=name,
+        chunks=normalized,
+        dtype=dtype,
+        meta=meta,
+        source=source,
+        device=target,
+    )

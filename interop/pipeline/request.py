@@ -1,0 +1,79 @@
+"""What a copy moves, where and how: the request a public call builds once.
+
+The public calls (:mod:`interop.transfer`, :mod:`interop.io`) check their
+options first (:func:`check_options`, before they allocate or create
+anything), then their arrays, describe them, and hand one
+:class:`TransferRequest` to :func:`interop.pipeline.start.start`, whose
+validator resolves the options and checks that the request is whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import InitVar, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ..arrays import Source
+from ..config import chunk_bytes_or_default, config
+from ..errors import UsageError
+from .backend import HostStage
+from .progress import check_progress
+
+__all__ = ["TransferRequest", "check_options"]
+
+# (device, target, stage) each direction needs
+_NEEDS = {
+    "d2h": (True, False, True),
+    "h2d": (True, False, True),
+    "h2h": (False, False, True),
+    "d2d": (True, True, False),
+}
+
+
+def check_options(chunk_bytes: Any, progress: Any) -> int:
+    """The chunk size of ``chunk_bytes`` (:func:`~interop.config.chunk_bytes_or_default`),
+    once ``progress`` is a bool or a callable (else a TypeError or ValueError)."""
+    chunk = chunk_bytes_or_default(chunk_bytes)
+    check_progress(progress)
+    return chunk
+
+
+@dataclass(frozen=True)
+class TransferRequest:
+    """One copy, described by the public call that starts it: what moves
+    (``device``, ``stage``, ``shape``), where (``direction``), how (the rest)."""
+
+    func: str  # the public function: messages, the transfer thread's name
+    # d2h, h2d: through the staging ring; h2h: the host engine; d2d: one queued copy
+    direction: Literal["d2h", "h2d", "h2h", "d2d"]
+    result: Any  # what Transfer.result() returns
+    stage: HostStage | None = None  # the host end (all but d2d)
+    device: Source | None = None  # the device array: the source (d2h, d2d) or destination (h2d)
+    target: Source | None = None  # d2d: the destination
+    shape: tuple[int, ...] = ()  # h2h: the array walked in C order, and its itemsize
+    itemsize: int = 1
+    chunk_bytes: InitVar[int | None] = None  # resolved into chunk (config's default)
+    progress: Any = False  # a tqdm bar, or progress(bytes_done, bytes_total)
+    order: str = "the source's C order"  # what progress and error byte ranges count
+    threads: int = 0  # host threads for the stage's pieces (0: config.host_threads)
+    # d2h, h2d: the host array the stage writes or reads; the DMAs use it
+    # directly where it is page-locked and C-contiguous
+    host: np.ndarray | None = None
+    cast: np.dtype | None = None  # d2h: the floating dtype chunks are cast to on the device
+    inline: bool = False  # run on the calling thread before start() returns (blocking calls)
+    chunk: int = field(init=False)
+
+    def __post_init__(self, chunk_bytes: int | None) -> None:
+        """The validator: the options checked and resolved, and the ends the
+        direction needs present."""
+        object.__setattr__(self, "chunk", check_options(chunk_bytes, self.progress))
+        if not self.threads:
+            object.__setattr__(self, "threads", config.host_threads)
+        have = (self.device is not None, self.target is not None, self.stage is not None)
+        if _NEEDS.get(self.direction) != have:
+            raise UsageError(
+                f"{self.func}: expected a request of direction 'd2h', 'h2d', 'h2h' or 'd2d' "
+                f"with its ends (device, target, stage) {_NEEDS.get(self.direction)} "
+                f"(got {self.direction!r} with {have})"
+            )
