@@ -6,7 +6,7 @@ fail: a GPU runner can never pass by skipping; and the GPU tests run first, so
 that a run stopped by a time limit has their results. Tests marked ``multigpu``
 need two devices and are skipped with fewer unless ``INTEROP_REQUIRE_MULTIGPU=1``.
 
-The ``device`` fixture runs a test's one body on each device (tests/devices.py):
+The ``device`` fixture runs a test's one body on each device (tests/helpers/devices.py):
 ``[emulated]`` always, ``[cuda]`` under the ``gpu`` marker.
 """
 
@@ -83,12 +83,12 @@ def device_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def device(device_kind: str):
-    """A test device (tests/devices.py) of each kind; after the test, checked
+    """A test device (tests/helpers/devices.py) of each kind; after the test, checked
     released (emulated: no rule broken, copy streams closed, pinned memory
     freed; CUDA: every queued copy done) and closed. A test that needs other
     emulated settings (a delay, injected faults) takes ``device_kind`` and
     opens its own with ``devices.opened(device_kind, ...)``."""
-    from .devices import opened
+    from tests.helpers.devices import opened
 
     with opened(device_kind) as d:
         yield d

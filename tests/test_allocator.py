@@ -11,8 +11,7 @@ import pytest
 import interop
 from interop import allocator, streams
 from interop.testing import EmulatedCaptureError, EmulatedDevice
-
-from .helpers import in_threads, run_python
+from tests.helpers import in_threads, run_python
 
 
 def test_is_a_runtime_error_and_an_interop_error():

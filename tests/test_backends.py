@@ -10,8 +10,7 @@ import pytest
 
 import interop
 from interop import _backends
-
-from .helpers import run_python
+from tests.helpers import run_python
 
 
 @pytest.fixture

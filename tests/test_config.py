@@ -12,8 +12,7 @@ import pytest
 
 import interop
 from interop.config import MIN_CHUNK_BYTES, chunk_bytes_or_default
-
-from .helpers import run_python
+from tests.helpers import run_python
 
 
 def test_defaults_are_positive_ints():

@@ -25,8 +25,7 @@ import numpy as np
 import pytest
 
 import interop
-
-from .helpers import REPO_ROOT, child_env, run_python
+from tests.helpers import REPO_ROOT, child_env, run_python
 
 DOCS = REPO_ROOT / "docs"
 CODE_LINE_LIMIT = 88
@@ -401,7 +400,7 @@ def _paragraphs(text: str) -> list[str]:
 
 def test_every_page_says_a_progress_callbacks_error_comes_back_as_itself(tmp_path):
     """What the code does on every path that calls the callback (the device
-    paths: tests/test_schedule.py, test_npy_device.py), as concurrent.futures
+    paths: tests/pipeline/test_schedule.py, io/test_npy_device.py), as concurrent.futures
     does with a function's error: the callback's exception as itself, with a
     note of the bytes done; so no page may say it becomes a TransferError."""
 

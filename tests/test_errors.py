@@ -22,8 +22,7 @@ import pytest
 
 import interop
 from interop.errors import path_error
-
-from .helpers import Producer, run_python
+from tests.helpers import Producer, run_python
 
 # --------------------------------------------------------------------------- the classes
 

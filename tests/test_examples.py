@@ -23,8 +23,7 @@ import pytest
 
 import interop
 from interop.info import install_command
-
-from .helpers import REPO_ROOT, child_env, run_python
+from tests.helpers import REPO_ROOT, child_env, run_python
 
 EXAMPLES = REPO_ROOT / "examples"
 MiB = 1 << 20
@@ -45,7 +44,7 @@ def _example_names() -> list[str]:
 
 
 def test_every_example_has_a_test():
-    tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    tests = "".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py"))
     untested = [name for name in _example_names() if f'"{name}"' not in tests]
     assert untested == []
 

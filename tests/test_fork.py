@@ -15,8 +15,7 @@ import textwrap
 import pytest
 
 import interop
-
-from .helpers import child_env, run_python
+from tests.helpers import child_env, run_python
 
 # One interpreter forks twice: before interop has initialised CUDA ("early"),
 # and after ("late", with a grandchild). Without a GPU here interop never

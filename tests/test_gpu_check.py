@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import NO_GPU
+from tests.helpers import NO_GPU
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check"
@@ -282,7 +282,7 @@ def _collected(*args: str, **env: str) -> list[str]:
 
 
 def test_a_gpu_runner_runs_the_gpu_tests_first():
-    files = ["tests/test_streams.py", "tests/test_ring.py"]
+    files = ["tests/test_streams.py", "tests/pipeline/test_ring.py"]
     plain = _collected(*files, INTEROP_REQUIRE_GPU="0")
     gpu = _collected("-m", "gpu", *files, INTEROP_REQUIRE_GPU="0")
     required = _collected(*files, INTEROP_REQUIRE_GPU="1")

@@ -9,8 +9,7 @@ import pytest
 
 import interop
 from interop import _backends
-
-from .helpers import REPO_ROOT, run_python
+from tests.helpers import REPO_ROOT, run_python
 
 
 def test_import_interop_imports_neither_torch_nor_cupy():

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 from interop import _backends
-
-from .helpers import child_env, run_python
+from tests.helpers import child_env, run_python
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

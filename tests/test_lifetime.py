@@ -22,9 +22,8 @@ import pytest
 
 import interop
 from interop.pipeline import ring
-
-from .devices import opened
-from .helpers import in_threads
+from tests.helpers import in_threads
+from tests.helpers.devices import opened
 
 N = 1 << 20  # float32 elements: a 4 MiB block, served from the pools' large blocks
 SHAPE = (1024, 1024)

@@ -18,10 +18,9 @@ import interop
 from interop.pipeline import trace
 from interop.pipeline.ring import cached_rings, free_cached_rings
 from interop.testing import EmulatedDeviceError
-
-from .devices import opened
-from .helpers import NUMPY_DTYPES, pinned, sample, staged
-from .test_schedule import CHUNK, STEPS, check_released, make_device, raw
+from tests.helpers import NUMPY_DTYPES, pinned, sample, staged
+from tests.helpers.devices import opened
+from tests.pipeline.test_schedule import CHUNK, STEPS, check_released, make_device, raw
 
 # ----------------------------------------------------------------- values, no ring
 

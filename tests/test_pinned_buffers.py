@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import interop
-
-from .conftest import gpu_count
+from tests.conftest import gpu_count
 
 no_gpu = pytest.mark.skipif(gpu_count() > 0, reason="the no-device paths")
 

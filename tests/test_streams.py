@@ -9,8 +9,7 @@ import pytest
 
 import interop
 from interop.streams import resolve_stream, same_stream
-
-from .helpers import run_python
+from tests.helpers import run_python
 
 
 class Protocol:

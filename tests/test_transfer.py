@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import interop
-
-from .helpers import (
+from tests.helpers import (
     ALL_NAMES,
     NUMPY_DTYPES,
     in_threads,

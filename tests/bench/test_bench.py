@@ -328,7 +328,7 @@ def test_a_spinner_whose_bench_died_stops_by_itself():
         """
         import os
         from interop.bench.rows import busy_machine
-        from tests.test_bench import _spinners
+        from tests.bench.test_bench import _spinners
         with busy_machine(1):
             print(*_spinners(), flush=True)
             os._exit(0)

@@ -15,9 +15,8 @@ from interop.pipeline import trace
 from interop.pipeline.plan import c_order_chunks
 from interop.pipeline.ring import free_cached_rings
 from interop.testing import EmulatedDevice, RuleViolation
-
-from .devices import opened
-from .helpers import in_threads, sample
+from tests.helpers import in_threads, sample
+from tests.helpers.devices import opened
 
 CHUNK = 64 << 10
 DELAY = 0.002  # seconds the host stream sleeps before each queued operation

@@ -31,8 +31,7 @@ import interop.dask as idask  # noqa: E402
 from interop import _backends  # noqa: E402
 from interop.dask import SaveError  # noqa: E402
 from interop.io._format import Layout  # noqa: E402
-
-from .helpers import NO_GPU, NUMPY_DTYPES, run_python, sample  # noqa: E402
+from tests.helpers import NO_GPU, NUMPY_DTYPES, run_python, sample  # noqa: E402
 
 MiB = 1 << 20
 # A piece size every version of interop.config accepts as is (none raises a
@@ -399,7 +398,7 @@ def test_interrupted_save_cancels_and_removes_the_temporary(tmp_path):
         from pathlib import Path
         import dask, dask.array as da, numpy as np
         import interop.dask as idask
-        from tests.test_dask import _gated_block
+        from tests.io.test_dask import _gated_block
         d, gate = Path(r"{tmp_path}"), r"{tmp_path / "gate"}"
         x = da.from_array(np.ones((8, 8)), chunks=4)
         x = x.map_blocks(_gated_block, gate, meta=x._meta)
@@ -920,7 +919,7 @@ _FULL_DISK = """
 import errno, json, os, sys
 import dask, dask.array as da, numpy as np
 import interop, interop.dask as idask
-from tests.test_dask import _held_or_failing, _held_or_filling
+from tests.io.test_dask import _held_or_failing, _held_or_filling
 
 d = sys.argv[1]
 scheduler = {scheduler!r}
@@ -984,7 +983,7 @@ else:
 @pytest.mark.parametrize("scheduler", ["threads", "distributed"])
 @pytest.mark.parametrize("failure", ["full disk", "a block fails"])
 def test_a_failed_save_returns_once_no_block_is_written(scheduler, failure):
-    from .small_fs import run_on_tmpfs
+    from tests.helpers.small_fs import run_on_tmpfs
 
     code = _FULL_DISK.format(scheduler=scheduler, failure=failure)
     proc = run_on_tmpfs(code, "8m" if failure == "full disk" else "32m", timeout=240)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .helpers import child_env
+from tests.helpers import child_env
 
 
 def _try(argv: list[str]) -> bool:

@@ -26,8 +26,7 @@ from interop.pipeline.ring import (
     staging_ring,
 )
 from interop.testing import EmulatedDevice, EmulatedDeviceError
-
-from .helpers import in_threads, run_python
+from tests.helpers import in_threads, run_python
 
 KiB, MiB = 1 << 10, 1 << 20
 

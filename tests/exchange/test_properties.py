@@ -21,8 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import interop
-
-from .helpers import ML, NUMPY_DTYPES, Producer, run_python
+from tests.helpers import ML, NUMPY_DTYPES, Producer, run_python
 
 # Small arrays, few examples: the whole file runs in a few seconds.
 MAX_EXAMPLES = 100
@@ -275,7 +274,7 @@ _CHILD = """
 import sys, warnings
 sys.path.insert(0, {root!r})
 from hypothesis import HealthCheck, given, settings
-from tests import test_properties as p
+from tests.exchange import test_properties as p
 import interop
 
 @settings(max_examples={n}, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -290,7 +289,7 @@ print("checked")
 
 
 def _in_a_subprocess(check: str, examples: int) -> None:
-    root = str(pathlib.Path(__file__).resolve().parents[1])
+    root = str(pathlib.Path(__file__).resolve().parents[2])
     proc = run_python(_CHILD.format(root=root, n=examples, check=check))
     # on a crash the last line of stderr is the example that crashed
     assert proc.returncode == 0, proc.stderr[-3000:]

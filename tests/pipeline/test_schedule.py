@@ -1,5 +1,5 @@
 """The slot schedule, both directions: the public calls (copy_to_host,
-copy_to_device and their async forms) on each test device (tests/devices.py):
+copy_to_device and their async forms) on each test device (tests/helpers/devices.py):
 the emulated one, whose streams really move data on threads and enforce CUDA's
 rules, and a CUDA device under the ``gpu`` marker. One body per behaviour; what
 only one of them can show is said where it is checked (``device.emulated``: rule
@@ -22,9 +22,7 @@ import pytest
 import interop
 from interop.pipeline.ring import cached_rings, free_cached_rings
 from interop.testing import EmulatedDevice, EmulatedDeviceError
-
-from .devices import opened
-from .helpers import (
+from tests.helpers import (
     NUMPY_DTYPES,
     cancel_on_progress,
     in_threads,
@@ -32,6 +30,7 @@ from .helpers import (
     sample,
     transfer_threads,
 )
+from tests.helpers.devices import opened
 
 CHUNK = 64 << 10  # the smallest chunk interop uses
 
@@ -722,7 +721,7 @@ import ctypes
 import cupy
 
 cupy.cuda.Device(1).use()
-from tests.test_schedule import copies_on_one_device
+from tests.pipeline.test_schedule import copies_on_one_device
 
 copies_on_one_device(cupy.asarray)
 driver = ctypes.CDLL("libcuda.so.1")

@@ -30,8 +30,7 @@ import interop
 from interop.pipeline.ring import free_cached_rings
 from interop.streams import cupy_stream
 from interop.testing import EmulatedCaptureError, EmulatedDevice
-
-from . import helpers
+from tests import helpers
 
 KINDS = ("emulated", "cuda")
 LIBS = ("cupy", "torch")
@@ -555,7 +554,7 @@ class Cuda:
 
     # -- devices
     def need_devices(self, n: int) -> None:
-        from .conftest import _require
+        from tests.conftest import _require
 
         if n > 1:
             _require("INTEROP_REQUIRE_MULTIGPU", n, "multi-GPU test")

@@ -19,8 +19,7 @@ from interop.testing import (
     InvertedArray,
     RuleViolation,
 )
-
-from .helpers import NUMPY_DTYPES, hold, inverted_bytes, sample
+from tests.helpers import NUMPY_DTYPES, hold, inverted_bytes, sample
 
 CHUNK = 64 << 10  # the smallest chunk interop uses
 

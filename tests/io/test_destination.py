@@ -20,8 +20,7 @@ import pytest
 import interop
 from interop.io import _replaced, destination
 from interop.io.destination import Destination, prepare_destination
-
-from .helpers import reading_fifo, run_python
+from tests.helpers import reading_fifo, run_python
 
 
 def _umask() -> int:
@@ -639,7 +638,7 @@ def _kill_mid_save(path, kind: str, temporary_kind: str) -> None:
     import subprocess
     import sys
 
-    from .helpers import child_env
+    from tests.helpers import child_env
 
     child = subprocess.Popen(
         [sys.executable, "-c", _KILLED_MID_SAVE, str(path), kind, temporary_kind],
@@ -675,11 +674,11 @@ def test_a_save_killed_mid_write_leaves_nothing_behind(tmp_path, temporary_kind,
 
 
 def test_a_save_killed_mid_write_on_a_tmpfs_leaves_nothing_behind():
-    from .small_fs import run_on_tmpfs
+    from tests.helpers.small_fs import run_on_tmpfs
 
     code = """
         import os, sys
-        from tests.test_destination import _kill_mid_save
+        from tests.io.test_destination import _kill_mid_save
         d = sys.argv[1]
         _kill_mid_save(os.path.join(d, "x.npy"), "host", "unnamed")
         print(sorted(os.listdir(d)))

@@ -16,8 +16,7 @@ import pytest
 
 import interop
 from interop.io.npy import read_npy_header
-
-from .helpers import (
+from tests.helpers import (
     NUMPY_DTYPES,
     Producer,
     reading_fifo,
@@ -748,7 +747,7 @@ KINDS = ["host", "device", pytest.param("cupy", marks=pytest.mark.gpu)]
 @pytest.mark.parametrize("existing", [True, False], ids=["replacing", "new"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_full_disk_is_a_path_error_with_its_errno_and_nothing_changes(kind, existing):
-    from .small_fs import run_on_tmpfs
+    from tests.helpers.small_fs import run_on_tmpfs
 
     got = _failing_save(lambda code: run_on_tmpfs(code, "1m"), kind, existing)
     path = got["filename"]

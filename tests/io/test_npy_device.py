@@ -13,8 +13,7 @@ import pytest
 
 import interop
 from interop.testing import EmulatedDevice, EmulatedDeviceError
-
-from .helpers import NUMPY_DTYPES, reading_fifo, sample
+from tests.helpers import NUMPY_DTYPES, reading_fifo, sample
 
 CHUNK = 64 << 10
 

@@ -16,8 +16,7 @@ import pytest
 import interop
 from interop.pipeline.future import Transfer, cancel_running
 from interop.pipeline.progress import Progress
-
-from .helpers import child_env, run_python
+from tests.helpers import child_env, run_python
 
 
 def test_chunks_complete_out_of_order_count_in_order():

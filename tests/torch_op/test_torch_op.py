@@ -23,8 +23,7 @@ import pytest
 import interop
 from interop import allocator
 from interop._torch_op import call as _torch_op
-
-from .helpers import REPO_ROOT, run_python
+from tests.helpers import REPO_ROOT, run_python
 
 torch = pytest.importorskip("torch")
 
@@ -942,7 +941,7 @@ def test_the_overhead_benchmark_runs():
 # ----------------------------------------------------------------- cuFFT plans made in a call
 # CuPy's plan cache outlives a call: the plans made while the op ran (their work areas
 # from the call's PyTorch-backed allocator) leave it after the call. Real plans need
-# cuFFT (tests/test_torch_op_gpu.py); here the cache and the plans are stand-ins.
+# cuFFT (tests/torch_op/test_torch_op_gpu.py); here the cache and the plans are stand-ins.
 
 
 class _FakePlan:

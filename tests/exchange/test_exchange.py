@@ -18,8 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import interop
-
-from .helpers import STANDARD, Producer, run_python
+from tests.helpers import STANDARD, Producer, run_python
 
 
 def ptr(x) -> int:
