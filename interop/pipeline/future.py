@@ -71,9 +71,7 @@ class Transfer:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()  # the process whose thread runs the engine
         self._runner: int | None = None  # that thread's ident, once it runs
-        # Under _lock: the engine has returned or raised; from then on cancel()
-        # can change nothing and answers False.
-        self._settled = False
+        self._settled = False  # under _lock: the engine has ended; cancel() answers False
 
     # -- used by the engines, from the transfer's own thread only
     def chunk_done(self, i: int) -> None:
@@ -111,16 +109,13 @@ class Transfer:
             except BaseException as exc:  # re-raised in the caller by result()
                 self._error = _detached(exc)
             finally:
-                # The engine's closures (the source, device memory) go now, while
-                # the thread is still counted as running: never after it
-                # reported finished, when the interpreter may be finalising.
+                # the engine's closures (source, device memory) go while the thread still
+                # counts as running, never once finished (the interpreter may be finalising)
                 run = _finished_engine
                 with self._lock:
                     self._settled = True
                     if self._error is None and self._cancelled.is_set():
-                        # cancel() answered True after the last chunk: the
-                        # copy counts as stopped, and result() raises
-                        self._error = Cancelled()
+                        self._error = Cancelled()  # cancel() said True after the last chunk
                 try:
                     self._progress.close()
                 finally:

@@ -71,9 +71,8 @@ class _Run:
         self.events: list[Event] = [job.backend.event() for _ in range(n)]
         self.pending: list[list[Future[None]]] = [[] for _ in range(n)]
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
-        # the process's host threads; each chunk's pieces run as at most `parts`
-        # tasks, so that the chunks of several slots keep every thread busy at
-        # once instead of every chunk ending at a barrier of all the threads
+        # each chunk's pieces run as at most `parts` tasks: several slots' chunks keep
+        # every host thread busy, instead of each chunk ending at a barrier of all
         self.pool = None if job.pinned is not None else host_pool(job.threads)
         self.parts = max(1, -(-job.threads // max(1, n - 1)))
         self.ring: StagingRing | None = None
@@ -128,9 +127,8 @@ class _Run:
             assert self.ring is not None
             host = self.ring.ptrs[k]
         backend, stream = self.backend, self.stream
-        # a chunk made now (cast, resolved) is interop's temporary: from the library's own
-        # pool, ordered on its producer's stream (an allocator the user installed would order
-        # it on this thread's current stream of the other library: PyTorch's default here)
+        # a chunk made now (cast, resolved) comes from the library's own pool on its producer's
+        # stream (a user's allocator would order it on another library's current stream)
         with backend.own_pool():
             chunk = self.job.data.chunk(self.plan.chunks[i])
         self.held[k] = chunk.view
