@@ -1,10 +1,6 @@
 """Page-locked host buffers for reuse: ``interop.empty_pinned`` and ``interop.pin``.
 
-A training loop that copies the same shape every step pays for pinning once:
-a page-locked, C-contiguous ``out`` (or source) is copied by the DMAs alone,
-with no staging ring and no host threads, at the link's speed. Pinning costs
-about as much as copying the bytes once or twice (``cudaHostRegister`` ran at
-17-20 GB/s on an H100 machine), so it pays off for buffers used again.
+A page-locked, C-contiguous ``out`` or source is copied by the DMAs alone.
 """
 
 from __future__ import annotations
@@ -46,28 +42,18 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        C-contiguous, writable. Its memory (``cudaHostAlloc``, portable: every
-        device's DMAs reach it) is freed when the last array using it is gone
-        (in a child forked since, dropping it frees nothing, silently: the
-        pages are the parent's).
-        ``interop.copy_to_host(x, out=a)`` and ``interop.copy_to_device(a)``
-        copy it by DMA alone, with no staging ring.
-
-    Notes
-    -----
-    Freeing page-locked memory (``cudaFreeHost``) waits for the whole device:
-    allocate such buffers once and reuse them, do not make one per step. While
-    a CUDA graph capture is under way (one interop can see: see
-    :func:`interop.stream`) the free waits for it to end.
+        C-contiguous, writable, in portable ``cudaHostAlloc`` memory that every
+        device's DMAs reach; freed when the last array using it is gone (never
+        during a CUDA graph capture; in a forked child, not at all). Freeing
+        waits for the whole device: allocate once and reuse.
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        A bad shape or dtype (a ``TypeError`` or ``ValueError``): sizes that
-        are not integers (``3.0`` included, as for ``numpy.empty``), negative,
-        or more bytes than an address space holds; checked before the device.
+        Sizes that are not integers (``3.0`` included), negative or too large,
+        or a bad dtype; checked before the device.
     NoDeviceError, BackendUnavailableError
-        No CUDA device, or CuPy missing: page-locked memory needs the driver.
+        No CUDA device, or CuPy missing.
     """
     try:
         dt = np.dtype(dtype)
@@ -95,8 +81,7 @@ def empty_pinned(shape: Any, dtype: Any = float) -> np.ndarray:
 
 
 def pinned_array(backend: Backend, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A C-contiguous array in ``backend``'s page-locked memory (:func:`empty_pinned`'s),
-    freed when the last array using it is gone (in this process only)."""
+    """A C-contiguous array in ``backend``'s page-locked memory, freed with its last view."""
     nbytes = math.prod(shape) * dtype.itemsize
     ptr, _ = backend.host_alloc(max(nbytes, 1))
     try:
@@ -117,11 +102,7 @@ def _free_pinned(backend: Backend, ptr: int, pid: int) -> None:
 
 
 class Pinned:
-    """An array registered as page-locked memory by :func:`pin`.
-
-    Use it as a context manager (``with interop.pin(a): ...``) or call
-    :meth:`unpin`; dropping the handle unpins too. The handle keeps the array
-    alive while it is registered.
+    """An array registered as page-locked memory by :func:`pin`; kept alive until unpinned.
 
     Attributes
     ----------
@@ -141,9 +122,8 @@ class Pinned:
         return self._unpin.alive
 
     def unpin(self) -> None:
-        """Unregister the memory (``cudaHostUnregister``); idempotent. The array
-        stays valid as ordinary pageable memory. During a CUDA graph capture
-        the unregistration waits for the capture to end."""
+        """Unregister the memory (after any CUDA graph capture); idempotent. The array stays
+        valid as pageable memory."""
         self._unpin()
         self.array = None
 
@@ -182,26 +162,17 @@ def pin(array: np.ndarray) -> Pinned:
     Returns
     -------
     Pinned
-        A handle: ``with interop.pin(a) as a: ...`` unpins at the end of the
-        block; ``h = interop.pin(a)`` ... ``h.unpin()`` otherwise. While it is
-        registered, a C-contiguous ``a`` is copied to and from the device by
-        DMA alone (``copy_to_host(x, out=a)``, ``copy_to_device(a)``).
-
-    Notes
-    -----
-    ``cudaHostRegister`` locks every page the array touches and costs about as
-    much as copying its bytes once or twice: pin buffers you reuse. Nothing is
-    copied; the array keeps its memory and values.
+        A handle that unpins at the end of ``with interop.pin(a) as a:``, at
+        ``h.unpin()``, or when dropped. Nothing is copied; registering costs
+        about a copy of the bytes: pin buffers you reuse.
 
     Raises
     ------
     InvalidTypeError
-        Not a NumPy array (a ``TypeError``).
+        Not a NumPy array.
     InvalidValueError
-        Read-only, not contiguous, empty, of Python objects, already page-locked (registered, or
-        from ``cudaHostAlloc``), or memory the driver refuses to register (some
-        file-backed mappings): a ``ValueError``. Nothing stays registered after
-        an error.
+        Read-only, not contiguous, empty, of Python objects, page-locked already, or
+        refused by the driver; nothing stays registered.
     NoDeviceError, BackendUnavailableError
         No CUDA device, or CuPy missing.
     """

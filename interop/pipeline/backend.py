@@ -1,14 +1,7 @@
-"""The small device interface the slot schedule talks to.
+"""The device interface the slot schedule talks to, and the host end of a copy.
 
-Two implementations: :mod:`interop.pipeline.cuda` (CuPy runtime calls on a
-real GPU) and the emulated device of :mod:`interop.testing` (streams of the
-CPU: worker threads that execute queued copies in order and enforce CUDA's
-rules), which plugs in by registering its array types
-(:func:`interop.arrays.register_device_type`). The schedule
-(:mod:`interop.pipeline.schedule`) is written once against this interface,
-for both directions. Its host end is a :class:`HostStage`: a copy into or
-out of a host array (:mod:`interop.pipeline.hostcopy`), or a file writer or
-reader (:mod:`interop.io`).
+Implemented by :mod:`interop.pipeline.cuda` and by the emulated device of
+:mod:`interop.testing`; docs/pipeline.md describes both.
 """
 
 from __future__ import annotations
@@ -71,8 +64,7 @@ class Timer(Protocol):
         """Mark the current end of ``stream``'s queue."""
 
     def seconds_since(self, start: Any) -> float:
-        """Seconds between ``start`` and this timer, both recorded on one stream
-        and reached (after that stream was synchronised)."""
+        """Seconds from ``start`` to this timer, both reached on one synchronised stream."""
 
 
 class Staging(Protocol):
@@ -112,15 +104,10 @@ class Backend(Protocol):
         """Make this device current for the calling thread."""
 
     def use(self) -> None:
-        """Make this device the calling thread's current one, for good: in threads
-        interop owns, before any device call there (CUDA makes a context on a
-        thread's current device, 0 unless chosen; restoring one makes it too)."""
+        """Make this device current for good, in a thread interop owns, before any device call."""
 
     def own_pool(self) -> AbstractContextManager[Any]:
-        """Inside the block, the device library's allocations in this thread come
-        from its own pool, never from an allocator the user installed (interop's
-        temporaries: they are ordered on the stream they are made on, whatever
-        the other library's current stream is in this thread)."""
+        """Inside the block, allocate from the device library's own pool, not the user's."""
 
     def peer(self, index: int | None) -> Backend:
         """Device ``index`` of this kind (None: the calling thread's current one)."""
@@ -144,73 +131,47 @@ class Backend(Protocol):
         """Free a buffer of :meth:`host_alloc`."""
 
     def is_pinned(self, ptr: int, nbytes: int) -> bool:
-        """True if the host bytes ``[ptr, ptr + nbytes)`` are page-locked memory
-        this device can DMA to and from (a copy then needs no staging)."""
+        """True if host bytes ``[ptr, ptr + nbytes)`` are page-locked memory this device DMAs."""
 
     def host_access(self, ring: Any, k: int) -> AbstractContextManager[Any]:
         """Bracket a host thread's access to slot ``k`` of ``ring``."""
 
     def staging(self, count: int, row_bytes: int) -> Staging:
-        """``count`` device rows of at least ``row_bytes``, each starting on a
-        256-byte boundary, from a pool ordered on the calling thread's current
-        stream (``Staging.stream``): another stream must wait for an event
-        recorded there before it uses them."""
+        """``count`` 256-byte-aligned device rows from a pool on the current stream."""
 
     def is_contiguous(self, view: Any) -> bool:
         """True if the device array is C-contiguous (one DMA copies it)."""
 
     def copy_to_host(self, dst: int, src: Any, nbytes: int, s: Any) -> None:
-        """Queue a DMA of the contiguous device array ``src`` to the page-locked
-        host address ``dst`` (a staging slot, or a pinned destination)."""
+        """Queue a DMA of contiguous device ``src`` to page-locked host address ``dst``."""
 
     def copy_to_device(self, dst: Any, src: int, nbytes: int, s: Any) -> None:
-        """Queue a DMA from the page-locked host address ``src`` into the
-        contiguous device array ``dst``."""
+        """Queue a DMA from page-locked host address ``src`` into contiguous device ``dst``."""
 
     def copy_on_device(self, dst: Any, src: Any, s: Any) -> None:
         """Queue an element-wise copy between device arrays of one shape and dtype."""
 
     def is_capturing(self, stream: Any) -> bool:
-        """True while ``stream`` is capturing work into a CUDA graph
-        (``cudaStreamIsCapturing``: a capture begun on it, or one it joined by
-        waiting on an event recorded in it; invalidated or not, until it ends).
-
-        Work queued on such a stream is recorded, not run, and calls that need
-        the host (synchronising a stream or an event, querying an event,
-        allocating or freeing pinned memory) are illegal while any capture is
-        under way: they fail and invalidate the capture. A caller that needs
-        them checks first and refuses before queuing anything.
-        """
+        """True while ``stream`` captures into a CUDA graph (``cudaStreamIsCapturing``)."""
 
     def capture_under_way(self, stream: Any) -> bool:
-        """True if a capture is under way that a host call now (a pinned
-        allocation or free, a synchronisation, an event query) would break:
-        one on ``stream`` (if not None), or wherever this device can tell."""
+        """True if a capture (on ``stream``, or any this device sees) forbids host calls now."""
 
     def capture_forbids_allocation(self) -> bool:
-        """True if a new array of :meth:`empty` now could break a capture under
-        way (a pool growing with ``cudaMalloc``, which CUDA's global capture
-        mode forbids)."""
+        """True if a new array of :meth:`empty` now could break a capture under way."""
 
     def source(self, x: Any, dtype: np.dtype | None = None) -> DeviceData:
-        """Device array ``x`` as a transfer's source, described in the caller's
-        thread: its stream is the producing library's current stream now.
-        With ``dtype`` (another floating dtype), its chunks are cast into
-        chunk-sized temporaries on that stream (``DeviceChunk.produced_on``)."""
+        """Device array ``x`` as a transfer's source (chunks cast to ``dtype`` if given)."""
 
     def target(self, out: Any, func: str) -> DeviceData:
-        """Device array ``out`` as a transfer's destination (its stream: the
-        consuming library's current stream now); refuses what cannot be written."""
+        """Device array ``out`` as a transfer's destination; refuses what cannot be written."""
 
 
 class HostStage(Protocol):
-    """The host end of a chunked copy: moves chunk ``i`` of a plan between a
-    host buffer holding its bytes in C order (a staging slot) and where it
-    lives on the host (an array, a file)."""
+    """The host end of a chunked copy: moves chunk ``i`` between a slot and the host."""
 
     def pieces(self, plan: Plan, i: int, threads: int) -> Sequence[Any]:
         """Chunk ``i``'s host work as at most ``threads`` independent pieces."""
 
     def run(self, plan: Plan, i: int, piece: Any, buf: np.ndarray | None) -> None:
-        """Do ``piece`` of chunk ``i`` with ``buf``, the chunk's bytes in its
-        slot; ``buf`` None: host to host, the stage moves the chunk itself."""
+        """Do ``piece`` of chunk ``i`` with ``buf``, its slot's bytes (None: host to host)."""

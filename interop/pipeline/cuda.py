@@ -1,16 +1,7 @@
 """The slot schedule's CUDA backend: CuPy runtime calls on a real GPU.
 
-Streams are non-blocking CuPy streams, events are created with blocking
-synchronisation (``cudaEventBlockingSync``: a host thread waiting on one
-sleeps instead of spinning a core the host copies need), staging slots are
-portable pinned memory from ``cudaHostAlloc`` (exact size, usable from every
-device), DMAs are ``cudaMemcpyAsync`` (to a slot, or to the caller's memory
-where the driver calls it page-locked), and pack/unpack are CuPy element-wise
-copies on the copy stream. Device staging rows and a cast's chunks come from
-CuPy's own memory pool (never from an allocator the user installed) on the
-allocating thread's current stream; the schedule makes the copy stream wait on an event recorded
-there, so memory the pool hands back while earlier work on that stream still
-runs is never written too early.
+Non-blocking streams, blocking-sync events, portable pinned memory, ``cudaMemcpyAsync``
+and CuPy copy kernels; docs/pipeline.md gives the reasons.
 """
 
 from __future__ import annotations
@@ -114,15 +105,8 @@ class CudaStaging:
         return self.block[start : start + like.nbytes].view(like.dtype).reshape(like.shape)
 
     def free(self) -> None:
-        """Give the block back to CuPy's pool now (the copy stream was synchronised).
-
-        Explicitly, not by dropping the last reference: views of the rows may
-        outlive the transfer in frames of the schedule that something else
-        keeps alive (a profiler, a debugger; under compute-sanitizer such
-        frames were seen to outlive the call, held by something not
-        identified), and would keep the block with them. Those views are
-        never used again.
-        """
+        """Give the block back to CuPy's pool now, not when its last view goes (a frame
+        kept by a profiler could hold one); the copy stream was synchronised."""
         memory, self.memory, self.block = self.memory, None, None
         if memory is not None:
             memory.mem.free()  # PooledMemory.free: idempotent, later releases are no-ops
@@ -153,13 +137,7 @@ class CudaBackend:
         return self if index == self.index else cuda_backend(index)
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A new uninitialised CuPy array on this device, on CuPy's current stream.
-
-        Raises
-        ------
-        UnsupportedDtypeError
-            CuPy cannot hold ``dtype``.
-        """
+        """A new uninitialised CuPy array on CuPy's current stream (UnsupportedDtypeError)."""
         dtypes.check_cupy_dtype(np.dtype(dtype))
         with self.activate():
             return self._cp.empty(shape, dtype=dtype)
@@ -187,16 +165,8 @@ class CudaBackend:
         self._cp.cuda.runtime.freeHost(ptr)
 
     def is_pinned(self, ptr: int, nbytes: int) -> bool:
-        """The range lies inside one page-locked host allocation or registration
-        (``cudaHostAlloc``, ``cudaMallocHost`` or ``cudaHostRegister``: PyTorch's
-        ``pin_memory``, CuPy's pinned pool).
-
-        Its first and last bytes are host memory to ``cudaPointerGetAttributes``
-        and belong to the same buffer (the driver's buffer ID): a range that
-        also covers pageable memory, or two registrations side by side, would
-        make ``cudaMemcpyAsync`` fail. Where the driver cannot say, the answer
-        is False (the staging ring).
-        """
+        """The range lies in one page-locked allocation or registration: its ends are host
+        memory of the same driver buffer ID (False where the driver cannot say)."""
         if nbytes <= 0:
             return False
         runtime = self._cp.cuda.runtime
@@ -212,19 +182,12 @@ class CudaBackend:
         return first is not None and first == last
 
     def is_capturing(self, stream: CudaStream) -> bool:
-        """True while ``stream`` captures into a CUDA graph
-        (``cudaStreamIsCapturing``). A stream the runtime refuses to answer for
-        (the legacy default stream while a blocking stream of the device is
-        captured) counts as capturing: work on it would break the capture."""
+        """``cudaStreamIsCapturing``; a stream the runtime refuses to answer for counts."""
         with self.activate():
             return capturing(stream.cupy.is_capturing)
 
     def capture_under_way(self, stream: CudaStream | None) -> bool:
-        """True if ``stream`` (if not None), the calling thread's current stream
-        of PyTorch or CuPy on this device, or a stream made current through
-        ``interop.stream`` in any thread captures into a CUDA graph: a host call
-        now (a pinned allocation or free, a synchronisation) would break that
-        capture (:func:`interop.streams.capture_under_way`)."""
+        """``stream``, or a current stream of PyTorch, CuPy or ``interop.stream``, captures."""
         if stream is not None and self.is_capturing(stream):
             return True
         th = sys.modules.get("torch")  # no capture of PyTorch's without it
@@ -235,8 +198,7 @@ class CudaBackend:
             return capture_under_way()
 
     def capture_forbids_allocation(self) -> bool:
-        """True while a capture is under way (:meth:`capture_under_way`) and
-        CuPy allocates from its default pool (:func:`uses_cupys_pool`)."""
+        """A capture is under way and CuPy allocates from its default pool."""
         return uses_cupys_pool(self._cp) and self.capture_under_way(None)
 
     def host_access(self, ring: Any, k: int) -> Any:
@@ -270,10 +232,7 @@ class CudaBackend:
 
     # -- data, described in the caller's thread (current streams are per thread)
     def source(self, x: Any, dtype: np.dtype | None = None) -> DeviceData:
-        """A CuPy array or a (detached) CUDA tensor as a transfer's source; its
-        producer stream is the owning library's current stream now. With
-        ``dtype`` (another floating dtype), each chunk is first cast into a
-        chunk-sized temporary on that stream."""
+        """A CuPy array or a detached CUDA tensor, on its library's current stream now."""
         cp = self._cp
         if _backends.is_cupy_array(x):
             with self.activate():
@@ -313,14 +272,7 @@ class CudaBackend:
         return DeviceData(producer, tuple(x.shape), own, _chunks_of(self._from_torch(x, producer)))
 
     def target(self, out: Any, func: str) -> DeviceData:
-        """A CuPy array or CUDA tensor as a transfer's destination; its consumer
-        stream is the owning library's current stream now.
-
-        Raises
-        ------
-        InvalidValueError
-            A tensor with the conjugate/negative bit (writes would be transformed).
-        """
+        """A CuPy array or CUDA tensor (InvalidValueError with the conjugate/negative bit)."""
         if _backends.is_torch_tensor(out):
             if out.is_conj() or out.is_neg():
                 raise InvalidValueError(
@@ -342,10 +294,8 @@ class CudaBackend:
 
 
 def uses_cupys_pool(cp: Any) -> bool:
-    """True if CuPy allocates in the calling thread from its default memory
-    pool, which grows with ``cudaMalloc`` (illegal in CUDA's global capture
-    mode); not from PyTorch's (``interop.use_torch_allocator``), which serves
-    a capture from the graph's private pool, nor another one installed."""
+    """True if CuPy allocates in this thread from its default pool (``cudaMalloc``: illegal
+    in a capture), not PyTorch's (``interop.use_torch_allocator``) or another."""
     return bool(cp.cuda.get_allocator() == cp.get_default_memory_pool().malloc)
 
 
@@ -354,8 +304,7 @@ _BUFFER_ID = 7  # CU_POINTER_ATTRIBUTE_BUFFER_ID: unique per allocation for the 
 
 @functools.cache
 def _pointer_attribute() -> Any:
-    """The driver's ``cuPointerGetAttribute`` (not in CuPy's bindings); None
-    where the driver library cannot be loaded."""
+    """The driver's ``cuPointerGetAttribute`` (not in CuPy's bindings), or None."""
     try:
         function = ctypes.CDLL("libcuda.so.1").cuPointerGetAttribute
     except (OSError, AttributeError):
@@ -366,8 +315,7 @@ def _pointer_attribute() -> Any:
 
 
 def _buffer_id(ptr: int) -> int | None:
-    """The driver's ID of the allocation holding ``ptr``; None if it has none
-    (the driver API keeps no error state, so a failure leaves nothing behind)."""
+    """The driver's ID of the allocation holding ``ptr``, or None (no error state kept)."""
     function = _pointer_attribute()
     if function is None:
         return None
@@ -384,17 +332,9 @@ def _bit_view(x: Any) -> Any:
 
 
 def _peer_copy(cp: Any, src: Any, s: CudaStream) -> Any:
-    """``src`` (on another device) on the current device with its strides:
-    one peer DMA on ``s`` of the bytes its elements span, and a view of them.
-
-    Not ``src.copy()``: for a strided ``src`` that packs on ``src``'s device,
-    on CuPy's current stream there, which is ordered neither after the
-    producer nor before ``s``. Here every step is queued on ``s`` (already
-    ordered after the producer), and the buffer comes from CuPy's own pool on
-    ``s`` (not from an allocator the user installed, which may order its
-    memory on another stream), so it is never handed out again before ``s``
-    has used it.
-    """
+    """``src`` (on another device) here with its strides: one peer DMA on ``s`` of the
+    bytes it spans, into CuPy's own pool on ``s`` (``src.copy()`` would pack on a
+    stream ordered neither after the producer nor before ``s``)."""
     lo, span = byte_extent(src.shape, src.strides, src.itemsize)
     memory = cp.get_default_memory_pool().malloc(span)  # on the current stream: s
     memory.copy_from_device_async(src.data + lo, span, s.cupy)
@@ -417,16 +357,8 @@ _backends_by_index: dict[int, CudaBackend] = {}
 
 
 def cuda_backend(index: int) -> CudaBackend:
-    """The backend of CUDA device ``index`` (one per device, made on first use).
-
-    Raises
-    ------
-    NoDeviceError, BackendUnavailableError
-        No usable CUDA device or CuPy.
-    CudaAfterForkError
-        This process was forked after CUDA was initialised in its parent (a
-        backend made there is unusable here).
-    """
+    """The backend of CUDA device ``index``, made on first use (NoDeviceError,
+    BackendUnavailableError, or CudaAfterForkError in a child forked after CUDA)."""
     _backends.check_not_forked()
     backend = _backends_by_index.get(index)
     if backend is None:

@@ -1,15 +1,7 @@
 """``Transfer``: a chunked copy running on its own thread, as a small future.
 
-The transfer's thread runs an engine (the slot schedule, or the host copy
-engine) that reports each chunk as it completes; :class:`Transfer` turns the
-completed chunks into an in-order prefix (``bytes_done``), drives the progress
-bar, and re-raises the engine's error in the caller as a
-:class:`~interop.errors.TransferError` that says which byte range is complete.
-
-At interpreter exit every transfer still running is cancelled and joined
-(``atexit``), so no transfer thread outlives the interpreter's finalisation.
-In a child forked while a transfer ran, that transfer's thread does not exist:
-there it counts as done, and :meth:`Transfer.result` says so at once.
+Its engine reports chunks as they complete; the future keeps the in-order
+prefix, drives progress, and re-raises the engine's error in the caller.
 """
 
 from __future__ import annotations
@@ -79,9 +71,7 @@ class Transfer:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()  # the process whose thread runs the engine
         self._runner: int | None = None  # that thread's ident, once it runs
-        # Under _lock: the engine has returned or raised; from then on cancel()
-        # can change nothing and answers False.
-        self._settled = False
+        self._settled = False  # under _lock: the engine has ended; cancel() answers False
 
     # -- used by the engines, from the transfer's own thread only
     def chunk_done(self, i: int) -> None:
@@ -102,12 +92,10 @@ class Transfer:
             raise Cancelled
 
     def start(self, run: Callable[[Transfer], None], *, inline: bool = False) -> Transfer:
-        """Run ``run(self)`` on the transfer's thread; return ``self``.
+        """Run ``run(self)`` on the transfer's thread (``inline``: here, now); return ``self``.
 
-        ``inline``: run it here, on the calling thread, before returning (the
-        blocking calls, which wait for it anyway: no thread to start, and it
-        works where none can be, e.g. in an ``atexit`` handler). Its error is
-        raised by :meth:`result` all the same.
+        Inline serves the blocking calls, and works where no thread can start
+        (an ``atexit`` handler); the error is raised by :meth:`result` either way.
         """
 
         def target() -> None:
@@ -121,16 +109,13 @@ class Transfer:
             except BaseException as exc:  # re-raised in the caller by result()
                 self._error = _detached(exc)
             finally:
-                # The engine's closures (the source, device memory) go now, while
-                # the thread is still counted as running: never after it
-                # reported finished, when the interpreter may be finalising.
+                # the engine's closures (source, device memory) go while the thread still
+                # counts as running, never once finished (the interpreter may be finalising)
                 run = _finished_engine
                 with self._lock:
                     self._settled = True
                     if self._error is None and self._cancelled.is_set():
-                        # cancel() answered True after the last chunk: the
-                        # copy counts as stopped, and result() raises
-                        self._error = Cancelled()
+                        self._error = Cancelled()  # cancel() said True after the last chunk
                 try:
                     self._progress.close()
                 finally:
@@ -160,8 +145,7 @@ class Transfer:
             return self._bytes_done
 
     def done(self) -> bool:
-        """True once the transfer has finished, failed or been cancelled (and in
-        a child forked while it ran, where it never finishes)."""
+        """True once the transfer has finished, failed or been cancelled (or in a forked child)."""
         return self._finished.is_set() or self._pid != os.getpid()
 
     def cancel(self) -> bool:
@@ -170,12 +154,9 @@ class Transfer:
         Returns
         -------
         bool
-            True: the transfer stops and :meth:`result` raises a
-            :class:`~interop.errors.TransferError` saying it was cancelled
-            (if the last chunk was already complete, the whole destination is
-            written, and still :meth:`result` raises). False: too late, it
-            has finished (or failed), and :meth:`result` gives its outcome; in
-            a forked child, there is nothing to stop.
+            True: :meth:`result` raises a :class:`~interop.errors.TransferError`
+            (even if every chunk was complete). False: it had already ended (or
+            this is a forked child), and :meth:`result` gives its outcome.
         """
         with self._lock:
             if self._settled or self._pid != os.getpid():
@@ -189,28 +170,21 @@ class Transfer:
         Parameters
         ----------
         timeout : float or None
-            Seconds to wait at most (a negative one: none); None or ``inf``
-            to wait until the transfer ends.
+            Seconds to wait at most (negative: none); None or ``inf``: until it ends.
 
         Raises
         ------
         TransferTimeoutError
-            Not finished within ``timeout`` seconds (a ``TimeoutError``; the
-            transfer goes on).
+            Not finished within ``timeout`` (a ``TimeoutError``; the transfer goes on).
         TransferError
-            A chunk failed or the transfer was cancelled; the message says
-            which byte range is complete. Every staging buffer, stream and
-            thread has been released. The error holds no reference to the
-            source or the destination. Also in a child forked while the
-            transfer ran: its thread is the parent's, so here it never ends.
+            A chunk failed, the transfer was cancelled, or it runs in the parent of
+            this forked process; says which bytes are complete, holds no array.
         UsageError
-            Called by the transfer's own progress callback, which runs on the
-            transfer's thread: it would wait for itself (a ``RuntimeError``).
+            Called from the transfer's own progress callback (it would wait for itself).
         InvalidTypeError, InvalidValueError
             ``timeout`` is not None or a number, or is NaN.
         KeyboardInterrupt
-            Interrupted while waiting: the transfer is cancelled and its
-            resources released before this is re-raised.
+            Interrupted while waiting: the transfer is cancelled and released first.
         """
         seconds = _seconds(timeout)
         if not self._finished.is_set():
@@ -219,9 +193,8 @@ class Transfer:
             if self._runner == threading.get_ident():
                 raise UsageError(
                     f"expected {self._func}'s result() to be called from another thread (got "
-                    "a call from its own progress callback, on the transfer's thread: it would "
-                    "wait for itself); use the callback's bytes_done argument, and call "
-                    "result() where the transfer was started"
+                    "a call from its own progress callback, which would wait for itself); "
+                    "call result() where the transfer was started"
                 )
         try:
             if not self._finished.wait(seconds):
@@ -262,9 +235,8 @@ class Transfer:
         done = self._bytes_done  # not under _lock: a thread of the parent may have held it
         return TransferError(
             f"{self._func} was running in process {self._pid} when this process was forked "
-            "from it; its thread exists in that process only, so here it never finishes: "
-            f"call result() in the process that started it (bytes [0, {done}) of "
-            f"{self.nbytes} (in {self._order}) were complete at the fork)",
+            "from it, so here it never finishes: call result() in the process that started "
+            f"it (bytes [0, {done}) of {self.nbytes} (in {self._order}) were complete)",
             bytes_done=done,
             nbytes=self.nbytes,
         )
@@ -311,14 +283,8 @@ def _finished_engine(transfer: Transfer) -> None:
 
 
 def _detached(exc: BaseException) -> BaseException:
-    """``exc`` without live worker frames, its traceback kept as text.
-
-    A traceback keeps every frame of the worker alive, and with them the
-    engine's closures: streams, events, device staging memory, the source.
-    The caller may hold the error for long (a notebook's ``sys.last_exc``),
-    so the frames are cleared and dropped; the worker's traceback is added as
-    a note (Python >= 3.11) so it is still shown.
-    """
+    """``exc`` with its worker frames cleared (they hold the engine's streams, memory and
+    source while the caller keeps the error), its traceback kept as a note."""
     text = "".join(traceback.format_exception(exc)).rstrip()
     add_note = getattr(exc, "add_note", None)
     if add_note is not None and text:
@@ -334,11 +300,7 @@ def _detached(exc: BaseException) -> BaseException:
 
 
 def cancel_running() -> None:
-    """Cancel every running transfer and wait for their threads.
-
-    Registered with ``atexit``: the interpreter never finalises while a
-    transfer thread still frees tensors or calls into CUDA.
-    """
+    """Cancel every running transfer and join its thread (``atexit``: before finalising)."""
     with _running_lock:
         running = list(_running)
     for transfer in running:

@@ -1,15 +1,11 @@
-"""Host copies: the stages between slots and host arrays, and the host engine.
-
-:class:`CopyOut` copies chunks into a host ``out`` (from their slots, or
-straight from a host source), :class:`CopyIn` fills slots from a host source;
-both apply a tensor's conjugate/negative bit chunk by chunk. The host engine
-runs a host-to-host copy (no staging) on a thread pool, one chunk per task.
-"""
+"""Host stages between slots and host arrays (:class:`CopyOut`, :class:`CopyIn`), and
+the host-to-host engine (no staging; a thread pool, one chunk per task)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,8 +23,7 @@ HOST_CHUNK_MAX = 256 << 20
 
 
 def host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
-    """Default chunk size of a host-to-host copy between arrays: one chunk per
-    thread, at least ``chunk`` and at most 256 MiB."""
+    """A host-to-host copy's chunk: one per thread, at least ``chunk``, at most 256 MiB."""
     # No staging buffer: the chunk only sets the progress/cancel granularity and
     # the parallelism. On 2 cores, 256 MiB in 32 MiB pieces was 1.5x slower than
     # one numpy.copyto (libc's large-copy strategy works per call); a piece per
@@ -38,9 +33,8 @@ def host_chunk_bytes(nbytes: int, chunk: int, threads: int) -> int:
 
 
 class CopyOut:
-    """Copy each chunk into host ``out``: from its slot, or (host to host) from
-    ``source``, converting values to ``out``'s dtype where ``cast``, else bit
-    for bit."""
+    """Copy each chunk into host ``out`` from its slot, or (host to host) from ``source``:
+    values converted to ``out``'s dtype where ``cast``, else bit for bit."""
 
     def __init__(self, out: np.ndarray, source: Any = None, *, cast: bool = False) -> None:
         self.out, self.source, self.cast = out, source, cast
@@ -60,8 +54,7 @@ class CopyOut:
 
 
 class CopyIn:
-    """Fill each slot from host ``source``'s chunk (bits applied, byte order
-    converted to ``dtype``)."""
+    """Fill each slot from host ``source``'s chunk (bits applied, byte order to ``dtype``)."""
 
     def __init__(self, source: Any, dtype: np.dtype) -> None:
         self.source = source
@@ -83,11 +76,9 @@ def run_chunk(stage: HostStage, plan: Plan, i: int) -> None:
 
 
 def host_engine(plan: Plan, stage: HostStage, threads: int) -> Callable[[Transfer], None]:
-    """The engine of a host-to-host copy: ``stage`` moves each chunk whole,
-    ``threads`` chunks at once, completed in order."""
+    """A host-to-host engine: ``stage`` moves each chunk whole, ``threads`` at once, in order."""
 
-    def copy(i: int) -> None:
-        run_chunk(stage, plan, i)
+    copy = partial(run_chunk, stage, plan)
 
     def run(transfer: Transfer) -> None:
         count = len(plan.chunks)

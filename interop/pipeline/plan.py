@@ -1,10 +1,7 @@
-"""Planning a chunked copy: which chunks, how large the staging slots are.
+"""Planning a chunked copy (the one chunker): which chunks, how large the slots are.
 
-Every pipeline walks an array in C order, one chunk at a time. A chunk is a
-view ``x[idx]`` made of whole trailing blocks, so its elements are one
-contiguous run of the array's C order: chunk ``i`` covers the bytes
-``[starts[i], starts[i] + sizes[i])`` of that order (the offsets a ``.npy``
-file uses too).
+A chunk ``x[idx]`` is whole trailing blocks, one contiguous run of the array's
+C order: bytes ``[starts[i], starts[i] + sizes[i])`` (a ``.npy`` file's offsets too).
 """
 
 from __future__ import annotations
@@ -23,12 +20,10 @@ _SPLIT_MIN = 1 << 20  # bytes; smaller pieces of host work cost more to schedule
 
 
 def c_order_chunks(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> Iterator[tuple]:
-    """Index tuples whose views cover an array of ``shape`` in C order.
+    """Index tuples of views of at most ``max(chunk_bytes, itemsize)`` bytes covering ``shape``.
 
-    Each ``x[idx]`` is a view of at most ``max(chunk_bytes, itemsize)`` bytes:
-    whole trailing blocks that fit are grouped along the first axis that
-    does not fit whole. A zero-size shape yields nothing; a 0-d shape yields
-    ``(Ellipsis,)`` once.
+    Whole trailing blocks are grouped along the first axis that does not fit
+    whole; a zero-size shape yields nothing, a 0-d one ``(Ellipsis,)``.
     """
     shape = tuple(int(n) for n in shape)
     if any(n == 0 for n in shape):
@@ -88,10 +83,8 @@ class Plan:
 def plan_chunks(shape: tuple[int, ...], itemsize: int, chunk_bytes: int, num_buffers: int) -> Plan:
     """Plan a copy of ``shape`` in chunks of at most ``chunk_bytes``.
 
-    Slots are as large as the largest chunk, rounded up to a power of two (at
-    most ``chunk_bytes``) so that arrays of many sizes share a few cached
-    rings, then up to a multiple of 256 bytes so that every staging row and
-    every typed view of a slot is aligned for any element type.
+    Slots: the largest chunk rounded up to a power of two (at most
+    ``chunk_bytes``: a few cached ring sizes), then to 256 bytes (aligned views).
     """
     shape = tuple(int(n) for n in shape)
     chunks = list(c_order_chunks(shape, itemsize, chunk_bytes))
@@ -112,14 +105,8 @@ def plan_chunks(shape: tuple[int, ...], itemsize: int, chunk_bytes: int, num_buf
 
 
 def split_rows(shape: tuple[int, ...], nbytes: int, threads: int) -> list[tuple]:
-    """Split one chunk's host copy (``shape``, ``nbytes``) for ``threads`` threads.
-
-    Returns index tuples that cover an array of ``shape`` exactly once,
-    splitting its first axis longer than 1 into at most ``threads`` runs of
-    at least about 1 MiB each. One slot's copy into pageable memory is then
-    shared by several threads: one thread's ``memcpy`` is slower than the DMA
-    that fills the slot.
-    """
+    """Index tuples covering ``shape`` once: its first axis longer than 1 in at most
+    ``threads`` runs of about 1 MiB or more (one ``memcpy`` is slower than the DMA)."""
     axis = next((a for a, n in enumerate(shape) if n > 1), None)
     count = 0 if axis is None else min(threads, shape[axis], nbytes // _SPLIT_MIN)
     if axis is None or count <= 1:

@@ -11,13 +11,7 @@ __all__ = ["Progress", "check_progress"]
 
 
 def check_progress(progress: Any) -> None:
-    """Refuse a ``progress`` argument that is neither a bool nor a callable.
-
-    Raises
-    ------
-    InvalidTypeError
-        Anything else (checked before a transfer starts); a ``TypeError``.
-    """
+    """Raise InvalidTypeError for a ``progress`` that is neither a bool nor a callable."""
     if progress is None or isinstance(progress, bool) or callable(progress):
         return
     raise InvalidTypeError(
@@ -27,11 +21,9 @@ def check_progress(progress: Any) -> None:
 
 
 class Progress:
-    """Progress in bytes: a tqdm bar (``progress=True``) or a callable
-    ``progress(bytes_done, bytes_total)``; nothing for ``False``/``None``.
+    """A tqdm bar (``True``), a callable ``progress(bytes_done, bytes_total)``, or nothing.
 
-    :meth:`add` is called from one thread at a time (the transfer's own), with
-    the bytes of chunks that are complete, in order.
+    :meth:`add` is called by the transfer's thread only, with completed bytes in order.
     """
 
     def __init__(self, progress: Any, total: int, desc: str) -> None:

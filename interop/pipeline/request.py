@@ -1,10 +1,7 @@
 """What a copy moves, where and how: the request a public call builds once.
 
-The public calls (:mod:`interop.transfer`, :mod:`interop.io`) check their
-options first (:func:`check_options`, before they allocate or create
-anything), then their arrays, describe them, and hand one
-:class:`TransferRequest` to :func:`interop.pipeline.start.start`, whose
-validator resolves the options and checks that the request is whole.
+Public calls run :func:`check_options` before they allocate anything, then
+hand one :class:`TransferRequest` to :func:`interop.pipeline.start.start`.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ _NEEDS = {
 
 
 def check_options(chunk_bytes: Any, progress: Any) -> int:
-    """The chunk size of ``chunk_bytes`` (:func:`~interop.config.chunk_bytes_or_default`),
-    once ``progress`` is a bool or a callable (else a TypeError or ValueError)."""
+    """``chunk_bytes`` resolved (config's default and floor), once ``progress`` is checked."""
     chunk = chunk_bytes_or_default(chunk_bytes)
     check_progress(progress)
     return chunk
@@ -41,8 +37,7 @@ def check_options(chunk_bytes: Any, progress: Any) -> int:
 
 @dataclass(frozen=True)
 class TransferRequest:
-    """One copy, described by the public call that starts it: what moves
-    (``device``, ``stage``, ``shape``), where (``direction``), how (the rest)."""
+    """One copy: what moves (``device``, ``stage``, ``shape``), where (``direction``), how."""
 
     func: str  # the public function: messages, the transfer thread's name
     # d2h, h2d: through the staging ring; h2h: the host engine; d2d: one queued copy
@@ -65,8 +60,7 @@ class TransferRequest:
     chunk: int = field(init=False)
 
     def __post_init__(self, chunk_bytes: int | None) -> None:
-        """The validator: the options checked and resolved, and the ends the
-        direction needs present."""
+        """The validator: options resolved, and the ends the direction needs present."""
         object.__setattr__(self, "chunk", check_options(chunk_bytes, self.progress))
         if not self.threads:
             object.__setattr__(self, "threads", config.host_threads)

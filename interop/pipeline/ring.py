@@ -1,13 +1,6 @@
-"""Host staging rings: ``count`` page-locked buffers a transfer copies through.
+"""Host staging rings of page-locked buffers, lent from a process-wide cache of idle ones.
 
-:class:`StagingRing` owns its buffers (allocated by a backend: pinned memory
-from ``cudaHostAlloc`` for CUDA) and frees every one of them when it is
-closed. :func:`borrow_ring` / :func:`return_ring` (and the context manager
-:func:`staging_ring`) lend rings for one transfer at a time, made of buffers
-from a process-wide cache of idle pinned buffers kept by size class, so that
-transfers of many shapes neither allocate nor free pinned memory once warm
-(freeing it, ``cudaFreeHost``, synchronises the whole device). Pinned memory
-is never freed while a CUDA graph capture is under way (:func:`free_pinned`).
+The cache's policy is described in docs/transfer.md ("Pinned buffers are cached").
 """
 
 from __future__ import annotations
@@ -19,6 +12,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -46,32 +40,10 @@ __all__ = [
 
 
 class StagingRing:
-    """``count`` host buffers of exactly ``nbytes`` each, from ``backend``.
+    """``count`` host buffers of ``nbytes`` from ``backend``: the ``reuse`` ones, then new.
 
-    Parameters
-    ----------
-    backend : Backend
-        Allocates and frees the buffers (``host_alloc`` / ``host_free``).
-    count : int
-        Number of buffers (slots).
-    nbytes : int
-        Size of each buffer in bytes.
-    reuse : sequence of (int, numpy.ndarray), optional
-        Idle buffers of ``nbytes`` from the cache, taken over first; only the
-        rest is allocated.
-
-    Attributes
-    ----------
-    ptrs : list of int
-        Host addresses of the buffers, for ``cudaMemcpyAsync``.
-    arrays : list of numpy.ndarray
-        The same buffers as 1-d ``uint8`` NumPy arrays (views, no copy).
-
-    Raises
-    ------
-    Exception
-        The backend's allocation error (pinned memory exhausted, no device);
-        the buffers allocated so far are freed first.
+    ``ptrs`` are their addresses, ``arrays`` ``uint8`` views of them. An
+    allocation error is raised after the buffers allocated so far were freed.
     """
 
     def __init__(
@@ -98,32 +70,20 @@ class StagingRing:
 
     @contextlib.contextmanager
     def host(self, k: int, n: int) -> Iterator[np.ndarray]:
-        """The first ``n`` bytes of slot ``k``, for a host thread's copy.
-
-        The caller has synchronised the event that ends the last device copy
-        of the slot; the backend may check that (the host backend does).
-        """
+        """The first ``n`` bytes of slot ``k``, once its last device copy was synchronised."""
         if self.closed:
             raise RuntimeError("expected a live staging ring (got one already freed)")
         with self.backend.host_access(self, k):
             yield self.arrays[k][:n]
 
     def free(self) -> None:
-        """Free every buffer, once no capture forbids it (:func:`free_pinned`);
-        call only once no copy uses them. Idempotent.
-
-        Every buffer is freed even if freeing one fails; the first failure is
-        raised afterwards.
-        """
+        """Free every buffer once no copy uses them (:func:`free_pinned`). Idempotent."""
         self.arrays.clear()
-        while self.ptrs:
-            ptr = self.ptrs.pop()
-            _waiting.append((self.backend, functools.partial(self.backend.host_free, ptr)))
-        free_waiting()
+        ptrs, self.ptrs = self.ptrs, []
+        _free_all([(self.backend, ptr) for ptr in reversed(ptrs)])
 
     def release(self) -> list[tuple[int, np.ndarray]]:
-        """Hand the buffers over (to the cache) without freeing them; the ring
-        is closed afterwards."""
+        """Hand the buffers over (to the cache) unfreed; the ring is closed afterwards."""
         buffers = list(zip(self.ptrs, self.arrays, strict=True))
         self.ptrs = []
         self.arrays = []
@@ -157,26 +117,21 @@ def _free_keeping(ring: StagingRing, error: BaseException) -> None:
         note(error, f"freeing the staging ring also failed: {type(exc).__name__}: {exc}")
 
 
-# Pinned frees that wait for the end of a capture. In CUDA's global capture
-# mode (torch.cuda.graph's) a cudaFreeHost or cudaHostUnregister in any thread
-# breaks every capture under way; like PyTorch's allocator, which keeps a
-# process-wide count of its captures for this, such a free waits and runs at
-# the first ring call or pinned free after the capture. A deque: finalizers
-# append from any thread, at any time, and several threads may drain it.
+# Pinned frees that wait for the end of a capture: in CUDA's global capture mode
+# a cudaFreeHost or cudaHostUnregister in any thread breaks every capture (as in
+# PyTorch's allocator). A deque: finalizers append from any thread at any time.
 _waiting: collections.deque[tuple[Backend, Callable[[], None]]] = collections.deque()
 
 
 def free_pinned(backend: Backend, free: Callable[[], None]) -> None:
-    """Run ``free`` (freeing or unregistering pinned memory of ``backend``'s)
-    now, or once ``backend`` sees no capture under way; the frees already
-    waiting go first. Raises the first failure, after trying every free."""
+    """Run ``free`` (of ``backend``'s pinned memory) after the waiting ones, once no
+    capture is under way; raise the first failure after trying every free."""
     _waiting.append((backend, free))
     free_waiting()
 
 
 def free_waiting() -> None:
-    """Run the pinned frees that waited for a capture, where none is under way
-    now (asked once per backend); raise the first failure after trying all."""
+    """Run the waiting frees whose backend sees no capture now; raise the first failure."""
     under_way: dict[int, bool] = {}
     first: BaseException | None = None
     for _ in range(len(_waiting)):
@@ -210,49 +165,32 @@ def note(error: BaseException, text: str) -> None:
         add_note(text)
 
 
-# The cache of idle pinned buffers. A ring is lent for one transfer, made of
-# idle buffers of its size class (the most recently returned first) and new
-# ones for the rest; on success its buffers go back, each on its own, so that
-# a later ring of any slot count can take them. Idle buffers are kept within
-# a budget of twice the largest ring lent since the cache was last emptied
-# (its most slots times its largest size class): every size class up to that
-# one, at that many slots, fits in it, so one transfer at a time over any mix
-# of shapes allocates and frees nothing once each class was seen.
-# Over budget, the least recently returned buffers are freed first.
+# The cache of idle pinned buffers, by size class: a ring takes the most recently
+# returned ones; on success each buffer goes back on its own. Idle bytes stay
+# within twice the largest ring lent since the cache was emptied (LRU eviction).
 
-FLOOR = MIN_CHUNK_BYTES
-"""The smallest pinned buffer a ring is made of (64 KiB): every smaller slot
-shares this class. Never above a transfer's chunk, which is at least as much."""
+FLOOR = MIN_CHUNK_BYTES  # the smallest buffer (64 KiB), never above a transfer's chunk
 
 
 def size_class(nbytes: int) -> int:
-    """The size of the pinned buffers that serve slots of ``nbytes``.
+    """The buffer size serving slots of ``nbytes``: at least :data:`FLOOR`, else itself.
 
-    Slot sizes come rounded up to a power of two by the planner
-    (:func:`~interop.pipeline.plan.plan_chunks`), capped at ``chunk_bytes``;
-    a slot below :data:`FLOOR` is raised to it. A size above the floor is
-    its own class: rounding a capped slot (``chunk_bytes`` not a power of two)
-    up again would break the per-transfer bound of ``num_buffers x
-    chunk_bytes``.
+    Slots come as powers of two from the planner; rounding a capped one up again
+    would break the per-transfer bound of ``num_buffers x chunk_bytes``.
     """
     return max(int(nbytes), FLOOR)
 
 
+@dataclass(eq=False, slots=True)  # hashed by identity: a key of _lru
 class _Idle:
     """A pinned buffer waiting in the cache."""
 
-    __slots__ = ("array", "backend", "closed", "group", "key", "nbytes", "ptr")
-
-    def __init__(
-        self, backend: Backend, key: tuple[Any, int], ptr: int, array: np.ndarray, group: int
-    ) -> None:
-        self.backend = backend
-        self.key = key
-        self.ptr = ptr
-        self.array = array
-        self.nbytes = key[1]
-        self.group = group  # the ring it came back with
-        self.closed = False
+    backend: Backend
+    key: tuple[Any, int]  # (ring key, size class)
+    ptr: int
+    array: np.ndarray
+    nbytes: int
+    group: int  # the ring it came back with
 
 
 _ring_lock = threading.Lock()
@@ -264,11 +202,6 @@ _largest = 0  # the largest size class lent since then
 _groups = itertools.count(1)
 
 
-def _budget() -> int:
-    """Idle bytes the cache may keep: twice the largest ring lent."""
-    return 2 * _most_slots * _largest
-
-
 def _lent(count: int, size: int) -> None:
     global _most_slots, _largest
     _most_slots = max(_most_slots, count)
@@ -276,10 +209,8 @@ def _lent(count: int, size: int) -> None:
 
 
 def borrow_ring(backend: Backend, count: int, nbytes: int) -> StagingRing:
-    """A ring of ``count`` buffers of at least ``nbytes`` (its size class,
-    :func:`size_class`) for one transfer: idle buffers of that class from the
-    cache, and new ones for the rest. A buffer is never lent to two transfers
-    at once."""
+    """A ring of ``count`` buffers of ``size_class(nbytes)`` for one transfer: idle ones
+    from the cache, new ones for the rest."""
     global _idle_bytes
     if _waiting:
         free_waiting()  # before more pinned memory is taken
@@ -300,14 +231,8 @@ def borrow_ring(backend: Backend, count: int, nbytes: int) -> StagingRing:
 
 
 def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
-    """Give a borrowed ring back once no copy uses it.
-
-    After a successful transfer (``error`` None) its buffers go back to the
-    cache, which then frees the least recently returned idle buffers beyond
-    its budget (twice the largest ring lent). After a failed one it is freed,
-    since a failed copy may have left it in an unknown state, and a failure
-    to free becomes a note on ``error`` instead of replacing it.
-    """
+    """Give a borrowed ring back once no copy uses it: to the cache (evicting beyond the
+    budget), or freed after a failed transfer (``error``: a free failing is a note on it)."""
     global _idle_bytes
     if error is not None:
         _free_keeping(ring, error)
@@ -320,12 +245,12 @@ def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
     evicted: list[_Idle] = []
     with _ring_lock:
         for ptr, array in ring.release():
-            buf = _Idle(ring.backend, key, ptr, array, group)
+            buf = _Idle(ring.backend, key, ptr, array, ring.nbytes, group)
             _ring_cache.setdefault(key, []).append(buf)
             _lru[buf] = None
             _idle_bytes += buf.nbytes
         _lent(ring.count, ring.nbytes)  # the cache may have been emptied while it was lent
-        while _idle_bytes > _budget():
+        while _idle_bytes > 2 * _most_slots * _largest:  # twice the largest ring lent
             oldest = next(iter(_lru))
             del _lru[oldest]
             same = _ring_cache[oldest.key]
@@ -334,24 +259,19 @@ def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
                 del _ring_cache[oldest.key]
             _idle_bytes -= oldest.nbytes
             evicted.append(oldest)
-    _free_idle(evicted)  # outside the lock: cudaFreeHost can take a while
+    _free_all([(buf.backend, buf.ptr) for buf in evicted])  # unlocked: cudaFreeHost is slow
 
 
-def _free_idle(buffers: list[_Idle]) -> None:
-    """Free every buffer (:func:`free_pinned`), and the frees that waited for a
-    capture, even if freeing one fails; raise the first failure."""
-    for buf in buffers:
-        buf.closed = True
-        _waiting.append((buf.backend, functools.partial(buf.backend.host_free, buf.ptr)))
+def _free_all(buffers: list[tuple[Backend, int]]) -> None:
+    """Free every buffer (:func:`free_pinned`), trying all; raise the first failure."""
+    for backend, ptr in buffers:
+        _waiting.append((backend, functools.partial(backend.host_free, ptr)))
     free_waiting()
 
 
 @contextlib.contextmanager
 def staging_ring(backend: Backend, count: int, nbytes: int) -> Iterator[StagingRing]:
-    """``with staging_ring(backend, n, size) as ring:`` borrows a ring for one
-    transfer (:func:`borrow_ring`), returned to the cache on success and freed
-    on error (:func:`return_ring`). The caller must have waited for every copy
-    that uses the ring before the block exits."""
+    """:func:`borrow_ring` for the block, then :func:`return_ring` (copies waited for)."""
     ring = borrow_ring(backend, count, nbytes)
     try:
         yield ring
@@ -362,8 +282,7 @@ def staging_ring(backend: Backend, count: int, nbytes: int) -> Iterator[StagingR
 
 
 def cached_rings() -> int:
-    """Rings whose buffers wait in the cache, all or some of them (a ring
-    counts until each of its buffers is lent again or freed)."""
+    """Rings with a buffer waiting in the cache."""
     with _ring_lock:
         return len({buf.group for buf in _lru})
 
@@ -381,18 +300,14 @@ def cached_bytes() -> int:
 
 
 def free_cached_rings() -> None:
-    """Free every idle pinned buffer in the cache, and forget the largest ring
-    lent so far (the budget starts again from the next one). Rings lent out
-    are not affected; they come back to the cache when their transfer ends.
-    Frees that a capture under way forbids wait for it to end
-    (:func:`free_pinned`); those that waited and may run now run."""
+    """Free every idle buffer (:func:`free_pinned`) and restart the budget; lent rings stay."""
     global _idle_bytes, _most_slots, _largest
     with _ring_lock:
         buffers = list(_lru)
         _ring_cache.clear()
         _lru.clear()
         _idle_bytes = _most_slots = _largest = 0
-    _free_idle(buffers)
+    _free_all([(buf.backend, buf.ptr) for buf in buffers])
 
 
 def _after_fork_in_child() -> None:

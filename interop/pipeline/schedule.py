@@ -1,41 +1,8 @@
 """The ring-of-slots schedule, written once for both directions.
 
-A transfer copies ``len(plan.chunks)`` chunks in C order through a ring of
-``plan.nslots`` host staging slots; chunk ``i`` uses slot ``k = i % nslots``.
-Each chunk has a device step (queued on the copy stream by the transfer's
-thread) and a host step (run by a pool of host threads, split into pieces).
-
-Device to host, per chunk::
-
-    issuer:  wait the host pieces of chunk i - nslots (slot k free; that chunk is complete)
-             -> [pack chunk i into staging row k] -> DMA into slot k -> record event[k]
-             -> submit the host pieces of chunk i
-    host:    event[k].synchronize() -> copy slot k out (into ``out``, or a file)
-
-Host to device, per chunk::
-
-    host:    [event[k].synchronize(): the DMA of chunk i - nslots left slot k]
-             -> fill slot k (from the source, or a file)
-    issuer:  wait the fill of chunk i (chunk i - nslots is complete)
-             -> DMA slot k [into staging row k -> unpack] -> record event[k]
-             -> submit the fill of chunk i + nslots, after event[k]
-
-Pinned host memory (the direct form, ``SlotJob.pinned``): when the
-destination (device to host) or the source (host to device) is already
-page-locked and C-contiguous, each chunk is one DMA between its place there
-and the device, with its pack or unpack; no ring, no host threads. Chunk
-``i`` is issued after ``event[i - nslots]`` was synchronised, so at most
-``nslots`` chunks are in flight.
-
-Chunks are reported complete in order (progress counts completed chunks, never
-queued ones). An event is waited on only after it was recorded: the pieces that
-wait on ``event[k]`` are submitted after it was recorded, and ``event[k]`` is
-re-recorded only after those pieces finished.
-
-Release order, on every path: cancel the pieces not started, join the host
-threads, synchronise the copy stream, free the device staging, give the ring
-back (freed after an error), close the stream. A failure while releasing never
-replaces the error that is propagating (it becomes a note on it).
+Chunk ``i`` uses slot ``i % nslots``; each has a device step (queued by the
+transfer's thread) and a host step (pieces on the host pool). docs/pipeline.md
+draws the order of events and lists the rules kept on every path.
 """
 
 from __future__ import annotations
@@ -61,37 +28,16 @@ HostTask = Callable[[np.ndarray], None]  # a piece of a chunk's host step, given
 
 @dataclass
 class SlotJob:
-    """Everything one run of the schedule needs.
-
-    Attributes
-    ----------
-    direction : "d2h" or "h2d"
-    backend : Backend
-    stream : Stream
-        The copy stream, created and ordered (after the data's own stream) in
-        the caller's thread. Owned by the run: closed when it ends.
-    plan : Plan
-    data : DeviceData
-        The device side: the source (d2h) or the destination (h2d).
-    host_tasks : callable
-        ``host_tasks(i)`` returns the pieces of chunk ``i``'s host step; each
-        is called with the first ``plan.sizes[i]`` bytes of the chunk's slot.
-    threads : int
-        Host threads for the pieces.
-    pinned : callable, optional
-        The direct form: ``pinned(i)`` is the page-locked host address of
-        chunk ``i``'s bytes (in the destination, d2h, or the source, h2d).
-        Each chunk is then one DMA between that address and the device, with
-        no staging ring and no host threads (``host_tasks`` is not called).
-    """
+    """Everything one run of the schedule needs."""
 
     direction: Literal["d2h", "h2d"]
     backend: Backend
-    stream: Stream
+    stream: Stream  # the copy stream, ordered after the data's in the caller's thread; owned
     plan: Plan
-    data: DeviceData
-    host_tasks: Callable[[int], Sequence[HostTask]]
+    data: DeviceData  # the source (d2h) or the destination (h2d)
+    host_tasks: Callable[[int], Sequence[HostTask]]  # chunk i's pieces, given its slot's bytes
     threads: int
+    # the direct form: chunk i's page-locked host address; one DMA each, no ring, no threads
     pinned: Callable[[int], int] | None = None
 
 
@@ -125,9 +71,8 @@ class _Run:
         self.events: list[Event] = [job.backend.event() for _ in range(n)]
         self.pending: list[list[Future[None]]] = [[] for _ in range(n)]
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
-        # the process's host threads; each chunk's pieces run as at most `parts`
-        # tasks, so that the chunks of several slots keep every thread busy at
-        # once instead of every chunk ending at a barrier of all the threads
+        # each chunk's pieces run as at most `parts` tasks: several slots' chunks keep
+        # every host thread busy, instead of each chunk ending at a barrier of all
         self.pool = None if job.pinned is not None else host_pool(job.threads)
         self.parts = max(1, -(-job.threads // max(1, n - 1)))
         self.ring: StagingRing | None = None
@@ -175,17 +120,15 @@ class _Run:
             self.trace.issuer_wait_seconds += trace.now() - start
 
     def device_step(self, i: int, k: int) -> None:
-        """Queue chunk ``i``'s DMA between the device and its host memory (slot
-        ``k`` of the ring, or its pinned address), with its pack or unpack."""
+        """Queue chunk ``i``'s DMA (slot ``k``, or its pinned address), with pack or unpack."""
         if self.job.pinned is not None:
             host = self.job.pinned(i)
         else:
             assert self.ring is not None
             host = self.ring.ptrs[k]
         backend, stream = self.backend, self.stream
-        # a chunk made now (cast, resolved) is interop's temporary: from the library's own
-        # pool, ordered on its producer's stream (an allocator the user installed would order
-        # it on this thread's current stream of the other library: PyTorch's default here)
+        # a chunk made now (cast, resolved) comes from the library's own pool on its producer's
+        # stream (a user's allocator would order it on another library's current stream)
         with backend.own_pool():
             chunk = self.job.data.chunk(self.plan.chunks[i])
         self.held[k] = chunk.view
@@ -257,10 +200,7 @@ class _Run:
             self.transfer.chunk_done(i)
 
     def direct(self) -> None:
-        """Both directions with pinned host memory: DMAs only, ``nslots`` chunks
-        in flight (chunk ``i`` waits for chunk ``i - nslots``: progress in
-        order, a cancel stops within that many, and slot ``k``'s staging row
-        and held chunk are reused only after their DMA)."""
+        """Both directions with pinned host memory: DMAs only, ``nslots`` chunks in flight."""
         nslots, count = self.plan.nslots, len(self.plan.chunks)
         for i in range(count):
             k = i % nslots
@@ -296,11 +236,7 @@ class _Run:
         errors.attempt("closing the copy stream", self.stream.close)
 
     def publish_trace(self) -> None:
-        """Read the timers (the copy stream was synchronised) and hand the trace on.
-
-        Diagnosis only: a failure to read them is recorded in the trace, never
-        raised (the transfer itself succeeded).
-        """
+        """Read the timers and hand the trace on; a failure is recorded, never raised."""
         if self.trace is None:
             return
         self.trace.chunk_bytes = list(self.plan.sizes)
@@ -312,8 +248,7 @@ class _Run:
 
 
 def run_slots(transfer: Transfer, job: SlotJob) -> None:
-    """Run ``job`` on the calling (transfer) thread; raise its first error
-    after every resource was released."""
+    """Run ``job`` on the transfer's thread; raise its first error once all is released."""
     errors = _Errors()
     with job.backend.activate():
         run: _Run | None = None

@@ -1,14 +1,5 @@
-"""Where copies enter the pipeline: :func:`start` runs a
-:class:`~interop.pipeline.request.TransferRequest`.
-
-Device-to-host and host-to-device requests run the slot schedule with the
-request's host stage; host-to-host ones run the host engine; a
-device-to-device one queues one device copy ordered both ways between two
-streams (:func:`device_to_device`). The device that moves an array is found
-once, from its :class:`~interop.arrays.Source` (:func:`backend_for`); new
-device arrays are allocated here too (:func:`empty_result`), once no capture
-under way forbids it.
-"""
+"""Where copies enter the pipeline: :func:`start` runs a ``TransferRequest`` through the
+slot schedule, the host engine, or one ordered device copy (:func:`device_to_device`)."""
 
 from __future__ import annotations
 
@@ -41,19 +32,11 @@ __all__ = [
 
 
 def start(request: TransferRequest) -> Transfer:
-    """Start the copy ``request`` describes; return its :class:`Transfer`.
+    """Start the copy ``request`` describes, after the device array's current stream now.
 
-    Through the ring, the copy is ordered after the work queued on the device
-    array's library's current stream at this call, and the host stage's
-    pieces run on ``request.threads`` host threads; a host array the stage
-    uses (``request.host``) is read or written by the DMAs directly, without
-    the ring, where it is page-locked and C-contiguous.
-
-    Raises
-    ------
-    CaptureError
-        Through the ring while a CUDA graph capture is under way on the data's
-        stream; for d2d, see :func:`device_to_device`. Nothing was queued.
+    ``request.host`` is used by the DMAs directly where it is page-locked and
+    C-contiguous. Raises CaptureError during a capture on the data's stream
+    (nothing queued).
     """
     direction, func, stage = request.direction, request.func, request.stage
     if direction == "d2d":
@@ -72,9 +55,7 @@ def start(request: TransferRequest) -> Transfer:
     if backend.capture_under_way(data.stream):
         raise CaptureError(
             f"{func} expected to run outside CUDA graph capture (got a capture under way on the "
-            "data's stream); it copies through pinned host memory and waits on the host, which "
-            "a captured graph cannot hold. Call it before or after the captured region; nothing "
-            "was queued and the capture stays valid"
+            "data's stream: it waits on the host); call it before or after the captured region"
         )
     plan = plan_chunks(data.shape, data.dtype.itemsize, request.chunk, config.num_buffers)
     transfer = _transfer(request, plan.sizes)
@@ -125,10 +106,8 @@ def empty_result(backend: Backend, shape: tuple[int, ...], dtype: np.dtype, func
     if backend.capture_forbids_allocation():
         raise CaptureError(
             f"{func} expected no CUDA graph capture under way when it allocates its result "
-            "(got one: CuPy's memory pool grows with cudaMalloc, which the capture forbids); "
-            "pass out= allocated before the capture, or let CuPy allocate from PyTorch's graph "
-            "pool with interop.use_torch_allocator(). Nothing was allocated or queued and the "
-            "capture stays valid"
+            "(got one: CuPy's pool grows with cudaMalloc); pass out= allocated before the "
+            "capture, or use interop.use_torch_allocator()"
         )
     return backend.empty(shape, dtype)
 
@@ -159,9 +138,7 @@ def cuda_index(device: Any) -> int | None:
 
 def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
     """A new copy stream that starts after the work queued so far on the data's stream."""
-    # Recorded now, in the caller's thread (current streams are per thread),
-    # with the data's device current (a legacy default stream handle, 0, means
-    # the current device's).
+    # in the caller's thread, with the data's device current (stream 0 is the current device's)
     with backend.activate():
         stream = backend.stream()
         start = backend.event()
@@ -173,8 +150,7 @@ def _ordered_stream(backend: Backend, data: DeviceData) -> Any:
 def _pinned_addresses(
     backend: Backend, host: np.ndarray | None, plan: Plan
 ) -> Callable[[int], int] | None:
-    """Chunk ``i``'s address in ``host``, where the DMAs can use it directly (a
-    page-locked C-contiguous array); None: through the staging ring."""
+    """Chunk ``i``'s address in a page-locked C-contiguous ``host``; else None (the ring)."""
     if host is None or not host.flags.c_contiguous or host.nbytes != plan.nbytes:
         return None
     base = int(host.ctypes.data)
@@ -191,17 +167,13 @@ def _pinned_addresses(
 
 
 def device_to_device(src: Source, dst: Source) -> None:
-    """Queue ``dst[...] = src`` on ``dst``'s library's current stream, ordered
-    both ways with ``src``'s library's current stream (both read in this
-    thread): PyTorch's two-way barrier of a cross-device copy. Raises
-    InvalidTypeError for two kinds of device, CaptureError where a capture
-    cannot hold the two streams' events (nothing queued)."""
-    # The consumer's stream waits for the producer's, so the copy reads src
-    # after the work that made it; then the producer's waits for the copy:
-    # both libraries' pools hand a freed block straight to the next
-    # allocation on its stream, so a caller who drops src (or the temporary
-    # of a conjugate/negative-bit tensor) at once could see it overwritten
-    # before the copy read it. One stream of one device needs no waits.
+    """Queue ``dst[...] = src`` on ``dst``'s current stream, ordered both ways with ``src``'s.
+
+    Raises InvalidTypeError for two kinds of device, CaptureError where a capture
+    cannot hold the two streams' events (nothing queued).
+    """
+    # The copy waits for src's producer; then the producer's stream waits for the
+    # copy, since its pool may hand src's block (dropped at once) to its next allocation.
     producer, backend = backend_for(src), backend_for(dst)
     if type(producer) is not type(backend):
         raise InvalidTypeError(
@@ -224,10 +196,9 @@ def device_to_device(src: Source, dst: Source) -> None:
             got = ""
         if got:
             raise CaptureError(
-                "copy_to_device expected the source's stream to be in the capture that the "
-                f"destination's stream is in or can join (got {got}); run the block under "
-                "`with interop.stream(s):` with s the capturing stream "
-                "(torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
+                "copy_to_device expected the source's stream in the destination stream's "
+                f"capture (got {got}); run the block under `with interop.stream(s):` with s "
+                "the capturing stream (torch.cuda.current_stream() inside torch.cuda.graph)"
             )
     # Events are made, recorded and waited on with their device current (a
     # legacy default stream handle, 0, names the current device's).

@@ -1,13 +1,7 @@
-"""Host threads for transfers: one pool per process, and what to do when no
-thread can be had.
+"""Host threads for transfers: one pool per process, grown to the most threads asked for.
 
-The pool grows to the most threads a transfer has asked for (``host_threads``)
-and is shared by every transfer of the process, so a transfer starts no thread
-of its own; a forked child starts with none. At interpreter exit (in
-``atexit`` handlers) ``concurrent.futures`` refuses new work ("cannot schedule
-new futures after interpreter shutdown"): a copy made there still works, its
-pieces run on the calling thread, one after the other, in the order they were
-submitted.
+At interpreter exit ``concurrent.futures`` refuses new work: pieces then run
+on the calling thread, in the order they were submitted.
 """
 
 from __future__ import annotations
@@ -29,11 +23,7 @@ _size = 0
 
 
 def host_pool(threads: int) -> Executor:
-    """The process's pool of host threads, with at least ``threads`` of them.
-
-    A larger request replaces the pool by a larger one; the old one finishes
-    the work it has and its threads end.
-    """
+    """The process's pool of at least ``threads`` host threads (a larger one replaces it)."""
     global _pool, _size
     threads = max(1, int(threads))
     with _lock:
@@ -45,9 +35,7 @@ def host_pool(threads: int) -> Executor:
 
 
 def submit(pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
-    """``pool.submit(fn, *args)``, or ``fn(*args)`` run here (its outcome in a
-    finished future) when the interpreter is shutting down and no thread may
-    start."""
+    """``pool.submit(fn, *args)``, or at interpreter shutdown ``fn(*args)`` run here."""
     try:
         return pool.submit(fn, *args)
     except RuntimeError as exc:
@@ -62,8 +50,7 @@ def submit(pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
 
 
 def settle(futures: Iterable[Future[Any]]) -> None:
-    """Cancel the pieces not started and wait for the others to end (their
-    errors are the caller's to read from the futures)."""
+    """Cancel the pieces not started and wait for the others (errors stay in the futures)."""
     futures = list(futures)
     for f in futures:
         f.cancel()
