@@ -26,11 +26,25 @@ from typing import Any
 
 import numpy as np
 
-from interop.bench import BenchContext, BenchSizes, Case, GpuArrays, Ratio, measure, write_json
-from interop.bench.measure import GiB, MiB, gpu_unavailable, host_unavailable, scale_from_env
-from interop.bench.report import format_bytes
-from interop.bench.rows import d2h_prealloc_cases, h2d_pageable_cases, host_copy_cases
-from interop.bench.run import bench_directory, json_path_problem, log_done, run_header
+from interop.bench.measure import (
+    BenchSizes,
+    Case,
+    MiB,
+    Ratio,
+    format_bytes,
+    gpu_unavailable,
+    host_unavailable,
+    measure,
+    scale_from_env,
+)
+from interop.bench.rows import (
+    BenchContext,
+    GpuArrays,
+    d2h_prealloc_cases,
+    h2d_pageable_cases,
+    host_copy_cases,
+)
+from interop.bench.run import bench_directory, json_path_problem, log_done, run_header, write_json
 from interop.config import config
 from interop.errors import BackendUnavailableError
 
@@ -72,7 +86,7 @@ def _d2h_prealloc(ctx: BenchContext) -> Subject:
         "t.cpu().numpy()": Case(lambda: g.t.cpu().numpy(), g.nbytes),
     }
     cases = d2h_prealloc_cases(g, out, every=CHECK_STRIDE)
-    size = f"{g.nbytes / GiB:.2f} GiB float32"
+    size = f"{format_bytes(g.nbytes)} float32"
     return Subject(size, "copy_to_host(x, out)", "d2h_limit", cases, anchors, g.sync)
 
 
@@ -83,14 +97,14 @@ def _h2d_pageable(ctx: BenchContext) -> Subject:
         "cupy.asarray(host)": Case(lambda: g.cp.asarray(host), g.nbytes),
         "torch.from_numpy(host).cuda()": Case(lambda: g.th.from_numpy(host).cuda(), g.nbytes),
     }
-    size = f"{g.nbytes / GiB:.2f} GiB float32"
+    size = f"{format_bytes(g.nbytes)} float32"
     return Subject(
         size, "copy_to_device(host)", "h2d_limit", h2d_pageable_cases(g, host), anchors, g.sync
     )
 
 
 def _host_copy(ctx: BenchContext) -> Subject:
-    cases, nbytes = host_copy_cases(ctx.sizes.host_bytes)
+    cases, nbytes = host_copy_cases(ctx.sizes.host_bytes), ctx.sizes.host_bytes
     return Subject(f"{nbytes / MiB:.0f} MiB float32", "copy_to_host", "numpy.copyto", cases, {})
 
 
@@ -185,13 +199,7 @@ def sweep_row(
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         record |= {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-    try:
-        ctx.release()
-    except Exception as exc:  # e.g. a sticky CUDA error: the points measured are kept
-        traceback.print_exc(file=sys.stderr)
-        ctx.notes.setdefault("release_errors", []).append(
-            f"after {row.name}: {type(exc).__name__}: {exc}"
-        )
+    ctx.noting(f"after {row.name}", ctx.release)  # e.g. a sticky CUDA error: points kept
     measured = [p for p in points if "gbps" in p]
     if measured:
         record["anchors"][f"{record['reference']} GB/s"] = statistics.median(
@@ -240,7 +248,7 @@ def sweep(
             log_done("sweep", row.name, done[-1]["status"], began)
             partial()
     finally:
-        ctx.close_keeping_results()
+        ctx.noting("at the end", ctx.close)
     results = header | {"notes": ctx.notes, "rows": done}
     return results | {"suggested_defaults": suggest_defaults(results)}
 
