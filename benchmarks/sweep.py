@@ -37,13 +37,7 @@ from interop.bench.measure import (
     measure,
     scale_from_env,
 )
-from interop.bench.rows import (
-    BenchContext,
-    GpuArrays,
-    d2h_prealloc_cases,
-    h2d_pageable_cases,
-    host_copy_cases,
-)
+from interop.bench.rows import BenchContext, host_copy_cases, to_device_case, to_host_case
 from interop.bench.run import bench_directory, json_path_problem, log_done, run_header, write_json
 from interop.config import config
 from interop.errors import BackendUnavailableError
@@ -78,29 +72,30 @@ class SweepRow:
 
 
 def _d2h_prealloc(ctx: BenchContext) -> Subject:
-    g: GpuArrays = ctx.gpu()
+    g = ctx.gpu()
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched
     anchors = {
         "cupy.asnumpy(x)": Case(lambda: g.cp.asnumpy(g.x), g.nbytes),
         "cupy.asnumpy(x, out=out)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
         "t.cpu().numpy()": Case(lambda: g.t.cpu().numpy(), g.nbytes),
     }
-    cases = d2h_prealloc_cases(g, out, every=CHECK_STRIDE)
+    ours = to_host_case("copy_to_host(x, out)", g.x, out, g.ref, CHECK_STRIDE)
+    cases = {"d2h_limit": g.limit_case(True), "copy_to_host(x, out)": ours}
     size = f"{format_bytes(g.nbytes)} float32"
     return Subject(size, "copy_to_host(x, out)", "d2h_limit", cases, anchors, g.sync)
 
 
 def _h2d_pageable(ctx: BenchContext) -> Subject:
-    g: GpuArrays = ctx.gpu()
+    g = ctx.gpu()
     host = np.array(g.ref)  # pageable, touched
     anchors = {
         "cupy.asarray(host)": Case(lambda: g.cp.asarray(host), g.nbytes),
         "torch.from_numpy(host).cuda()": Case(lambda: g.th.from_numpy(host).cuda(), g.nbytes),
     }
+    ours = to_device_case("copy_to_device(host)", g, host)
+    cases = {"h2d_limit": g.limit_case(False), "copy_to_device(host)": ours}
     size = f"{format_bytes(g.nbytes)} float32"
-    return Subject(
-        size, "copy_to_device(host)", "h2d_limit", h2d_pageable_cases(g, host), anchors, g.sync
-    )
+    return Subject(size, "copy_to_device(host)", "h2d_limit", cases, anchors, g.sync)
 
 
 def _host_copy(ctx: BenchContext) -> Subject:

@@ -342,14 +342,15 @@ def _row(ctx: BenchContext, cases: dict[str, Case], ours: str, to: tuple[str, ..
     return fields
 
 
-def _to_host(what: str, src: Any, out: Any, ref: Any, every: int = 1) -> Case:
-    """``copy_to_host(src, out)``, every ``every``-th element poisoned, then checked."""
+def to_host_case(what: str, src: Any, out: Any, ref: Any, every: int = 1) -> Case:
+    """``copy_to_host(src, out)``, every ``every``-th element poisoned, then checked (the sweep
+    samples with a prime ``every``, seeing every chunk)."""
     check = expect_equal(ref[::every], what)
     fn = partial(interop.copy_to_host, src, out)
     return Case(fn, out.nbytes, lambda r: check(r[::every]), lambda: out[::every].fill(np.nan))
 
 
-def _to_device(what: str, g: GpuArrays, *args: Any) -> Case:
+def to_device_case(what: str, g: GpuArrays, *args: Any) -> Case:
     """``copy_to_device(*args)``, its result checked equal to ``g.x``."""
     return Case(partial(interop.copy_to_device, *args), g.nbytes, expect_equal(g.x, what))
 
@@ -363,17 +364,13 @@ def link_limit(ctx: BenchContext, to_host: bool) -> Fields:
     return fields
 
 
-def d2h_prealloc_cases(g: GpuArrays, out: np.ndarray, every: int = 1) -> dict[str, Case]:
-    """``d2h_limit`` and ``copy_to_host(x, out)`` (the sweep's too: a prime ``every``)."""
-    ours = _to_host("copy_to_host(x, out)", g.x, out, g.ref, every)
-    return {"d2h_limit": g.limit_case(True), "copy_to_host(x, out)": ours}
-
-
 def d2h_prealloc(ctx: BenchContext) -> Fields:
     g = ctx.gpu()
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched
-    cases = d2h_prealloc_cases(g, out) | {
-        "copy_to_host(t, out)": _to_host("copy_to_host(t, out)", g.t, out, g.ref),
+    cases = {
+        "d2h_limit": g.limit_case(True),
+        "copy_to_host(x, out)": to_host_case("copy_to_host(x, out)", g.x, out, g.ref),
+        "copy_to_host(t, out)": to_host_case("copy_to_host(t, out)", g.t, out, g.ref),
         "cupy.asnumpy(x, out=out)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
         "t.to('cpu', non_blocking=True)+sync": Case(
             lambda: g.t.to("cpu", non_blocking=True), g.nbytes
@@ -387,7 +384,7 @@ def d2h_pinned(ctx: BenchContext) -> Fields:
     out, ours = interop.empty_pinned(g.ref.shape, np.float32), "copy_to_host(x, out=pinned)"
     cases = {
         "d2h_limit": g.limit_case(True),
-        ours: _to_host(ours, g.x, out, g.ref),
+        ours: to_host_case(ours, g.x, out, g.ref),
         "cupy.asnumpy(x, out=pinned)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
     }
     return _row(ctx, cases, ours, ("d2h_limit",))
@@ -420,26 +417,22 @@ def d2h_strided(ctx: BenchContext) -> Fields:
     contiguous = g.x[: out.size].reshape(out.shape)
     cases = {
         "copy_to_host(x, out)": Case(partial(interop.copy_to_host, contiguous, out), out.nbytes),
-        "copy_to_host(x.T, out)": _to_host("copy_to_host(x.T)", x_t, out, ref),
-        "copy_to_host(t.T, out)": _to_host("copy_to_host(t.T)", t_t, out, ref),
+        "copy_to_host(x.T, out)": to_host_case("copy_to_host(x.T)", x_t, out, ref),
+        "copy_to_host(t.T, out)": to_host_case("copy_to_host(t.T)", t_t, out, ref),
         "cupy.asnumpy(x.T, out=out)": Case(lambda: g.cp.asnumpy(x_t, out=out), out.nbytes),
     }
     fields = _row(ctx, cases, "copy_to_host(x.T, out)", ("copy_to_host(x, out)",))
     return fields | {"size": f"{out.shape[0]}x{out.shape[1]} float32, transposed"}
 
 
-def h2d_pageable_cases(g: GpuArrays, host: np.ndarray) -> dict[str, Case]:
-    """``h2d_limit`` and ``copy_to_device(host)`` from pageable ``host`` (the sweep's too)."""
-    ours = _to_device("copy_to_device(host)", g, host)
-    return {"h2d_limit": g.limit_case(False), "copy_to_device(host)": ours}
-
-
 def h2d_pageable(ctx: BenchContext) -> Fields:
     g = ctx.gpu()
     host = np.array(g.ref)  # pageable, touched
     out = g.cp.full_like(g.x, g.cp.nan)  # poisoned
-    cases = h2d_pageable_cases(g, host) | {
-        "copy_to_device(host, out)": _to_device("copy_to_device(host, out)", g, host, out),
+    cases = {
+        "h2d_limit": g.limit_case(False),
+        "copy_to_device(host)": to_device_case("copy_to_device(host)", g, host),
+        "copy_to_device(host, out)": to_device_case("copy_to_device(host, out)", g, host, out),
         "cupy.asarray(host)": Case(lambda: g.cp.asarray(host), g.nbytes),
         "torch.from_numpy(host).cuda()": Case(lambda: g.th.from_numpy(host).cuda(), g.nbytes),
     }
@@ -456,7 +449,7 @@ def h2d_pinned(ctx: BenchContext) -> Fields:
     np.copyto(host, g.ref)
     cases = {
         "h2d_limit": g.limit_case(False),
-        "copy_to_device(pinned)": _to_device("copy_to_device(pinned)", g, host),
+        "copy_to_device(pinned)": to_device_case("copy_to_device(pinned)", g, host),
         "cupy.asarray(pinned)": Case(lambda: g.cp.asarray(host), g.nbytes),
     }
     return _row(ctx, cases, "copy_to_device(pinned)", ("h2d_limit",))

@@ -288,10 +288,8 @@ def format_table(
             not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
             continue
         first, *more = lines_of(row)
-        lines += [
-            f"{row['name']:<{width}} {first}".rstrip(),
-            *(" " * width + " " + m for m in more),
-        ]
+        lines.append(f"{row['name']:<{width}} {first}".rstrip())
+        lines += [" " * (width + 1) + line for line in more]
     lines += [
         f"{status} ({len(names)} row{'s' * (len(names) > 1)}: {', '.join(names)}): {reason}"
         for (status, reason), names in not_run.items()
