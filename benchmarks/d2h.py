@@ -15,9 +15,8 @@ from typing import Any
 import interop
 from benchmarks import lab
 from benchmarks.host_limit import HOST_LIMIT, stages_and_trace
-from benchmarks.targets import RING
-from interop.bench import BenchContext, Ratio
-from interop.bench.rows import ring_bytes, strided
+from interop.bench.measure import Ratio
+from interop.bench.rows import RING, BenchContext, ring_bytes, strided
 
 
 def _strided(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:

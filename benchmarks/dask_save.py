@@ -29,10 +29,17 @@ import numpy as np
 
 from benchmarks import lab
 from benchmarks.targets import DASK as OURS
-from interop.bench import BenchContext, Measured, Ratio, RowSpec, WrongResultError
-from interop.bench.measure import GiB, MiB, PeakRss, status_bytes
-from interop.bench.report import format_bytes
-from interop.bench.rows import ring_bytes
+from interop.bench.measure import (
+    GiB,
+    Measured,
+    MiB,
+    PeakRss,
+    Ratio,
+    WrongResultError,
+    format_bytes,
+    status_bytes,
+)
+from interop.bench.rows import BenchContext, RowSpec, ring_bytes
 from interop.config import config
 from interop.info import install_command
 

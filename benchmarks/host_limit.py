@@ -31,8 +31,8 @@ import numpy as np
 
 import interop
 from benchmarks import lab
-from interop.bench import BenchContext, Case, GpuArrays, Ratio, RowSpec, WrongResultError, measure
-from interop.bench.measure import MiB, gpu_unavailable
+from interop.bench.measure import Case, MiB, Ratio, WrongResultError, gpu_unavailable, measure
+from interop.bench.rows import BenchContext, GpuArrays, RowSpec
 from interop.config import chunk_bytes_or_default, config
 from interop.testing import EmulatedDevice
 

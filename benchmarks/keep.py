@@ -22,7 +22,7 @@ from typing import Any
 from benchmarks.lab import stages_text, trace_text
 from benchmarks.sweep import plot_results, suggest_defaults
 from interop.bench import write_json
-from interop.bench.report import ratio_text
+from interop.bench.run import ratio_text
 from interop.errors import BackendUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.targets import RunJudge
-from interop.bench import ROWS, RowSpec, run_bench
-from interop.bench.report import figure_text, format_table, memory_text, ratio_text
+from interop.bench.rows import ROWS, RowSpec
+from interop.bench.run import figure_text, format_table, memory_text, ratio_text, run_bench
 from interop.pipeline import trace
 
 #: The scripts whose rows ``python -m benchmarks run`` runs, in this order (host_limit first:
@@ -229,11 +229,11 @@ def format_report(results: dict[str, Any]) -> str:
     judged = bool(results.get("judged", not results.get("quick")))  # schema 2 has no judged
     counts = Counter(row["status"] for row in results["rows"] if row["status"] != "ok")
 
-    def row_lines(row: dict[str, Any], memory_first: bool) -> list[str]:
+    def row_lines(row: dict[str, Any]) -> list[str]:
         verdict = {True: "met", False: "MISSED", None: "reference"}[row.get("met")]
         verdict = verdict if judged else "not judged"
         counts[verdict.lower()] += 1
-        lines = [f"{figure_text(row, memory_first):<32} {verdict}"]
+        lines = [f"{figure_text(row):<32} {verdict}"]
         lines += [judged_ratio_text(r, judged) for r in row.get("ratios", [])]
         if row.get("memory"):
             lines.append(f"memory: {memory_text(row['memory'])}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import interop
 from benchmarks import lab
-from interop.bench import BenchContext
+from interop.bench.rows import BenchContext
 
 
 def _traced_save(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:

@@ -26,11 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from interop.bench import BenchContext, BenchSizes, Case, GpuArrays, Ratio, measure, write_json
-from interop.bench.measure import GiB, MiB, gpu_unavailable, host_unavailable, scale_from_env
-from interop.bench.report import format_bytes
-from interop.bench.rows import d2h_prealloc_cases, h2d_pageable_cases, host_copy_cases
-from interop.bench.run import bench_directory, json_path_problem, log_done, run_header
+from interop.bench.measure import (
+    BenchSizes,
+    Case,
+    MiB,
+    Ratio,
+    format_bytes,
+    gpu_unavailable,
+    host_unavailable,
+    measure,
+    scale_from_env,
+)
+from interop.bench.rows import BenchContext, host_copy_cases, to_device_case, to_host_case
+from interop.bench.run import bench_directory, json_path_problem, log_done, run_header, write_json
 from interop.config import config
 from interop.errors import BackendUnavailableError
 
@@ -64,33 +72,34 @@ class SweepRow:
 
 
 def _d2h_prealloc(ctx: BenchContext) -> Subject:
-    g: GpuArrays = ctx.gpu()
+    g = ctx.gpu()
     out = np.full(g.ref.shape, np.nan, np.float32)  # pageable, touched
     anchors = {
         "cupy.asnumpy(x)": Case(lambda: g.cp.asnumpy(g.x), g.nbytes),
         "cupy.asnumpy(x, out=out)": Case(lambda: g.cp.asnumpy(g.x, out=out), g.nbytes),
         "t.cpu().numpy()": Case(lambda: g.t.cpu().numpy(), g.nbytes),
     }
-    cases = d2h_prealloc_cases(g, out, every=CHECK_STRIDE)
-    size = f"{g.nbytes / GiB:.2f} GiB float32"
+    ours = to_host_case("copy_to_host(x, out)", g.x, out, g.ref, CHECK_STRIDE)
+    cases = {"d2h_limit": g.limit_case(True), "copy_to_host(x, out)": ours}
+    size = f"{format_bytes(g.nbytes)} float32"
     return Subject(size, "copy_to_host(x, out)", "d2h_limit", cases, anchors, g.sync)
 
 
 def _h2d_pageable(ctx: BenchContext) -> Subject:
-    g: GpuArrays = ctx.gpu()
+    g = ctx.gpu()
     host = np.array(g.ref)  # pageable, touched
     anchors = {
         "cupy.asarray(host)": Case(lambda: g.cp.asarray(host), g.nbytes),
         "torch.from_numpy(host).cuda()": Case(lambda: g.th.from_numpy(host).cuda(), g.nbytes),
     }
-    size = f"{g.nbytes / GiB:.2f} GiB float32"
-    return Subject(
-        size, "copy_to_device(host)", "h2d_limit", h2d_pageable_cases(g, host), anchors, g.sync
-    )
+    ours = to_device_case("copy_to_device(host)", g, host)
+    cases = {"h2d_limit": g.limit_case(False), "copy_to_device(host)": ours}
+    size = f"{format_bytes(g.nbytes)} float32"
+    return Subject(size, "copy_to_device(host)", "h2d_limit", cases, anchors, g.sync)
 
 
 def _host_copy(ctx: BenchContext) -> Subject:
-    cases, nbytes = host_copy_cases(ctx.sizes.host_bytes)
+    cases, nbytes = host_copy_cases(ctx.sizes.host_bytes), ctx.sizes.host_bytes
     return Subject(f"{nbytes / MiB:.0f} MiB float32", "copy_to_host", "numpy.copyto", cases, {})
 
 
@@ -185,13 +194,7 @@ def sweep_row(
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         record |= {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-    try:
-        ctx.release()
-    except Exception as exc:  # e.g. a sticky CUDA error: the points measured are kept
-        traceback.print_exc(file=sys.stderr)
-        ctx.notes.setdefault("release_errors", []).append(
-            f"after {row.name}: {type(exc).__name__}: {exc}"
-        )
+    ctx.noting(f"after {row.name}", ctx.release)  # e.g. a sticky CUDA error: points kept
     measured = [p for p in points if "gbps" in p]
     if measured:
         record["anchors"][f"{record['reference']} GB/s"] = statistics.median(
@@ -240,7 +243,7 @@ def sweep(
             log_done("sweep", row.name, done[-1]["status"], began)
             partial()
     finally:
-        ctx.close_keeping_results()
+        ctx.noting("at the end", ctx.close)
     results = header | {"notes": ctx.notes, "rows": done}
     return results | {"suggested_defaults": suggest_defaults(results)}
 

@@ -16,12 +16,12 @@ import dataclasses
 from fnmatch import fnmatchcase
 from typing import Any
 
-from interop.bench import Ratio
+from interop.bench.measure import Ratio
+from interop.bench.rows import RING
 
 D2H_BOUND = "min(d2h_limit, the ring's D2H ceiling)"
 H2D_BOUND = "min(h2d_limit, the ring's H2D ceiling)"
 PREALLOC = "copy_to_host(x, out) of d2h_prealloc"
-RING = "the ring size (num_buffers x chunk_bytes)"
 DASK = "interop.dask.save_npy"
 
 

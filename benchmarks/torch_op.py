@@ -25,8 +25,8 @@ import numpy as np
 
 import interop
 from benchmarks import lab
-from interop.bench import BenchContext, Ratio, RowSpec
-from interop.bench.measure import gpu_unavailable
+from interop.bench.measure import Ratio, gpu_unavailable
+from interop.bench.rows import BenchContext, RowSpec
 
 HAND = "a hand-written torch.library.custom_op"
 _OPS: dict[str, tuple[Any, Any]] = {}
@@ -180,7 +180,7 @@ ROWS = (
     lab.package_row("to_numpy_us"),
     lab.package_row("to_torch_us"),
     lab.diagnosed(lab.package_row("exchange_us"), _profiled),
-    RowSpec("torch_op_us", "an interop.torch_op call, per call", False, torch_op_us, "us"),
+    RowSpec("torch_op_us", "an interop.torch_op call, per call", False, torch_op_us),
 )
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 import interop
 from benchmarks import keep, lab, sweep
 from benchmarks.targets import D2H_BOUND, H2D_BOUND, PREALLOC, RunJudge, judge
-from interop.bench import BenchSizes, Case, Ratio
+from interop.bench.measure import BenchSizes, Case, Ratio
 from tests.helpers import git_head
 
 from .test_scripts import run

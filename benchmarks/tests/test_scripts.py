@@ -172,7 +172,8 @@ def test_bad_arguments_are_refused_before_anything_runs(args, message, tmp_path)
 
 
 def test_a_failing_diagnosis_keeps_the_rows_figures(capsys):
-    from interop.bench import BenchSizes, collect_results
+    from interop.bench import collect_results
+    from interop.bench.measure import BenchSizes
 
     def diagnose(ctx, fields):
         raise RuntimeError("cudaErrorIllegalAddress")

@@ -4,23 +4,7 @@ run where CuPy and PyTorch see a CUDA device; host rows wherever PyTorch is inst
 
 from __future__ import annotations
 
-from .measure import BenchSizes, Case, Measured, Ratio, WrongResultError, measure
-from .rows import ROWS, BenchContext, GpuArrays, RowSpec
+from .rows import ROWS
 from .run import SCHEMA, collect_results, run_bench, write_json
 
-__all__ = [
-    "ROWS",
-    "SCHEMA",
-    "BenchContext",
-    "BenchSizes",
-    "Case",
-    "GpuArrays",
-    "Measured",
-    "Ratio",
-    "RowSpec",
-    "WrongResultError",
-    "collect_results",
-    "measure",
-    "run_bench",
-    "write_json",
-]
+__all__ = ["ROWS", "SCHEMA", "collect_results", "run_bench", "write_json"]

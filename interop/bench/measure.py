@@ -1,4 +1,4 @@
-"""How every row measures: sizes, timers, peak memory, checked first calls, and ratios."""
+"""How every row measures: sizes, timed cases with checked first calls, peak RSS, ratios."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .. import _backends
 from ..errors import BackendUnavailableError, NoDeviceError
@@ -27,9 +26,7 @@ class WrongResultError(AssertionError):
 
 @dataclasses.dataclass(frozen=True)
 class Ratio:
-    """``value = ours / reference`` of one ``quantity`` (see :data:`QUANTITIES`), both
-    measured in the same run, ``of`` what (``"to_numpy"``) ``to`` what (``"numpy.from_dlpack"``,
-    or a memory bound in words); None where either side was not measured or is zero."""
+    """``value``: ``of`` over ``to`` (a call, or a bound in words) in a ``quantity``."""
 
     of: str
     quantity: str
@@ -43,11 +40,10 @@ class Ratio:
     @classmethod
     def between(cls, of: str, quantity: str, to: str, ours: Any, reference: Any) -> Ratio:
         """The ratio ``ours / reference``; None when it is not a finite number."""
-        value = ours / reference if ours is not None and reference else None
-        return cls(of, quantity, to, value if value is not None and math.isfinite(value) else None)
+        value = ours / reference if ours is not None and reference else math.nan
+        return cls(of, quantity, to, value if math.isfinite(value) else None)
 
     def record(self) -> dict[str, Any]:
-        """The JSON form."""
         return dataclasses.asdict(self)
 
 
@@ -74,8 +70,7 @@ def host_unavailable() -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class BenchSizes:
-    """Repeats, calls per repeat of per-call rows, each kind of row's bytes, and the
-    ``scale`` (``INTEROP_BENCH_SCALE``) that multiplied them."""
+    """Repeats, calls per repeat, bytes of each kind of row, the ``scale`` that multiplied them."""
 
     repeats: int
     calls: int
@@ -85,29 +80,33 @@ class BenchSizes:
     scale: float = 1.0
 
     @classmethod
-    def choose(cls, quick: bool, scale: float = 1.0) -> BenchSizes:
-        """A full or ``quick`` run's sizes times ``scale``; ValueError for a bad ``scale``."""
-        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-            raise ValueError(f"expected a positive scale (got {scale!r})")
-        # repeats, calls, then the bytes in MiB of host_copy, save_npy_rss and the GPU rows
+    def choose(cls, quick: bool, scale: float | str = 1.0) -> BenchSizes:
+        """A full or ``quick`` run's sizes times ``scale``; ValueError unless a positive number."""
+        try:
+            factor = float(scale)
+        except (TypeError, ValueError):
+            factor = math.nan
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(
+                f"expected INTEROP_BENCH_SCALE to be a positive number (got {scale!r}); "
+                "unset it or use e.g. 0.25"
+            )
+        # repeats, calls, then the MiB of host_copy, save_npy_rss and the GPU rows
         repeats, calls, *mib = (3, 2000, 64, 64, 256) if quick else (5, 20000, 256, 768, 1024)
-        host, rss, gpu = (max(MiB, int(n * MiB * scale) // 4096 * 4096) for n in mib)
-        return cls(repeats, max(100, int(calls * scale)), host, rss, gpu, float(scale))
+        host, rss, gpu = (max(MiB, int(n * MiB * factor) // 4096 * 4096) for n in mib)
+        return cls(repeats, max(100, int(calls * factor)), host, rss, gpu, factor)
 
 
-def scale_from_env() -> float:
-    """``INTEROP_BENCH_SCALE`` as a float (1.0 when unset); ValueError unless positive."""
-    raw = os.environ.get("INTEROP_BENCH_SCALE", "").strip()
-    try:
-        value = float(raw) if raw else 1.0
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(
-            f"expected INTEROP_BENCH_SCALE to be a positive number (got {raw!r}); "
-            "unset it or use e.g. 0.25"
-        )
-    return value
+def scale_from_env() -> str:
+    """``INTEROP_BENCH_SCALE`` as given (``"1"`` when unset), for :meth:`BenchSizes.choose`."""
+    return os.environ.get("INTEROP_BENCH_SCALE", "").strip() or "1"
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in MiB (GiB from 1 GiB), e.g. ``"128 MiB"``, ``"1.00 GiB"``."""
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB" if 0 < n < 10 * MiB else f"{n / MiB:.0f} MiB"
 
 
 def status_bytes(key: str) -> int | None:
@@ -121,9 +120,9 @@ def status_bytes(key: str) -> int | None:
 
 
 class PeakRss:
-    """Peak growth of this process's RSS over a ``with`` block (``extra_bytes``), by ``method``
-    ``"VmHWM"`` (the kernel's peak, reset through ``/proc/self/clear_refs``), or where that is
-    refused ``"sampled VmRSS"`` every millisecond, or off Linux ``"unavailable"`` (None)."""
+    """Peak growth of this process's RSS over a ``with`` block, ``extra_bytes``, by ``method``:
+    the kernel's peak ``"VmHWM"`` (reset through ``/proc/self/clear_refs``), where that is
+    refused ``"sampled VmRSS"`` every millisecond, off Linux ``"unavailable"`` (None)."""
 
     extra_bytes: int | None = None
     method = "unavailable"
@@ -131,16 +130,15 @@ class PeakRss:
     def __enter__(self) -> PeakRss:
         self._stop, self._thread = threading.Event(), None
         try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset VmHWM to the current RSS
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM = the current RSS
             self.method = "VmHWM"
         except OSError:
             self.method = "sampled VmRSS"
+            self._thread = threading.Thread(target=self._sample, daemon=True)
         self._base = self._peak = status_bytes("VmRSS") or 0
         if not self._base:
-            self.method = "unavailable"
-        elif self.method == "sampled VmRSS":
-            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self.method, self._thread = "unavailable", None
+        elif self._thread is not None:
             self._thread.start()
         return self
 
@@ -149,15 +147,12 @@ class PeakRss:
             self._peak = max(self._peak, status_bytes("VmRSS") or 0)
 
     def __exit__(self, *exc: object) -> None:
-        if not self._base:
-            return
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            peak = max(self._peak, status_bytes("VmRSS") or 0)
-        else:
-            peak = status_bytes("VmHWM") or 0
-        self.extra_bytes = max(0, peak - self._base)
+        if self._base:
+            peak = status_bytes("VmHWM") if self._thread is None else status_bytes("VmRSS")
+            self.extra_bytes = max(0, max(self._peak, peak or 0) - self._base)
 
 
 @dataclasses.dataclass
@@ -175,7 +170,7 @@ class Case:
 
 @dataclasses.dataclass
 class Measured:
-    """Timings (every repeat's seconds) and the first call's memory of one :class:`Case`."""
+    """Every repeat's seconds and the first call's memory of one :class:`Case`."""
 
     seconds: list[float]
     nbytes: int = 0
@@ -214,10 +209,10 @@ def measure(
     sync: Callable[[], object] | None = None,
     release: Callable[[], object] | None = None,
 ) -> dict[str, Measured]:
-    """Time ``cases`` interleaved (so drift hits all alike), ``repeats`` rounds. Each case's
-    first call is untimed, after ``release`` (emptying the caches, so what it allocates
-    counts): its extra host RSS is measured and its result checked. With ``release``, one
-    untimed round warms up again. ``sync`` waits for the device inside the timed region."""
+    """Time ``cases`` interleaved (drift hits all alike), ``repeats`` rounds. Each case's first
+    call is untimed, after ``release`` (emptying the caches, so what it allocates counts): its
+    extra host RSS measured, its result checked; with ``release`` one more untimed round warms
+    up again. ``sync`` waits for the device inside the timed region."""
     results: dict[str, Measured] = {}
     sync = sync or (lambda: None)
     for label, case in cases.items():
@@ -244,10 +239,10 @@ def measure(
 
 
 def expect_equal(reference: Any, what: str) -> Callable[[Any], None]:
-    """A :class:`Case` check: the result equals ``reference``, else :class:`WrongResultError`."""
+    """A check: the result equals ``reference`` (same library), else :class:`WrongResultError`."""
 
     def check(result: Any) -> None:
-        if not np.array_equal(np.asarray(result), reference):
+        if result.shape != reference.shape or not bool((result == reference).all()):
             raise WrongResultError(f"{what} returned data that differs from the source")
 
     return check

@@ -1,6 +1,5 @@
-"""Running the rows and what a results file records: the run's header (device, versions,
-commit, date, machine), the rows (each measured, skipped or failed with its reason), and
-the JSON writer."""
+"""Running the rows; what a results file records (the run's header: device, versions, commit,
+date, machine; each row measured, skipped or failed with its reason); the table it prints."""
 
 from __future__ import annotations
 
@@ -23,12 +22,12 @@ from typing import Any
 
 from .. import _backends
 from ..config import config
-from .measure import BenchSizes, gpu_unavailable, host_unavailable, scale_from_env
-from .report import format_table
+from ..info import collect_info
+from .measure import BenchSizes, format_bytes, gpu_unavailable, host_unavailable, scale_from_env
 from .rows import ROWS, BenchContext, RowSpec
 
-#: Version of the JSON layout (3: ``machine`` and ``judged``; ``target`` and ``met`` only
-#: where a run judged them; 2: ``ratios`` a list of objects with their direction).
+#: Version of the JSON layout (3: ``machine`` and ``judged``; ``target`` and ``met`` only where
+#: a run judged them; 2: ``ratios`` a list of objects with their direction).
 SCHEMA = 3
 Row = dict[str, Any]
 
@@ -40,95 +39,75 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _field(text: str | None, key: str) -> str | None:
-    """The value of the first ``key: value`` line of ``text`` (``/proc/cpuinfo``)."""
-    match = re.search(rf"^{re.escape(key)}\s*:\s*(.+)$", text or "", re.MULTILINE)
-    return match[1].strip() if match else None
-
-
-def _l3_bytes() -> int | None:
-    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
-        size = _read(f"{index}/size")
-        if _read(f"{index}/level") == "3" and size and size[:-1].isdigit():
-            return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}.get(size[-1], 0)
-    return None
-
-
 def _gpu_numa_node() -> int | None:
     if gpu_unavailable() is not None:
         return None
-    try:
+    try:  # -1 where the kernel does not know
         cp = _backends.cupy()
         bus = cp.cuda.runtime.deviceGetPCIBusId(cp.cuda.runtime.getDevice()).lower()
-        node = _read(f"/sys/bus/pci/devices/{bus}/numa_node")
-        return int(node) if node is not None else None
+        return int(_read(f"/sys/bus/pci/devices/{bus}/numa_node") or "")
     except Exception:  # an old driver, no sysfs: the fact is unknown, not an error
         return None
 
 
 def machine() -> dict[str, Any]:
-    """The machine a run measured, from ``/proc``, ``/sys`` and :func:`platform.libc_ver`; a
-    fact that cannot be read is None (``gpu_numa_node``: -1 where the kernel does not know)."""
-    cpuinfo = _read("/proc/cpuinfo")
-    memory = _field(_read("/proc/meminfo"), "MemTotal")
+    """The machine's facts from ``/proc``, ``/sys`` and libc; None for a fact not readable."""
+    cpu = re.search(r"^(model name|Model)\s*:\s*(.+)$", _read("/proc/cpuinfo") or "", re.M)
+    memory = re.search(r"^MemTotal:\s*(\d+) kB", _read("/proc/meminfo") or "", re.M)
     thp = re.search(r"\[(\w+)\]", _read("/sys/kernel/mm/transparent_hugepage/enabled") or "")
-    nodes = glob.glob("/sys/devices/system/node/node[0-9]*")
+    caches = sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"))
+    l3 = next((_read(f"{c}/size") for c in caches if _read(f"{c}/level") == "3"), None)
+    l3_size = re.fullmatch(r"(\d+)([KMG])", l3 or "")
     libc, version = platform.libc_ver()
     return {
-        "cpu_model": _field(cpuinfo, "model name") or _field(cpuinfo, "Model") or None,
+        "cpu_model": cpu[2].strip() if cpu else None,
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "numa_nodes": len(nodes) or None,
+        "numa_nodes": len(glob.glob("/sys/devices/system/node/node[0-9]*")) or None,
         "gpu_numa_node": _gpu_numa_node(),
-        "l3_bytes": _l3_bytes(),
+        "l3_bytes": int(l3_size[1]) << "KMG".index(l3_size[2]) * 10 + 10 if l3_size else None,
         "transparent_hugepages": thp[1] if thp else None,
         "glibc": version if libc == "glibc" and version else None,
-        "memory_bytes": int(memory.split()[0]) * 1024 if memory else None,
+        "memory_bytes": int(memory[1]) * 1024 if memory else None,
     }
 
 
 def _git(*args: str) -> str | None:
     cmd = ["git", "-C", str(Path(__file__).resolve().parent), *args]
     try:
-        out = subprocess.check_output(cmd, stderr=subprocess.DEVNULL, text=True, timeout=10)
+        return subprocess.check_output(
+            cmd, stderr=subprocess.DEVNULL, text=True, timeout=10
+        ).strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.strip()
 
 
 def run_header(kind: str, sizes: BenchSizes, quick: bool, judged: bool = False) -> dict[str, Any]:
-    """A results file's header: ``kind`` ``"bench"`` or ``"sweep"``, ``quick`` a smoke run,
-    ``judged`` whether targets were judged."""
-    from ..info import collect_info
-
+    """A results file's header (``kind``: ``"bench"`` or ``"sweep"``)."""
     started = datetime.datetime.now(datetime.timezone.utc)
-    device = "no CUDA device"
-    if gpu_unavailable() is None:
-        runtime = _backends.cupy().cuda.runtime
-        device = runtime.getDeviceProperties(runtime.getDevice())["name"]
+    versions, device = collect_info(), "no CUDA device"
+    if gpu_unavailable() is None:  # the current device, as info names it
+        device = versions["cupy"]["devices"][_backends.cupy().cuda.runtime.getDevice()]["name"]
     # INTEROP_COMMIT names the commit a copy of the tree came from (a remote runner); it wins
     # over git, as such a copy may carry a .git of another commit.
     named = os.environ.get("INTEROP_COMMIT", "").strip() or None
-    commit, dirty, source = named, None, "INTEROP_COMMIT" if named else None
-    if named is None:
-        commit = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
-        source = "git" if commit is not None else None
+    commit = named or _git("rev-parse", "HEAD")
+    dirty = None if named or not commit else _git("status", "--porcelain", "--untracked-files=no")
     return {
         "schema": SCHEMA,
         "kind": kind,
         "quick": quick,
         "judged": judged,
-        "device": device.decode() if isinstance(device, bytes) else str(device),
+        "device": device,
         "date": started.isoformat(timespec="seconds"),
         "commit": commit or "unknown",
-        "commit_source": source,
+        "commit_source": "INTEROP_COMMIT" if named else "git" if commit else None,
         "commit_dirty": None if dirty is None else bool(dirty),
         "config": config.as_dict(),
         "sizes": dataclasses.asdict(sizes),
         "cpu_count": os.cpu_count(),
         "machine": machine(),
-        "versions": collect_info(),
+        "versions": versions,
     }
 
 
@@ -150,8 +129,7 @@ def json_path_problem(path: str | os.PathLike[str]) -> str | None:
 
 
 def write_json(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``results`` as strict JSON (NaN and inf as ``null``) to ``path``, parents
-    created, under a temporary name then renamed: a reader never sees half a file."""
+    """Write ``results`` as strict JSON (NaN, inf: ``null``), whole (through a renamed file)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     loose = json.dumps(results, default=str)  # NaN, Infinity: tokens that are read as None
@@ -168,31 +146,21 @@ def log_done(command: str, name: str, status: str, began: float) -> None:
     print(f"{command}: {name} {status} ({took:.1f} s)", file=sys.stderr, flush=True)
 
 
-def run_row(
-    spec: RowSpec, ctx: BenchContext, gpu_reason: str | None, host_reason: str | None
-) -> Row:
-    """One row's result: ``name``, ``what``, ``status`` (``ok``, ``skipped``, ``not available``,
-    ``error``) and ``reason`` or the measured fields; ``*_reason``: why such rows cannot run."""
+def run_row(spec: RowSpec, ctx: BenchContext, reasons: dict[bool, str | None]) -> Row:
+    """One row's result; ``reasons[gpu]``: why such rows cannot run here, or None."""
     row: Row = {"name": spec.name, "what": spec.what}
     lacking = spec.unavailable() if spec.unavailable is not None else None
     if lacking is not None:
         return row | {"status": "not available", "reason": lacking}
-    reason = gpu_reason if spec.gpu else host_reason
-    if reason is not None:
-        return row | {"status": "skipped", "reason": reason}
+    if reasons[spec.gpu] is not None:
+        return row | {"status": "skipped", "reason": reasons[spec.gpu]}
     try:
         got = spec.run(ctx)
         fields = {"status": "ok", **got, "ratios": [r.record() for r in got.get("ratios", [])]}
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         fields = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-    try:
-        ctx.release()
-    except Exception as exc:  # e.g. a sticky CUDA error: later rows report theirs
-        traceback.print_exc(file=sys.stderr)
-        ctx.notes.setdefault("release_errors", []).append(
-            f"after {spec.name}: {type(exc).__name__}: {exc}"
-        )
+    ctx.noting(f"after {spec.name}", ctx.release)  # e.g. a sticky CUDA error: a note
     return row | fields
 
 
@@ -213,21 +181,122 @@ def collect_results(
     ``notes`` and ``rows``. ``on_row`` gets the results so far after each row
     (``"partial": True``), so that a run that dies later keeps them; ``judge(row, judged)``
     returns a row with its targets and verdicts (``judged`` False in a ``quick`` run)."""
-    gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
+    reasons = {True: gpu_unavailable(), False: host_unavailable()}
     header = run_header("bench", sizes, quick, judged=judge is not None and not quick)
     ctx = BenchContext(sizes, bench_directory())
     results: list[Row] = []
     try:
         for spec in rows:
             start = time.perf_counter()
-            row = run_row(spec, ctx, gpu_reason, host_reason)
+            row = run_row(spec, ctx, reasons)
             results.append(judge(row, not quick) if judge is not None else row)
             log_done("bench", spec.name, row["status"], start)
             if on_row is not None:
                 on_row(header | {"notes": ctx.notes, "rows": list(results), "partial": True})
     finally:
-        ctx.close_keeping_results()
+        ctx.noting("at the end", ctx.close)
     return header | {"notes": ctx.notes, "rows": results}
+
+
+#: How the table names each fact of the JSON's ``machine``.
+_MACHINE = (
+    "cpu_model={}, cpus={} CPUs, cpus_usable={} usable, numa_nodes=NUMA nodes {}, gpu_numa_node="
+    "the GPU on node {}, l3_bytes=L3 {}, transparent_hugepages=transparent huge pages {}, "
+    "glibc=glibc {}, memory_bytes=memory {}"
+)
+_MACHINE_WORDS = dict(pair.split("=") for pair in _MACHINE.split(", "))
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def ratio_text(ratio: dict[str, Any]) -> str:
+    """A JSON ratio in words: ``"to_numpy: 1.33x the time of numpy.from_dlpack"``."""
+    value = "n/a" if ratio["value"] is None else f"{ratio['value']:.2f}x"
+    if ratio["quantity"] == "memory":
+        return f"{ratio['of']}: {value} {ratio['to']}"
+    return f"{ratio['of']}: {value} the {ratio['quantity']} of {ratio['to']}"
+
+
+def figure_text(row: dict[str, Any]) -> str:
+    """A row's figure: extra host RSS where its first ratio is of memory, else GB/s or us."""
+    memory = row.get("memory", {}).get("extra_host_rss_bytes")
+    if memory is not None and (row.get("ratios") or [{}])[0].get("quantity") == "memory":
+        return f"{format_bytes(memory)} extra host RSS"
+    if "gbps" in row:
+        return f"{row['gbps']:.2f} GB/s"
+    us = row.get("us")
+    if isinstance(us, dict):
+        return ", ".join(f"{label} {_num(v)} us" for label, v in us.items())
+    return f"{_num(us)} us per call" if us is not None else ""
+
+
+def memory_text(memory: dict[str, Any]) -> str:
+    """A row's ``memory`` in words: ``"extra host RSS 12 MiB, ring 128 MiB"``."""
+    words = {"extra_host_rss": "extra host RSS", "extra_device": "extra device memory"}
+    parts = []
+    for key, value in memory.items():
+        prefix, _, last = key.removesuffix("_bytes").rpartition(" ")
+        name = f"{prefix} {words.get(last, last.replace('_', ' '))}".strip()
+        if key == "rss_method":
+            parts.append(f"peak RSS from {value}")
+        elif value is None:
+            parts.append(f"{name} not measured")
+        elif isinstance(value, (int, float)):
+            parts.append(f"{name} {format_bytes(value)}")
+    return ", ".join(parts)
+
+
+def row_lines(row: dict[str, Any]) -> list[str]:
+    """A measured row's figure, then its ratios and memory, one a line."""
+    lines = [figure_text(row), *map(ratio_text, row.get("ratios", []))]
+    return lines + ([f"memory: {memory_text(row['memory'])}"] if row.get("memory") else [])
+
+
+def format_table(
+    results: dict[str, Any],
+    title: str = "interop bench",
+    lines_of: Callable[[dict[str, Any]], list[str]] = row_lines,
+) -> str:
+    """The printed table of a run: ``title``, the run's header, per measured row its
+    ``lines_of``, then the rows that did not run, one line per reason."""
+    cfg, sizes, facts = results["config"], results["sizes"], results.get("machine") or {}
+    machine = [
+        _MACHINE_WORDS[k].format(format_bytes(v) if k.endswith("_bytes") else v)
+        for k, v in facts.items()
+        if v is not None and k in _MACHINE_WORDS
+    ]
+    quick = " --quick: a smoke run (small sizes, few repeats)" if results.get("quick") else ""
+    lines = [
+        title + quick,
+        f"device   {results['device']}",
+        f"machine  {', '.join(machine)}",
+        f"run      {results['date']}, commit {results['commit'][:12]}",
+        f"config   chunk_bytes {format_bytes(cfg['chunk_bytes'])}, num_buffers "
+        f"{cfg['num_buffers']}, host_threads {cfg['host_threads']}",
+        f"timing   median of {sizes['repeats']} repeats, scale {sizes['scale']:g} "
+        "(INTEROP_BENCH_SCALE); anchors measured in the same run, interleaved",
+        "ratios   'the time of': lower is better; 'the throughput of': higher is better; "
+        "memory: extra over a bound",
+        "",
+    ]
+    width = max([14] + [len(row["name"]) for row in results["rows"]])
+    not_run: dict[tuple[str, str], list[str]] = {}
+    for row in results["rows"]:
+        if row["status"] != "ok":
+            not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
+            continue
+        first, *more = lines_of(row)
+        lines.append(f"{row['name']:<{width}} {first}".rstrip())
+        lines += [" " * (width + 1) + line for line in more]
+    lines += [
+        f"{status} ({len(names)} row{'s' * (len(names) > 1)}: {', '.join(names)}): {reason}"
+        for (status, reason), names in not_run.items()
+    ]
+    if results.get("notes", {}).get("pinned_pages_in_rss") is False:
+        lines.append("note: this driver does not count pinned pages in RSS")
+    return "\n".join(lines)
 
 
 def run_bench(
