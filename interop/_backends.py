@@ -184,17 +184,12 @@ def cuda_driver_initialised() -> bool:
     return True
 
 
-def _before_fork() -> None:
-    # CuPy keeps no record that it initialised CUDA, and PyTorch's covers
-    # PyTorch only: ask the driver, in the parent, just before the fork.
-    try:
-        if _cuda_initialised_in is None and cuda_driver_initialised():
-            note_cuda_initialised()
-    except Exception:  # never stop a fork
-        pass
-
-
-os.register_at_fork(before=_before_fork)
+def note_if_driver_initialised() -> None:
+    """Record this process as one that initialised CUDA where nothing is recorded yet
+    and the driver says so (asked by the fork handler, in the parent, before a fork:
+    CuPy keeps no record of it, and PyTorch's covers PyTorch only)."""
+    if _cuda_initialised_in is None and cuda_driver_initialised():
+        note_cuda_initialised()
 
 
 def _torch_in_bad_fork() -> bool:

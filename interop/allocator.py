@@ -26,13 +26,12 @@ lock at that moment (or the next one) hands it on.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import _backends, streams
+from . import _backends, _process, streams
 from .errors import BackendUnavailableError, InteropError
 from .streams import (
     LEGACY_DEFAULT,
@@ -454,4 +453,4 @@ def _after_fork_in_child() -> None:
     _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.at_fork("deferred frees", _after_fork_in_child)

@@ -37,6 +37,7 @@ import weakref
 from contextlib import AbstractContextManager
 from typing import Any
 
+from . import _process
 from .errors import InvalidTypeError, InvalidValueError, UnknownSettingError, UsageError
 
 __all__ = ["MIN_CHUNK_BYTES", "Config", "config"]
@@ -311,7 +312,7 @@ def _after_fork_in_child() -> None:
         instance._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.at_fork("config", _after_fork_in_child)
 
 config = Config()
 

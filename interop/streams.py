@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _backends
+from . import _backends, _process
+from ._process import stream_uses
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["stream"]
@@ -48,63 +48,6 @@ def same_stream(a: int, b: int) -> bool:
     """True if two raw handles name the same stream (0 and 1 are both the
     legacy default stream)."""
     return (0 if a == LEGACY_DEFAULT else a) == (0 if b == LEGACY_DEFAULT else b)
-
-
-class _StreamUses:
-    """Which streams ``interop.stream`` made current, and since when.
-
-    The shared memory pool (``interop.use_torch_allocator``) asks this before
-    it frees a block: a block allocated on stream A may have been used on any
-    stream made current through ``interop.stream`` while it was alive.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._clock = itertools.count(1)
-        self.last_entered: dict[tuple[int, int], int] = {}  # (device, handle) -> tick
-        self.active: dict[tuple[int, int], int] = {}  # (device, handle) -> blocks open
-        self.latest = 0  # the tick of the last stream entered
-
-    def now(self) -> int:
-        """A tick: streams entered after it have a larger one."""
-        return next(self._clock)  # atomic under the GIL: no lock on the allocation path
-
-    def enter(self, key: tuple[int, int]) -> None:
-        with self._lock:
-            self.last_entered[key] = self.latest = next(self._clock)
-            self.active[key] = self.active.get(key, 0) + 1
-
-    def leave(self, key: tuple[int, int]) -> None:
-        with self._lock:
-            self.active[key] -= 1
-            if not self.active[key]:
-                del self.active[key]
-
-    def since(self, tick: int, device: int) -> set[int]:
-        """Handles of ``device``'s streams entered after ``tick``, or still open.
-
-        Takes no lock: the memory pool asks from CuPy's destructors, which the
-        garbage collector may run while this thread holds it (copying a dict
-        is atomic under the GIL).
-        """
-        if self.latest <= tick and not self.active:  # the common case, answered first
-            return set()
-        entered = list(self.last_entered.items())
-        return {h for (d, h), t in entered if d == device and t > tick} | {
-            h for d, h in list(self.active) if d == device
-        }
-
-
-stream_uses = _StreamUses()
-
-
-def _after_fork_in_child() -> None:
-    global stream_uses
-    stream_uses = _StreamUses()
-    _cupy_streams.clear()  # the parent's, of its CUDA context
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _StreamHandle:
@@ -194,6 +137,7 @@ def capture_under_way() -> bool:
 
 _cupy_streams: dict[tuple[int, int], Any] = {}  # (device, handle) -> CuPy stream object
 _cupy_streams_lock = threading.Lock()  # serialises the stores into _cupy_streams
+_process.at_fork("cupy streams", _cupy_streams.clear)  # the parent's, of its CUDA context
 
 
 def cupy_stream(handle: int, device: int) -> Any:

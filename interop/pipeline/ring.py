@@ -12,18 +12,15 @@ is never freed while a CUDA graph capture is under way (:func:`free_pinned`).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import itertools
-import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._process import Idle, ring_cache
 from ..config import MIN_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -161,9 +158,8 @@ def _free_keeping(ring: StagingRing, error: BaseException) -> None:
 # mode (torch.cuda.graph's) a cudaFreeHost or cudaHostUnregister in any thread
 # breaks every capture under way; like PyTorch's allocator, which keeps a
 # process-wide count of its captures for this, such a free waits and runs at
-# the first ring call or pinned free after the capture. A deque: finalizers
-# append from any thread, at any time, and several threads may drain it.
-_waiting: collections.deque[tuple[Backend, Callable[[], None]]] = collections.deque()
+# the first ring call or pinned free after the capture.
+_waiting = ring_cache.waiting
 
 
 def free_pinned(backend: Backend, free: Callable[[], None]) -> None:
@@ -210,15 +206,8 @@ def note(error: BaseException, text: str) -> None:
         add_note(text)
 
 
-# The cache of idle pinned buffers. A ring is lent for one transfer, made of
-# idle buffers of its size class (the most recently returned first) and new
-# ones for the rest; on success its buffers go back, each on its own, so that
-# a later ring of any slot count can take them. Idle buffers are kept within
-# a budget of twice the largest ring lent since the cache was last emptied
-# (its most slots times its largest size class): every size class up to that
-# one, at that many slots, fits in it, so one transfer at a time over any mix
-# of shapes allocates and frees nothing once each class was seen.
-# Over budget, the least recently returned buffers are freed first.
+# The cache of idle pinned buffers is interop._process's ring_cache (its budget is
+# described there).
 
 FLOOR = MIN_CHUNK_BYTES
 """The smallest pinned buffer a ring is made of (64 KiB): every smaller slot
@@ -238,64 +227,15 @@ def size_class(nbytes: int) -> int:
     return max(int(nbytes), FLOOR)
 
 
-class _Idle:
-    """A pinned buffer waiting in the cache."""
-
-    __slots__ = ("array", "backend", "closed", "group", "key", "nbytes", "ptr")
-
-    def __init__(
-        self, backend: Backend, key: tuple[Any, int], ptr: int, array: np.ndarray, group: int
-    ) -> None:
-        self.backend = backend
-        self.key = key
-        self.ptr = ptr
-        self.array = array
-        self.nbytes = key[1]
-        self.group = group  # the ring it came back with
-        self.closed = False
-
-
-_ring_lock = threading.Lock()
-_ring_cache: dict[tuple[Any, int], list[_Idle]] = {}  # (backend key, size) -> idle, oldest first
-_lru: dict[_Idle, None] = {}  # every idle buffer, least recently returned first
-_idle_bytes = 0
-_most_slots = 0  # the most slots of a ring lent since the cache was emptied
-_largest = 0  # the largest size class lent since then
-_groups = itertools.count(1)
-
-
-def _budget() -> int:
-    """Idle bytes the cache may keep: twice the largest ring lent."""
-    return 2 * _most_slots * _largest
-
-
-def _lent(count: int, size: int) -> None:
-    global _most_slots, _largest
-    _most_slots = max(_most_slots, count)
-    _largest = max(_largest, size)
-
-
 def borrow_ring(backend: Backend, count: int, nbytes: int) -> StagingRing:
     """A ring of ``count`` buffers of at least ``nbytes`` (its size class,
     :func:`size_class`) for one transfer: idle buffers of that class from the
     cache, and new ones for the rest. A buffer is never lent to two transfers
     at once."""
-    global _idle_bytes
     if _waiting:
         free_waiting()  # before more pinned memory is taken
     size = size_class(nbytes)
-    key = (backend.ring_key, size)
-    count = int(count)
-    with _ring_lock:
-        idle = _ring_cache.get(key, [])
-        take = idle[len(idle) - min(count, len(idle)) :]  # the most recently returned
-        del idle[len(idle) - len(take) :]
-        if not idle:
-            _ring_cache.pop(key, None)
-        for buf in take:
-            del _lru[buf]
-            _idle_bytes -= buf.nbytes
-        _lent(count, size)
+    take = ring_cache.take((backend.ring_key, size), int(count))
     return StagingRing(backend, count, size, reuse=[(buf.ptr, buf.array) for buf in take])
 
 
@@ -308,7 +248,6 @@ def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
     since a failed copy may have left it in an unknown state, and a failure
     to free becomes a note on ``error`` instead of replacing it.
     """
-    global _idle_bytes
     if error is not None:
         _free_keeping(ring, error)
         return
@@ -316,32 +255,14 @@ def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
         ring.free()
         return
     key = (ring.backend.ring_key, ring.nbytes)
-    group = next(_groups)
-    evicted: list[_Idle] = []
-    with _ring_lock:
-        for ptr, array in ring.release():
-            buf = _Idle(ring.backend, key, ptr, array, group)
-            _ring_cache.setdefault(key, []).append(buf)
-            _lru[buf] = None
-            _idle_bytes += buf.nbytes
-        _lent(ring.count, ring.nbytes)  # the cache may have been emptied while it was lent
-        while _idle_bytes > _budget():
-            oldest = next(iter(_lru))
-            del _lru[oldest]
-            same = _ring_cache[oldest.key]
-            same.remove(oldest)
-            if not same:
-                del _ring_cache[oldest.key]
-            _idle_bytes -= oldest.nbytes
-            evicted.append(oldest)
-    _free_idle(evicted)  # outside the lock: cudaFreeHost can take a while
+    evicted = ring_cache.put(ring.backend, key, ring.release(), ring.count)
+    _free_idle(evicted)  # outside the cache's lock: cudaFreeHost can take a while
 
 
-def _free_idle(buffers: list[_Idle]) -> None:
+def _free_idle(buffers: list[Idle]) -> None:
     """Free every buffer (:func:`free_pinned`), and the frees that waited for a
     capture, even if freeing one fails; raise the first failure."""
     for buf in buffers:
-        buf.closed = True
         _waiting.append((buf.backend, functools.partial(buf.backend.host_free, buf.ptr)))
     free_waiting()
 
@@ -361,23 +282,9 @@ def staging_ring(backend: Backend, count: int, nbytes: int) -> Iterator[StagingR
     return_ring(ring)
 
 
-def cached_rings() -> int:
-    """Rings whose buffers wait in the cache, all or some of them (a ring
-    counts until each of its buffers is lent again or freed)."""
-    with _ring_lock:
-        return len({buf.group for buf in _lru})
-
-
-def cached_buffers() -> int:
-    """Idle pinned buffers in the cache."""
-    with _ring_lock:
-        return len(_lru)
-
-
-def cached_bytes() -> int:
-    """Bytes of the idle pinned buffers in the cache."""
-    with _ring_lock:
-        return _idle_bytes
+cached_rings = ring_cache.rings
+cached_buffers = ring_cache.buffers
+cached_bytes = ring_cache.nbytes
 
 
 def free_cached_rings() -> None:
@@ -386,24 +293,4 @@ def free_cached_rings() -> None:
     are not affected; they come back to the cache when their transfer ends.
     Frees that a capture under way forbids wait for it to end
     (:func:`free_pinned`); those that waited and may run now run."""
-    global _idle_bytes, _most_slots, _largest
-    with _ring_lock:
-        buffers = list(_lru)
-        _ring_cache.clear()
-        _lru.clear()
-        _idle_bytes = _most_slots = _largest = 0
-    _free_idle(buffers)
-
-
-def _after_fork_in_child() -> None:
-    # The cache's lock may have been held by another thread at the fork; the
-    # cached pinned buffers belong to the parent's CUDA context.
-    global _ring_lock, _idle_bytes, _most_slots, _largest
-    _ring_lock = threading.Lock()
-    _ring_cache.clear()
-    _lru.clear()
-    _waiting.clear()
-    _idle_bytes = _most_slots = _largest = 0
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    _free_idle(ring_cache.clear())
