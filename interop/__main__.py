@@ -38,7 +38,12 @@ examples:
   python -m interop bench --json results/bench.json"""
 
 
-def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m interop``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m interop", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, CUDA driver/runtime and visible devices")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
     bench = sub.add_parser(
         "bench",
         help="benchmark exchange and transfers against the usual ways",
@@ -52,16 +57,6 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="a smoke run: small sizes, few repeats; checks that every row runs",
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    return bench
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m interop``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m interop", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="versions, CUDA driver/runtime and visible devices")
-    info.add_argument("--json", action="store_true", help="print JSON instead of text")
-    _bench_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "info":

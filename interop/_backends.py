@@ -125,8 +125,6 @@ def _cupy_device_count_or_error() -> tuple[int, Exception | None]:
     return count, None
 
 
-# --------------------------------------------------------------------------- fork
-
 # The process in which the CUDA driver was first seen initialised, or None: where
 # interop found a usable device, or where the driver said so just before a fork. A
 # forked child inherits the value with another pid: there, CUDA is unusable.

@@ -1,21 +1,19 @@
 """Process-wide state, and the one fork handler that resets it.
 
-The state every transfer of the process shares is here, each piece one object with
-one lock: the host threads, the idle pinned buffers and the pinned frees that wait
-for a capture, and the ticks of the streams made current by ``interop.stream``. The
-modules above register the state they build from their own layer (running transfers,
-the allocator's deferred frees, CuPy stream objects, ``config``'s blocks, the closer
-of replaced files) with :func:`at_fork`.
-
-A child made by ``os.fork()`` has only the thread that forked: a lock another thread
-held stays held, and the parent's threads, CUDA memory and events are not the
-child's. The handler below resets every piece, in :data:`ORDER`.
+What every transfer shares lives here, each piece one object with one lock: the
+host threads, the idle pinned buffers, the ticks of the streams ``interop.stream``
+made current. The modules above register the state they build (running transfers,
+the allocator's deferred frees, CuPy stream objects, ``config``'s blocks, the
+replaced-files closer) with :func:`at_fork`. A forked child has only the thread
+that forked: other threads' locks stay held, and the parent's threads, CUDA memory
+and events are not its own; the handler resets every piece, in :data:`ORDER`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import os
 import threading
@@ -27,14 +25,12 @@ from . import _backends
 
 __all__: list[str] = []
 
-# The resets in a forked child, in this order. The allocator's deferred frees go first:
-# every later step allocates, so the garbage collector may run CuPy's destructors during
-# it, and they must find the parent's blocks forgotten (else one goes back to PyTorch's
-# pool, through the parent's CUDA context). Then the stream ticks whose clock those frees
-# read; then what the parent's threads held (its transfers, the host pool, the idle
-# pinned buffers, CuPy stream objects), and config's blocks of those threads. The closer
-# of replaced files goes last: the only step that calls the OS (fstat, close), where the
-# others only replace locks and drop objects.
+# The resets in a forked child, in this order. The allocator's deferred frees first: every
+# later step allocates, so the garbage collector may run CuPy's destructors during it, and
+# they must find the parent's blocks forgotten (else one goes back to PyTorch's pool,
+# through the parent's CUDA context); then the stream ticks those frees read; then what
+# the parent's threads held, and their config blocks. The replaced-files closer last: the
+# only step that calls the OS (fstat, close); the others only replace locks and objects.
 ORDER = (
     "deferred frees",
     "stream uses",
@@ -68,8 +64,7 @@ os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class HostPool:
-    """The host threads every transfer shares: one pool, grown to the most threads
-    asked for, so that a transfer starts no thread of its own."""
+    """The host threads every transfer shares, grown to the most threads asked for."""
 
     def __init__(self) -> None:
         self.reset()
@@ -82,8 +77,8 @@ class HostPool:
         self._size = 0
 
     def at_least(self, threads: int) -> Executor:
-        """The pool, with at least ``threads`` threads. A larger request replaces it by
-        a larger one; the old one finishes the work it has and its threads end."""
+        """The pool, with at least ``threads`` threads (a larger one replaces it; the
+        old one finishes its work and its threads end)."""
         threads = max(1, int(threads))
         with self._lock:
             if self._pool is None or self._size < threads:
@@ -94,38 +89,24 @@ class HostPool:
             return self._pool
 
 
+@dataclasses.dataclass(eq=False, slots=True)  # eq=False: the LRU map's keys, by identity
 class Idle:
-    """A pinned buffer waiting in the ring cache."""
+    """A pinned buffer waiting in the ring cache; ``group``: the ring it came back with."""
 
-    __slots__ = ("array", "backend", "group", "key", "nbytes", "ptr")
-
-    def __init__(self, backend: Any, key: tuple[Any, int], ptr: int, array: Any, group: int):
-        self.backend = backend
-        self.key = key
-        self.ptr = ptr
-        self.array = array
-        self.nbytes = key[1]
-        self.group = group  # the ring it came back with
+    backend: Any
+    key: tuple[Any, int]  # (backend key, size class)
+    ptr: int
+    array: Any
+    group: int
 
 
 class RingCache:
-    """Idle pinned buffers by (backend key, size class), lent as rings, one transfer at
-    a time, so that transfers of many shapes neither allocate nor free pinned memory
-    once warm (``cudaFreeHost`` synchronises the whole device).
-
-    A ring is made of idle buffers of its size class (the most recently returned
-    first) and new ones for the rest; on success its buffers come back each on its
-    own, so that a later ring of any slot count can take them. Idle buffers are kept
-    within twice the largest ring lent since the cache was last emptied (its most
-    slots times its largest size class): every class up to that one, at that many
-    slots, fits, so one transfer at a time over any mix of shapes allocates and frees
-    nothing once each class was seen. Over budget, the least recently returned go.
-    """
+    """Idle pinned buffers by (backend key, size class), lent as rings (the policy:
+    pipeline/ring.py), kept within twice the largest ring lent since it was emptied."""
 
     def __init__(self) -> None:
-        # Pinned frees that wait for the end of a CUDA graph capture (see
-        # pipeline.ring.free_pinned). A deque, without the lock: finalizers append
-        # from any thread at any time, and several threads may drain it.
+        # pinned frees that wait for a capture to end (pipeline.ring.free_pinned); no
+        # lock: finalizers append from any thread, and several threads may drain it
         self.waiting: collections.deque[tuple[Any, Callable[[], None]]] = collections.deque()
         self.reset()
         at_fork("ring cache", self.reset)
@@ -147,8 +128,8 @@ class RingCache:
         self._largest = max(self._largest, size)
 
     def take(self, key: tuple[Any, int], count: int) -> list[Idle]:
-        """Up to ``count`` idle buffers of ``key`` (the most recently returned), for a
-        ring of ``count`` that is now lent."""
+        """Up to ``count`` idle buffers of ``key``, the most recently returned, for a
+        ring of ``count`` now lent."""
         with self._lock:
             idle = self._by_key.get(key, [])
             take = idle[len(idle) - min(count, len(idle)) :]
@@ -157,7 +138,7 @@ class RingCache:
                 self._by_key.pop(key, None)
             for buf in take:
                 del self._lru[buf]
-                self._idle_bytes -= buf.nbytes
+                self._idle_bytes -= buf.key[1]
             self._lent(count, key[1])
         return take
 
@@ -173,7 +154,7 @@ class RingCache:
                 buf = Idle(backend, key, ptr, array, group)
                 self._by_key.setdefault(key, []).append(buf)
                 self._lru[buf] = None
-                self._idle_bytes += buf.nbytes
+                self._idle_bytes += buf.key[1]
             self._lent(count, key[1])  # the cache may have been emptied while it was lent
             while self._idle_bytes > 2 * self._most_slots * self._largest:
                 oldest = next(iter(self._lru))
@@ -182,7 +163,7 @@ class RingCache:
                 same.remove(oldest)
                 if not same:
                     del self._by_key[oldest.key]
-                self._idle_bytes -= oldest.nbytes
+                self._idle_bytes -= oldest.key[1]
                 evicted.append(oldest)
         return evicted
 
@@ -195,30 +176,16 @@ class RingCache:
             self._idle_bytes = self._most_slots = self._largest = 0
         return buffers
 
-    def rings(self) -> int:
-        """Rings whose buffers wait in the cache, all or some of them (a ring counts
-        until each of its buffers is lent again or freed)."""
+    def counts(self) -> tuple[int, int, int]:
+        """(rings with buffers here, idle buffers, their bytes)."""
         with self._lock:
-            return len({buf.group for buf in self._lru})
-
-    def buffers(self) -> int:
-        """Idle pinned buffers in the cache."""
-        with self._lock:
-            return len(self._lru)
-
-    def nbytes(self) -> int:
-        """Bytes of the idle pinned buffers in the cache."""
-        with self._lock:
-            return self._idle_bytes
+            return len({buf.group for buf in self._lru}), len(self._lru), self._idle_bytes
 
 
 class StreamUses:
-    """Which streams ``interop.stream`` made current, and since when.
-
-    The shared memory pool (``interop.use_torch_allocator``) asks this before it
-    frees a block: a block allocated on stream A may have been used on any stream
-    made current through ``interop.stream`` while it was alive.
-    """
+    """Which streams ``interop.stream`` made current, and since when: the shared
+    memory pool asks before it frees a block, which may have been used on any of
+    them while it was alive."""
 
     def __init__(self) -> None:
         self.reset()
@@ -248,12 +215,8 @@ class StreamUses:
                 del self.active[key]
 
     def since(self, tick: int, device: int) -> set[int]:
-        """Handles of ``device``'s streams entered after ``tick``, or still open.
-
-        Takes no lock: the memory pool asks from CuPy's destructors, which the garbage
-        collector may run while this thread holds it (copying a dict is atomic under
-        the GIL).
-        """
+        """Handles of ``device``'s streams entered after ``tick``, or still open (no
+        lock: asked from CuPy's destructors; copying a dict is atomic under the GIL)."""
         if self.latest <= tick and not self.active:  # the common case, answered first
             return set()
         entered = list(self.last_entered.items())

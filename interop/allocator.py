@@ -13,9 +13,9 @@ nothing a destructor reaches here waits for a lock.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from . import _backends, _process, streams
@@ -217,8 +217,7 @@ class TorchAllocator:
             raise StreamMismatchError(
                 f"expected CuPy to allocate on PyTorch's current stream of cuda:{self.pinned[0]} "
                 f"inside an interop.torch_op (got stream {handle:#x} of cuda:{device}); do not "
-                "switch CuPy's device or stream inside the function: it already runs on "
-                "PyTorch's current stream"
+                "switch CuPy's device or stream inside the function"
             )
         try:
             tensor = th.empty((size,), dtype=th.uint8, device=th.device("cuda", device))
@@ -249,8 +248,8 @@ def _check_streams(device: int, cupy_handle: int) -> None:
         raise StreamMismatchError(
             f"expected CuPy and PyTorch to share the current stream on cuda:{device} while "
             f"CuPy allocates from PyTorch's pool (got CuPy stream {cupy_handle:#x}, PyTorch "
-            f"stream {torch_handle:#x}); memory would be ordered on the wrong stream. Use "
-            "`with interop.stream(s):` instead of torch.cuda.stream / cupy.cuda.Stream alone."
+            f"stream {torch_handle:#x}); use `with interop.stream(s):` instead of "
+            "torch.cuda.stream / cupy.cuda.Stream alone"
         )
 
 
@@ -313,23 +312,17 @@ class AllocatorScope:
             self._set(self._malloc)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._blocks:
             self._set(self._blocks.pop())
 
     def __del__(self) -> None:
-        # Runs wherever the last reference goes, in any thread: no lock, nothing let out.
-        try:
+        # Runs wherever the last reference goes, in any thread: no lock, and nothing let
+        # out (a finalizer could only have it printed).
+        with contextlib.suppress(BaseException):
             if self.__dict__.get("_plain"):
                 self._plain = False
                 self._install_process_wide()
-        except BaseException:  # a finalizer could only have it printed
-            pass
 
     def _install_process_wide(self) -> None:
         if threading.get_ident() == self._thread and self._get() is self._malloc:
@@ -363,13 +356,11 @@ def use_torch_allocator() -> Any:
 
     Notes
     -----
-    One pool: memory CuPy frees goes back to PyTorch's cache, and
-    ``torch.cuda.memory_allocated()`` counts CuPy's arrays. Each allocation is
+    One pool: memory CuPy frees goes back to PyTorch's cache. Each allocation is
     ordered on PyTorch's current stream, which must be CuPy's (set both with
-    :func:`interop.stream`). A block used inside ``interop.stream(s)`` on
-    another stream goes back only once the work queued on ``s`` before the free
-    has completed; during a CUDA graph capture it waits, unused, until the
-    capture ends. interop's own temporaries always come from CuPy's pool.
+    :func:`interop.stream`); a block used on another stream inside
+    ``interop.stream`` goes back once the work queued there before the free is
+    done (docs/streams.md has the rules, CUDA graph capture included).
 
     Raises
     ------
@@ -385,8 +376,7 @@ def use_torch_allocator() -> Any:
     return AllocatorScope(cp, _process_allocator)
 
 
-def _after_fork_in_child() -> None:
-    # The parent's deferred frees belong to its CUDA context.
+def _after_fork_in_child() -> None:  # the parent's frees belong to its CUDA context
     global _frees
     _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
 

@@ -117,14 +117,13 @@ class Config:
     Attributes
     ----------
     chunk_bytes : int
-        Size of one staging buffer (one chunk), in bytes: 1 to 1 GiB;
-        transfers use at least :data:`MIN_CHUNK_BYTES` (64 KiB).
+        Bytes of one chunk (one staging buffer): 1 to 1 GiB; transfers use at
+        least :data:`MIN_CHUNK_BYTES` (64 KiB).
     num_buffers : int
-        Number of staging buffers in the ring: 1 to 64.
+        Staging buffers in the ring: 1 to 64.
     host_threads : int
-        Threads that copy between staging buffers and host arrays: 1 to 256.
-        Where set, also the threads of host-to-host copies, which by default
-        use every CPU, at most 8 (:func:`host_copy_threads`).
+        Threads copying between staging buffers and host arrays: 1 to 256 (where
+        set, also those of host-to-host copies; see :func:`host_copy_threads`).
 
     Examples
     --------
@@ -167,8 +166,7 @@ class Config:
         object.__setattr__(self, "_values", values)
 
     def _after_fork_in_child(self) -> None:
-        # A fresh lock, and only the blocks of the thread that forked (the others'
-        # threads do not exist in the child, and would never leave theirs).
+        # a fresh lock, and only the forking thread's blocks (the others' threads are gone)
         me = threading.get_ident()
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_overlays", [o for o in self._overlays if o.thread == me])

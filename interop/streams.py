@@ -183,10 +183,9 @@ def stream(s: Any) -> Iterator[Any]:
 
     Notes
     -----
-    Its device is both libraries' current device in the block, so data one
-    produces is consumed by the other in stream order. Nothing is synchronised;
-    both libraries' previous streams and devices come back on exit (also on an
-    exception, and nested).
+    Its device is both libraries' current device in the block: data one produces
+    is consumed by the other in stream order. Nothing is synchronised; both
+    libraries' previous streams and devices come back on exit.
 
     Raises
     ------

@@ -206,8 +206,15 @@ def note(error: BaseException, text: str) -> None:
         add_note(text)
 
 
-# The cache of idle pinned buffers is interop._process's ring_cache (its budget is
-# described there).
+# The cache of idle pinned buffers (interop._process's ring_cache). A ring is
+# lent for one transfer, made of idle buffers of its size class (the most
+# recently returned first) and new ones for the rest; on success its buffers go
+# back, each on its own, so that a later ring of any slot count can take them.
+# Idle buffers are kept within a budget of twice the largest ring lent since the
+# cache was last emptied (its most slots times its largest size class): every
+# size class up to that one, at that many slots, fits in it, so one transfer at
+# a time over any mix of shapes allocates and frees nothing once each class was
+# seen. Over budget, the least recently returned buffers are freed first.
 
 FLOOR = MIN_CHUNK_BYTES
 """The smallest pinned buffer a ring is made of (64 KiB): every smaller slot
@@ -282,9 +289,20 @@ def staging_ring(backend: Backend, count: int, nbytes: int) -> Iterator[StagingR
     return_ring(ring)
 
 
-cached_rings = ring_cache.rings
-cached_buffers = ring_cache.buffers
-cached_bytes = ring_cache.nbytes
+def cached_rings() -> int:
+    """Rings whose buffers wait in the cache, all or some of them (a ring
+    counts until each of its buffers is lent again or freed)."""
+    return ring_cache.counts()[0]
+
+
+def cached_buffers() -> int:
+    """Idle pinned buffers in the cache."""
+    return ring_cache.counts()[1]
+
+
+def cached_bytes() -> int:
+    """Bytes of the idle pinned buffers in the cache."""
+    return ring_cache.counts()[2]
 
 
 def free_cached_rings() -> None:
