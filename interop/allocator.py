@@ -58,9 +58,15 @@ class DeferredFrees:
         self._record = record
         self._delete = delete
         self._capturing = capturing or (lambda: False)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every block (a forked child's are its parent's CUDA context's)."""
+        # ptr -> (device, stream, tick); first, so that a free the garbage collector
+        # runs meanwhile finds no block of the parent's
+        self._live: dict[int, tuple[int, int, int]] = {}
         # guards the handling of _freed and all of _aside and _waiting (only ever tried)
         self._lock = threading.Lock()
-        self._live: dict[int, tuple[int, int, int]] = {}  # ptr -> (device, stream, tick)
         self._freed: collections.deque[int] = collections.deque()  # not yet looked at
         self._aside: list[tuple[int, int, list[int]]] = []  # ptr, device, streams: no event yet
         self._waiting: list[tuple[int, list[Any]]] = []  # ptr, events not yet seen complete
@@ -170,6 +176,7 @@ def _release(ptr: int) -> None:
 
 
 _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
+_process.at_fork("deferred frees", _frees.reset)
 
 
 class TorchBlock:
@@ -374,11 +381,3 @@ def use_torch_allocator() -> Any:
     _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()
     return AllocatorScope(cp, _process_allocator)
-
-
-def _after_fork_in_child() -> None:  # the parent's frees belong to its CUDA context
-    global _frees
-    _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
-
-
-_process.at_fork("deferred frees", _after_fork_in_child)
