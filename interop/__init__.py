@@ -7,33 +7,11 @@ time a call needs it.
 
 from __future__ import annotations
 
+from . import errors
 from ._torch_op import Array, array_namespace, torch_op
 from .allocator import StreamMismatchError, use_torch_allocator
 from .config import config
-from .errors import (
-    BackendUnavailableError,
-    CaptureError,
-    CopyRequiredError,
-    CudaAfterForkError,
-    InteropError,
-    InvalidTypeError,
-    InvalidValueError,
-    MissingFakeError,
-    NoDeviceError,
-    NpyFormatError,
-    PathError,
-    PathExistsError,
-    PathIsADirectoryError,
-    PathNotADirectoryError,
-    PathNotFoundError,
-    PathPermissionError,
-    ReadOnlyWarning,
-    TransferError,
-    TransferTimeoutError,
-    UnknownSettingError,
-    UnsupportedDtypeError,
-    UsageError,
-)
+from .errors import *  # noqa: F403 (the error classes, errors.__all__)
 from .exchange import to_cupy, to_numpy, to_torch
 from .io.npy import load_npy, save_npy
 from .pinned import Pinned, empty_pinned, pin
@@ -49,32 +27,11 @@ from .transfer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    *errors.__all__,
     "Array",
-    "BackendUnavailableError",
-    "CaptureError",
-    "CopyRequiredError",
-    "CudaAfterForkError",
-    "InteropError",
-    "InvalidTypeError",
-    "InvalidValueError",
-    "MissingFakeError",
-    "NoDeviceError",
-    "NpyFormatError",
-    "PathError",
-    "PathExistsError",
-    "PathIsADirectoryError",
-    "PathNotADirectoryError",
-    "PathNotFoundError",
-    "PathPermissionError",
     "Pinned",
-    "ReadOnlyWarning",
     "StreamMismatchError",
     "Transfer",
-    "TransferError",
-    "TransferTimeoutError",
-    "UnknownSettingError",
-    "UnsupportedDtypeError",
-    "UsageError",
     "__version__",
     "array_namespace",
     "config",

@@ -13,37 +13,37 @@ DESCRIPTION = (
 
 BENCH_DESCRIPTION = """\
 Measure interop's exchange and transfer calls against what people write by hand
-(numpy.from_dlpack, cupy.asnumpy, t.cpu(), cupy.asarray, numpy.copyto, ...) and
-against the link's limit. Every figure is shown beside its anchors, as a ratio
-measured in the same run, so it holds on a noisy machine. Host rows run anywhere
-PyTorch is installed; GPU rows where CuPy and PyTorch both see a CUDA device
-(elsewhere they are listed as skipped)."""
+(numpy.from_dlpack, cupy.asnumpy, t.cpu(), ...) and against the link's limit, each
+figure as a ratio measured in the same run. GPU rows run where CuPy and PyTorch
+both see a CUDA device (elsewhere they are listed as skipped)."""
 
 BENCH_EPILOG = """\
 environment variables:
-  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1).
-                        At scale 1 the GPU rows move 1 GiB float32 arrays,
-                        host_copy copies 256 MiB and save_npy_rss saves 768 MiB;
-                        --quick uses a quarter of that or less. 0.25 makes a
-                        faster run, 4 moves 4 GiB GPU arrays.
+  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1:
+                        the GPU rows move 1 GiB float32 arrays; --quick a
+                        quarter of that or less)
   INTEROP_BENCH_DIR     where the file rows write (default: the system
-                        temporary directory); point it at the disk you use.
+                        temporary directory)
   INTEROP_CHUNK_BYTES   bytes per chunk (one staging buffer) of a transfer
   INTEROP_NUM_BUFFERS   staging buffers in the ring
   INTEROP_HOST_THREADS  threads copying between staging buffers and host memory
                         (the bench runs with these settings and reports them)
 
 exit status: 0 when every row ran or was skipped for a stated reason; 1 when a
-row raised or returned wrong data (its traceback is on stderr); 2 for bad
-arguments, a bad INTEROP_BENCH_SCALE or a --json PATH that cannot be written
-(found before any row runs).
+row raised or returned wrong data; 2 for bad arguments, a bad
+INTEROP_BENCH_SCALE or a --json PATH that cannot be written.
 
 examples:
   python -m interop bench --quick
   python -m interop bench --json results/bench.json"""
 
 
-def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m interop``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m interop", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, CUDA driver/runtime and visible devices")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
     bench = sub.add_parser(
         "bench",
         help="benchmark exchange and transfers against the usual ways",
@@ -57,16 +57,6 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="a smoke run: small sizes, few repeats; checks that every row runs",
     )
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    return bench
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m interop``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m interop", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="versions, CUDA driver/runtime and visible devices")
-    info.add_argument("--json", action="store_true", help="print JSON instead of text")
-    _bench_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "info":

@@ -1,11 +1,8 @@
-"""Lazy detection of NumPy, PyTorch and CuPy.
+"""Lazy detection of NumPy, PyTorch and CuPy, and the one place that answers "is
+library X usable here?" (:func:`torch`, :func:`cupy` and the ``require_*`` checks).
 
-``import interop`` must not import torch or cupy. Arrays are recognised through
-``sys.modules``: if ``torch`` was never imported, no object can be a tensor, so
-there is nothing to import. The one place that answers "is library X usable
-here?" is :func:`torch` / :func:`cupy` (and the ``require_*_device`` checks),
-which raise :class:`~interop.errors.BackendUnavailableError` or
-:class:`~interop.errors.NoDeviceError` with the fix in the message.
+``import interop`` imports neither torch nor cupy: arrays are recognised through
+``sys.modules`` (a library never imported has no arrays).
 """
 
 from __future__ import annotations
@@ -26,10 +23,9 @@ DISTRIBUTION = "torch-cupy-interop"
 
 
 def install_command(extra: str) -> str:
-    """The pip command that adds ``extra`` (``"torch"``, ``"dask"``, ...) to this installation:
-    ``pip install -e '/path/to/tree[extra]'`` where interop was installed from a source tree
-    that still exists (PEP 610's ``direct_url.json``; ``-e`` where the install was editable),
-    else ``pip install 'torch-cupy-interop[extra]'``."""
+    """The pip command that adds ``extra`` to this installation: from the source tree
+    it was installed from where that still exists (PEP 610's ``direct_url.json``,
+    ``-e`` if editable), else from the index."""
     import shlex  # not at import: only error messages need it
 
     tree, editable = _source_tree()
@@ -75,24 +71,12 @@ def _import(name: str) -> ModuleType:
 
 
 def torch() -> ModuleType:
-    """Return the ``torch`` module, importing it on first use.
-
-    Raises
-    ------
-    BackendUnavailableError
-        PyTorch is not installed or fails to import.
-    """
+    """The ``torch`` module (imported on first use; ``BackendUnavailableError`` if it cannot be)."""
     return _import("torch")
 
 
 def cupy() -> ModuleType:
-    """Return the ``cupy`` module, importing it on first use.
-
-    Raises
-    ------
-    BackendUnavailableError
-        CuPy is not installed or fails to import.
-    """
+    """The ``cupy`` module (imported on first use; ``BackendUnavailableError`` if it cannot be)."""
     return _import("cupy")
 
 
@@ -113,8 +97,8 @@ class _NotImported:
 
 
 def array_types() -> tuple[Any, Any]:
-    """``(torch.Tensor, cupy.ndarray)``, each replaced by a type nothing is an
-    instance of when its library was never imported (never imports one)."""
+    """``(torch.Tensor, cupy.ndarray)``, each a type of nothing where its library was
+    never imported (imports neither)."""
     th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
     return (
         _NotImported if th is None else th.Tensor,
@@ -123,12 +107,9 @@ def array_types() -> tuple[Any, Any]:
 
 
 def cupy_device_count() -> int:
-    """Number of CUDA devices CuPy can use; 0 when there is no driver or device.
-
-    Asking initialises the CUDA driver (``cudaGetDeviceCount`` runs
-    ``cuInit``); where a device was found, this process is recorded as one
-    that initialised CUDA (:func:`note_cuda_initialised`).
-    """
+    """Number of CUDA devices CuPy can use (0 without a driver or device). Asking
+    initialises the driver: where a device is found, this process is noted as
+    one that initialised CUDA."""
     count, _ = _cupy_device_count_or_error()
     return count
 
@@ -144,14 +125,9 @@ def _cupy_device_count_or_error() -> tuple[int, Exception | None]:
     return count, None
 
 
-# --------------------------------------------------------------------------- fork
-
-# The process in which the CUDA driver was first seen initialised, or None:
-# where interop found a usable device through CuPy or PyTorch, or where the
-# driver said so just before an os.fork() (CuPy, or anything else, used the
-# GPU without interop). A child made by os.fork() inherits the value with
-# another pid: the driver's state it inherited is unusable there, whatever it
-# tries.
+# The process in which the CUDA driver was first seen initialised, or None: where
+# interop found a usable device, or where the driver said so just before a fork. A
+# forked child inherits the value with another pid: there, CUDA is unusable.
 _cuda_initialised_in: int | None = None
 
 
@@ -163,15 +139,9 @@ def note_cuda_initialised() -> None:
 
 
 def cuda_driver_initialised() -> bool:
-    """True if the CUDA driver was initialised in this process, by anyone
-    (CuPy, PyTorch, interop), as far as CuPy's driver bindings tell without
-    initialising it.
-
-    Asks ``cuCtxGetCurrent``, which answers ``CUDA_ERROR_NOT_INITIALIZED``
-    until ``cuInit`` ran and initialises nothing. False where CuPy was not
-    imported (nothing is imported here) or the driver library cannot be
-    loaded (no NVIDIA driver).
-    """
+    """True if anyone initialised the CUDA driver in this process, as far as CuPy's
+    driver bindings tell without initialising it (``cuCtxGetCurrent``); False where
+    CuPy was never imported or there is no driver."""
     cp = sys.modules.get("cupy")
     driver = getattr(getattr(cp, "cuda", None), "driver", None)
     get_current = getattr(driver, "ctxGetCurrent", None)
@@ -184,44 +154,24 @@ def cuda_driver_initialised() -> bool:
     return True
 
 
-def _before_fork() -> None:
-    # CuPy keeps no record that it initialised CUDA, and PyTorch's covers
-    # PyTorch only: ask the driver, in the parent, just before the fork.
-    try:
-        if _cuda_initialised_in is None and cuda_driver_initialised():
-            note_cuda_initialised()
-    except Exception:  # never stop a fork
-        pass
-
-
-os.register_at_fork(before=_before_fork)
+def note_if_driver_initialised() -> None:
+    """Note this process where nothing is noted yet and the driver says it was
+    initialised (the fork handler asks, before a fork: CuPy keeps no record of it)."""
+    if _cuda_initialised_in is None and cuda_driver_initialised():
+        note_cuda_initialised()
 
 
 def _torch_in_bad_fork() -> bool:
-    """True in a child forked after PyTorch initialised CUDA in its parent
-    (PyTorch keeps the flag; it may have done so outside interop)."""
+    """True in a child forked after PyTorch initialised CUDA in its parent."""
     th = sys.modules.get("torch")
     check = getattr(getattr(th, "cuda", None), "_is_in_bad_fork", None)
     return bool(check()) if callable(check) else False
 
 
 def check_not_forked() -> None:
-    """Refuse CUDA in a child forked after CUDA was initialised in its parent.
-
-    CUDA cannot be used in such a child: every driver call fails (CuPy would
-    report no device at all). Cheap: a pid comparison, and a flag of PyTorch's
-    when torch was imported. Seen: CUDA initialised in an ancestor by
-    interop, by PyTorch, or by anything else where CuPy was imported there
-    before the fork (the driver is asked at the fork); not seen: CUDA
-    initialised without CuPy or PyTorch imported in the parent, or a parent
-    that imported interop only after its fork.
-
-    Raises
-    ------
-    CudaAfterForkError
-        This process was forked after its parent (or an ancestor) initialised
-        CUDA; the message says to start workers with the ``spawn`` method.
-    """
+    """Raise :class:`CudaAfterForkError` in a child forked after an ancestor
+    initialised CUDA, where every driver call fails (a pid comparison, and
+    PyTorch's flag; docs/config.md says which initialisations are seen)."""
     parent = _cuda_initialised_in
     if (parent is None or parent == os.getpid()) and not _torch_in_bad_fork():
         return
@@ -236,25 +186,14 @@ def check_not_forked() -> None:
     )
 
 
-# The process in which PyTorch last said it has a usable CUDA device. The
-# answer cannot change within a process (the driver reads the visible devices
-# once), so the checks that guard every device call skip asking again there:
-# torch.cuda.is_available() costs microseconds on each exchange.
+# The process in which PyTorch last said it has a usable CUDA device: the answer
+# cannot change within a process, and torch.cuda.is_available() costs microseconds.
 _torch_cuda_in: int | None = None
 
 
 def require_cupy_device() -> ModuleType:
-    """Return ``cupy`` after checking that a CUDA device is visible to it.
-
-    Raises
-    ------
-    BackendUnavailableError
-        CuPy is not installed.
-    CudaAfterForkError
-        This process was forked after CUDA was initialised in its parent.
-    NoDeviceError
-        CuPy imports but sees no CUDA device (no GPU, no or too old a driver).
-    """
+    """``cupy``, once a CUDA device is visible to it (else ``BackendUnavailableError``,
+    ``CudaAfterForkError`` or ``NoDeviceError``)."""
     cp = cupy()
     check_not_forked()
     count, error = _cupy_device_count_or_error()
@@ -275,17 +214,8 @@ def require_cupy_device() -> ModuleType:
 
 
 def require_torch_cuda() -> ModuleType:
-    """Return ``torch`` after checking that PyTorch sees a CUDA device.
-
-    Raises
-    ------
-    BackendUnavailableError
-        PyTorch is not installed.
-    CudaAfterForkError
-        This process was forked after CUDA was initialised in its parent.
-    NoDeviceError
-        PyTorch is a CPU-only build or sees no CUDA device.
-    """
+    """``torch``, once PyTorch sees a CUDA device (else ``BackendUnavailableError``,
+    ``CudaAfterForkError`` or ``NoDeviceError``)."""
     global _torch_cuda_in
     th = torch()
     check_not_forked()
@@ -304,8 +234,7 @@ def require_torch_cuda() -> ModuleType:
 
 
 def cupy_supports_bfloat16() -> bool:
-    """True if the installed CuPy can hold ``bfloat16`` arrays (CuPy >= 14,
-    which enables them only with NumPy >= 2.1.2)."""
+    """True if the installed CuPy can hold ``bfloat16`` arrays."""
     import numpy as np
 
     return bfloat16_capable(cupy().__version__, np.__version__)
@@ -313,7 +242,7 @@ def cupy_supports_bfloat16() -> bool:
 
 def bfloat16_capable(cupy_version: str, numpy_version: str) -> bool:
     """True if CuPy ``cupy_version`` has ``bfloat16`` arrays next to NumPy
-    ``numpy_version`` (CuPy 14 turns them off below NumPy 2.1.2)."""
+    ``numpy_version`` (CuPy >= 14, which turns them off below NumPy 2.1.2)."""
     import numpy as np
 
     try:

@@ -1,38 +1,24 @@
 """One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator``.
 
-CuPy's allocations are served by PyTorch's caching allocator, through one CuPy
-allocator, :class:`TorchAllocator` (each ``interop.torch_op`` call uses it too).
-PyTorch's allocator is stream-ordered: a block is allocated for one stream and,
-once freed, handed out again for work on that stream at once. Three rules keep
-that safe:
-
-* an allocation is made on PyTorch's current stream and only while CuPy's
-  current stream is the same one (:class:`StreamMismatchError` otherwise);
-* a block that may have been used on another stream -- one made current
-  through ``interop.stream`` while the block was alive -- goes back to the pool
-  only once an event recorded on that stream at the free has completed (what
-  ``Tensor.record_stream`` does for tensors);
-* while a CUDA graph capture is under way no event is recorded or queried
-  (CUDA forbids both there, and they would invalidate the capture): such a
-  free is set aside and gets its events once no capture is under way, as
-  PyTorch's allocator does with its own blocks.
-
-Frees come from CuPy's destructors, which the garbage collector may run in the
-middle of any Python code, this module's included. Nothing a destructor
-reaches here waits for a lock: a free is queued, and whichever call holds the
-lock at that moment (or the next one) hands it on.
+CuPy's allocations are served by PyTorch's stream-ordered caching allocator,
+through one CuPy allocator, :class:`TorchAllocator` (each ``interop.torch_op``
+call uses it too). docs/streams.md states the rules that keep this safe: an
+allocation only while CuPy's and PyTorch's current streams agree; a block used
+on another stream goes back only once an event recorded there at the free has
+completed; no event is recorded or queried during a CUDA graph capture. Frees
+come from CuPy's destructors, which the garbage collector may run anywhere, so
+nothing a destructor reaches here waits for a lock.
 """
 
 from __future__ import annotations
 
 import collections
-import os
+import contextlib
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
-from . import _backends, streams
+from . import _backends, _process, streams
 from .errors import BackendUnavailableError, InteropError
 from .streams import (
     LEGACY_DEFAULT,
@@ -50,35 +36,17 @@ class StreamMismatchError(InteropError, RuntimeError):
     """CuPy allocated while its current stream differs from PyTorch's."""
 
 
-def _never() -> bool:
-    return False
-
-
 class DeferredFrees:
     """The frees of a stream-ordered pool, deferred while other streams may
     still use a block, and while a CUDA graph capture forbids events.
 
-    Parameters
-    ----------
-    record : callable
-        ``record(device, handle)`` records and returns an event (with
-        ``query()``) on stream ``handle`` of ``device``.
-    delete : callable
-        ``delete(ptr)`` gives a block back to the pool.
-    capturing : callable, optional
-        ``capturing()`` is True while a capture is under way that forbids
-        recording or querying events from the calling thread. Asked only when
-        an event is to be recorded or queried. Default: never.
-
-    Notes
-    -----
-    :meth:`free` is called from CuPy's destructors, which the garbage
-    collector may run while this thread is inside any method here. A free
-    only queues the block; the queue is handled by whichever call holds the
-    lock, which is taken without waiting: a call that finds it held leaves
-    the work to its holder (this thread further up, or another thread), who
-    looks at the queue again after releasing it. So no call ever waits on a
-    lock, and none runs inside another.
+    ``record(device, handle)`` records an event (with ``query()``) on a stream;
+    ``delete(ptr)`` gives a block back to the pool; ``capturing()`` is True
+    while a capture forbids events (asked only before recording or querying).
+    :meth:`free` comes from CuPy's destructors, which the garbage collector may
+    run inside any method here: it only queues the block, and the lock is only
+    ever tried, never waited for; a call that finds it held leaves the queue to
+    the holder, who looks again after releasing it.
     """
 
     def __init__(
@@ -89,11 +57,16 @@ class DeferredFrees:
     ) -> None:
         self._record = record
         self._delete = delete
-        self._capturing = capturing or _never
-        # guards the handling of _freed and all of _aside and _waiting; only ever taken
-        # without blocking (see Notes)
+        self._capturing = capturing or (lambda: False)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every block (a forked child's are its parent's CUDA context's)."""
+        # ptr -> (device, stream, tick); first, so that a free the garbage collector
+        # runs meanwhile finds no block of the parent's
+        self._live: dict[int, tuple[int, int, int]] = {}
+        # guards the handling of _freed and all of _aside and _waiting (only ever tried)
         self._lock = threading.Lock()
-        self._live: dict[int, tuple[int, int, int]] = {}  # ptr -> (device, stream, tick)
         self._freed: collections.deque[int] = collections.deque()  # not yet looked at
         self._aside: list[tuple[int, int, list[int]]] = []  # ptr, device, streams: no event yet
         self._waiting: list[tuple[int, list[Any]]] = []  # ptr, events not yet seen complete
@@ -109,9 +82,8 @@ class DeferredFrees:
         self._drain()
 
     def collect(self) -> None:
-        """Hand on queued frees, record the events of frees set aside during
-        a capture, and give back every block whose events have completed.
-        During a capture, no event is recorded or queried."""
+        """Hand on queued frees, record the events of frees set aside during a
+        capture, and give back every block whose events have completed."""
         if self._freed or self._aside or self._waiting:  # each allocation asks: stay cheap
             self._drain()
 
@@ -125,8 +97,8 @@ class DeferredFrees:
                 return
 
     def _step(self) -> None:
-        """With the lock held: one pass over the queue, the frees set aside
-        and the blocks waiting for their events."""
+        """With the lock held: one pass over the queue, the frees set aside and
+        the blocks waiting for their events."""
         while self._freed:
             ptr = self._freed.popleft()
             entry = self._live.pop(ptr, None)
@@ -204,12 +176,12 @@ def _release(ptr: int) -> None:
 
 
 _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
+_process.at_fork("deferred frees", _frees.reset)
 
 
 class TorchBlock:
-    """The owner of CuPy memory a :class:`TorchAllocator` made: a ``uint8``
-    tensor, handed to the deferred frees (``deferred``: its pointer, else 0)
-    when CuPy frees the memory."""
+    """The owner of CuPy memory a :class:`TorchAllocator` made: a ``uint8`` tensor,
+    handed to the deferred frees (``deferred``: its pointer, else 0) when freed."""
 
     __slots__ = ("deferred", "maker", "tensor")
 
@@ -223,25 +195,17 @@ class TorchBlock:
 
 
 class TorchAllocator:
-    """A CuPy allocator (``size -> MemoryPointer``) that serves CuPy from
-    PyTorch's caching allocator: the one ``use_torch_allocator`` installs, and
-    the one each CUDA call of an ``interop.torch_op`` installs for its thread.
+    """A CuPy allocator (``size -> MemoryPointer``) over PyTorch's caching
+    allocator: each allocation a ``torch.empty(size, dtype=torch.uint8)`` tensor
+    on PyTorch's current stream of CuPy's current device (ordinary storage, which
+    CUDA graphs account for like any tensor's).
 
-    Each allocation is a ``torch.empty(size, dtype=torch.uint8)`` tensor on
-    PyTorch's current stream of CuPy's current device: ordinary PyTorch storage,
-    which CUDA graphs and CUDA-graph trees account for like any tensor's (see
-    :func:`torch_storage_of`). ``pinned``, ``(device, CuPy stream pointer)``,
-    is the one stream it may allocate on (a ``torch_op`` call), whose blocks
-    go back to PyTorch's pool when CuPy frees them; without it, CuPy's current
-    stream must be PyTorch's, and a freed block goes through
-    :class:`DeferredFrees`.
-
-    Raises
-    ------
-    StreamMismatchError
-        An allocation on another stream than those.
-    cupy.cuda.memory.OutOfMemoryError
-        PyTorch's pool cannot serve it (chained to PyTorch's error).
+    ``pinned``, ``(device, CuPy stream pointer)``, is the one stream it may
+    allocate on (a ``torch_op`` call), whose blocks go straight back to PyTorch's
+    pool; without it, CuPy's current stream must be PyTorch's, and a freed block
+    goes through :class:`DeferredFrees`. Raises :class:`StreamMismatchError` on
+    another stream, and CuPy's ``OutOfMemoryError`` (chained to PyTorch's) when
+    PyTorch's pool cannot serve it.
     """
 
     __slots__ = ("pinned",)
@@ -260,8 +224,7 @@ class TorchAllocator:
             raise StreamMismatchError(
                 f"expected CuPy to allocate on PyTorch's current stream of cuda:{self.pinned[0]} "
                 f"inside an interop.torch_op (got stream {handle:#x} of cuda:{device}); do not "
-                "switch CuPy's device or stream inside the function: it already runs on "
-                "PyTorch's current stream"
+                "switch CuPy's device or stream inside the function"
             )
         try:
             tensor = th.empty((size,), dtype=th.uint8, device=th.device("cuda", device))
@@ -292,14 +255,14 @@ def _check_streams(device: int, cupy_handle: int) -> None:
         raise StreamMismatchError(
             f"expected CuPy and PyTorch to share the current stream on cuda:{device} while "
             f"CuPy allocates from PyTorch's pool (got CuPy stream {cupy_handle:#x}, PyTorch "
-            f"stream {torch_handle:#x}); memory would be ordered on the wrong stream. Use "
-            "`with interop.stream(s):` instead of torch.cuda.stream / cupy.cuda.Stream alone."
+            f"stream {torch_handle:#x}); use `with interop.stream(s):` instead of "
+            "torch.cuda.stream / cupy.cuda.Stream alone"
         )
 
 
 def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
-    """The tensor whose storage holds CuPy ``memory`` (a ``BaseMemory``) if a
-    TorchAllocator (``maker``, where given) made it, else None."""
+    """The tensor whose storage holds CuPy ``memory`` if a TorchAllocator
+    (``maker``, where given) made it, else None."""
     owner = getattr(memory, "_owner", None)
     if isinstance(owner, TorchBlock) and (maker is None or owner.maker is maker):
         return owner.tensor
@@ -307,8 +270,7 @@ def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
 
 
 def thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """CuPy's getter and setter of the calling thread's own allocator (what
-    ``cupy.cuda.using_allocator`` sets)."""
+    """CuPy's getter and setter of the calling thread's own allocator."""
     memory = cp.cuda.memory
     get = getattr(memory, "_get_thread_local_allocator", None)
     set_ = getattr(memory, "_set_thread_local_allocator", None)
@@ -320,22 +282,16 @@ def thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return get, set_
 
 
-# The two forms. A scope makes the allocator the calling thread's own (CuPy's
-# thread-local setting) the moment it is made, so no other thread ever sees a
-# block's allocator, not even between the call and the `with`. Entered as a
-# block, it keeps it for the block and gives the thread its previous setting
-# back at exit. Dropped without having been entered, it was the plain call: it
-# then installs the allocator for the whole process (cupy.cuda.set_allocator)
-# and gives the thread its previous setting back. In CPython a plain-call
-# statement drops it at once. No lock is taken: the garbage collector may drop
-# a scope in the middle of anything, this module included.
+# The two forms (docs/streams.md): a scope is the calling thread's allocator from the
+# moment it is made; entered, for the block; dropped without having been entered, it
+# was the plain call and installs the allocator process-wide. No lock is taken: the
+# garbage collector may drop a scope in the middle of anything.
 _process_allocator = TorchAllocator()  # the one use_torch_allocator installs
 
 
 class AllocatorScope:
-    """CuPy allocator ``malloc``, the calling thread's from construction on:
-    for the block where entered as a ``with`` block; for every thread, for the
-    rest of the process, once dropped without having been entered."""
+    """CuPy allocator ``malloc``, the calling thread's from construction on: for the
+    block where entered; for every thread once dropped without having been entered."""
 
     def __init__(self, cp: Any, malloc: Any) -> None:
         self._get, self._set = thread_setting(cp)
@@ -363,31 +319,22 @@ class AllocatorScope:
             self._set(self._malloc)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._blocks:
             self._set(self._blocks.pop())
 
     def __del__(self) -> None:
-        # Runs wherever the last reference goes: the plain-call statement, or
-        # the garbage collector in any thread, in the middle of any code. It
-        # takes no lock and lets nothing out.
-        try:
+        # Runs wherever the last reference goes, in any thread: no lock, and nothing let
+        # out (a finalizer could only have it printed).
+        with contextlib.suppress(BaseException):
             if self.__dict__.get("_plain"):
                 self._plain = False
                 self._install_process_wide()
-        except BaseException:  # a finalizer could only have it printed
-            pass
 
     def _install_process_wide(self) -> None:
         if threading.get_ident() == self._thread and self._get() is self._malloc:
             self._set(self._previous)  # the thread follows the process-wide setting again
-        # cupy.cuda.set_allocator refuses to run in a thread that has its own
-        # setting (inside cupy.cuda.using_allocator): step out of it meanwhile.
+        # cupy.cuda.set_allocator refuses a thread with its own setting: step out of it.
         local = self._get()
         if local is not None:
             self._set(None)
@@ -401,9 +348,8 @@ class AllocatorScope:
 def use_torch_allocator() -> Any:
     """Serve CuPy's device allocations from PyTorch's caching allocator.
 
-    Usable as a plain call (every thread, for the rest of the process) or as
-    a ``with`` block (this thread only, until the block exits, also on an
-    exception; blocks nest and may overlap across threads)::
+    A plain call (every thread, for the rest of the process) or a ``with`` block
+    (this thread, until the block exits; blocks nest and overlap across threads)::
 
         interop.use_torch_allocator()
         with interop.use_torch_allocator(): ...
@@ -411,33 +357,22 @@ def use_torch_allocator() -> Any:
     Returns
     -------
     AllocatorScope
-        From the call on, the calling thread's CuPy allocator, and no other
-        thread's. Entered as a ``with`` block, it stays this thread's for the
-        block. Discarded without being entered (a plain-call statement), it
-        becomes every thread's, for the rest of the process. Enter it in the
-        thread that made it (``RuntimeError`` otherwise).
+        The calling thread's CuPy allocator from the call on: for the block
+        where entered (in the thread that made it, ``RuntimeError`` otherwise);
+        every thread's, for the rest of the process, once discarded unentered.
 
     Notes
     -----
-    One pool for both libraries: memory freed by CuPy goes back to PyTorch's
-    cache and can be reused by either, and ``torch.cuda.memory_allocated()``
-    counts CuPy's arrays. PyTorch's allocator is stream-ordered, so each
-    CuPy allocation is made on PyTorch's current stream; an allocation while
-    CuPy's current stream differs from PyTorch's raises
-    :class:`StreamMismatchError` instead of handing out memory ordered on the
-    wrong stream -- use :func:`interop.stream` to set both. A block used
-    inside ``interop.stream(s)`` on a stream other than the one it was
-    allocated on goes back to the pool only after the work queued on ``s``
-    before the free has completed. During a CUDA graph capture no event is
-    recorded or queried: such a block waits, unused, until a later
-    allocation or free through the pool after the capture. interop's own
-    temporaries (staging rows, a transfer's cast chunks) always come from
-    CuPy's pool. When PyTorch's pool cannot
-    serve an allocation, CuPy raises its own
-    ``cupy.cuda.memory.OutOfMemoryError`` (chained to PyTorch's).
+    One pool: memory CuPy frees goes back to PyTorch's cache. Each allocation is
+    ordered on PyTorch's current stream, which must be CuPy's (set both with
+    :func:`interop.stream`); a block used on another stream inside
+    ``interop.stream`` goes back once the work queued there before the free is
+    done (docs/streams.md has the rules, CUDA graph capture included).
 
     Raises
     ------
+    StreamMismatchError
+        On allocation: CuPy's current stream is not PyTorch's.
     BackendUnavailableError
         PyTorch or CuPy is not installed.
     NoDeviceError
@@ -446,12 +381,3 @@ def use_torch_allocator() -> Any:
     _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()
     return AllocatorScope(cp, _process_allocator)
-
-
-def _after_fork_in_child() -> None:
-    # The parent's deferred frees belong to its CUDA context.
-    global _frees
-    _frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

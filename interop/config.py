@@ -1,31 +1,9 @@
 """``interop.config``: transfer settings, global or per ``with`` block.
 
-Each setting is mirrored by an environment variable read at import:
-``INTEROP_CHUNK_BYTES``, ``INTEROP_NUM_BUFFERS``, ``INTEROP_HOST_THREADS``.
-
-Every value is checked where it is set (an attribute, ``config.set``, an
-environment variable at import, a call's ``chunk_bytes=``): any integral value
-(``int``, ``numpy.int64``, ... but not ``bool``) between a floor and a ceiling,
-so a bad value is refused at once, with the setting's name, instead of
-surfacing later as a huge allocation or a transfer of millions of chunks.
-
-=================  =====  ========  =============================================
-setting            floor  ceiling   why the ceiling
-=================  =====  ========  =============================================
-``chunk_bytes``    1      1 GiB     one pinned staging slot; larger slots add
-                                    memory, not speed
-``num_buffers``    1      64        slots in the ring; a few keep the link busy
-``host_threads``   1      256       threads copying between slots and host
-                                    arrays; more than the cores only contend
-=================  =====  ========  =============================================
-
-A ``chunk_bytes`` below :data:`MIN_CHUNK_BYTES` (64 KiB) is accepted but every
-transfer raises it to 64 KiB: smaller chunks only multiply the per-chunk cost
-(a 16 MiB copy in 4-byte chunks takes minutes).
-
-After ``os.fork()`` the child gets a fresh lock, and keeps only the ``with
-config.set`` blocks of the thread that forked (the other threads do not exist
-in the child, so their blocks would never end).
+Each setting is mirrored by an environment variable read at import
+(``INTEROP_CHUNK_BYTES``, ``INTEROP_NUM_BUFFERS``, ``INTEROP_HOST_THREADS``) and
+checked where it is set: an integer between a floor and a ceiling (docs/config.md
+has the table and the reasons), refused at once with the setting's name.
 """
 
 from __future__ import annotations
@@ -37,6 +15,7 @@ import weakref
 from contextlib import AbstractContextManager
 from typing import Any
 
+from . import _process
 from .errors import InvalidTypeError, InvalidValueError, UnknownSettingError, UsageError
 
 __all__ = ["MIN_CHUNK_BYTES", "Config", "config"]
@@ -50,12 +29,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-# Chosen from two sweeps on an H100 with 16 cores (docs/transfer.md): 4 slots
-# of 32 MiB (a 128 MiB ring) and 8 host threads gave the best device-to-host
-# and 96-98% of the best host-to-device throughput; 16 or 4 threads lost
-# a quarter to a half.
-# Half the cores, at most 8, leaves the rest to the issuing thread and the user.
-_MOST_THREADS = 8  # by default; more lost throughput on the H100 sweeps
+# From sweeps on an H100 with 16 cores (docs/transfer.md). Half the cores, at most 8,
+# leaves the rest to the issuing thread and the user.
+_MOST_THREADS = 8
 _DEFAULTS = {
     "chunk_bytes": 32 << 20,
     "num_buffers": 4,
@@ -82,8 +58,7 @@ def _unknown(name: str) -> UnknownSettingError:
 
 
 def _validate(name: str, value: object, source: str | None = None) -> int:
-    """``value`` as an int within the setting's bounds; ``source`` names it in
-    errors (the setting, or the environment variable it came from)."""
+    """``value`` as an int within the setting's bounds; ``source`` names it in errors."""
     if name not in _DEFAULTS:
         raise _unknown(name)
     source = source or name
@@ -142,14 +117,13 @@ class Config:
     Attributes
     ----------
     chunk_bytes : int
-        Size of one staging buffer (one chunk), in bytes: 1 to 1 GiB;
-        transfers use at least :data:`MIN_CHUNK_BYTES` (64 KiB).
+        Bytes of one chunk (one staging buffer): 1 to 1 GiB; transfers use at
+        least :data:`MIN_CHUNK_BYTES` (64 KiB).
     num_buffers : int
-        Number of staging buffers in the ring: 1 to 64.
+        Staging buffers in the ring: 1 to 64.
     host_threads : int
-        Threads that copy between staging buffers and host arrays: 1 to 256.
-        Where set, also the threads of host-to-host copies, which by default
-        use every CPU, at most 8 (:func:`host_copy_threads`).
+        Threads copying between staging buffers and host arrays: 1 to 256 (where
+        set, also those of host-to-host copies; see :func:`host_copy_threads`).
 
     Examples
     --------
@@ -159,11 +133,9 @@ class Config:
     8388608
     """
 
-    # The values are a base (global assignments, environment) plus one overlay
-    # per active ``set`` block. Leaving a block removes its own overlay
-    # wherever it is in the stack, so blocks entered and left by different
-    # threads in any interleaving restore the base exactly, instead of one
-    # thread "restoring" another thread's temporary value forever.
+    # The values are a base (assignments, environment) plus one overlay per active
+    # ``set`` block; leaving a block removes its own overlay wherever it is in the
+    # stack, so blocks of several threads in any interleaving restore the base.
     __slots__ = ("__weakref__", "_base", "_chosen", "_lock", "_overlays", "_values")
     _lock: threading.Lock
     _base: dict[str, int]
@@ -182,8 +154,8 @@ class Config:
         _instances.add(self)
 
     def _is_chosen(self, name: str) -> bool:
-        """Whether ``name`` has a value someone gave it (an assignment, its
-        environment variable, or an active ``set`` block) rather than its default."""
+        """Whether ``name`` was given a value (assigned, from the environment, or by
+        an active ``set`` block) rather than defaulted."""
         with self._lock:
             return name in self._chosen or any(name in o.values for o in self._overlays)
 
@@ -194,10 +166,7 @@ class Config:
         object.__setattr__(self, "_values", values)
 
     def _after_fork_in_child(self) -> None:
-        # The lock may have been held by a thread that does not exist in the
-        # child, and so may the blocks of other threads: a fresh lock, and only
-        # the blocks of the thread that forked (it continues in the child and
-        # leaves them), over the base.
+        # a fresh lock, and only the forking thread's blocks (the others' threads are gone)
         me = threading.get_ident()
         object.__setattr__(self, "_lock", threading.Lock())
         object.__setattr__(self, "_overlays", [o for o in self._overlays if o.thread == me])
@@ -212,8 +181,7 @@ class Config:
     def __setattr__(self, name: str, value: object) -> None:
         checked = _validate(name, value)
         with self._lock:
-            # Inside a block that set this name, the assignment lasts until
-            # that block exits (as if the block had set it), like a restore.
+            # inside a block that set this name, the assignment lasts until that block exits
             for overlay in reversed(self._overlays):
                 if name in overlay.values:
                     overlay.values[name] = checked
@@ -239,25 +207,22 @@ class Config:
     def set(self, **settings: int) -> AbstractContextManager[Config]:
         """Change settings for the duration of a ``with`` block.
 
-        All values are validated here, before any is changed; the previous
-        values are restored on exit, also when the block raises. Blocks nest,
-        each from its own ``set(...)`` call (one object is entered once). The
-        settings are process-wide (a transfer started by any thread while the
-        block is active uses them); blocks entered by several threads at once
-        each remove only their own change on exit. For a per-call choice pass
-        ``chunk_bytes=`` to the call instead.
+        Every value is checked before any changes; the previous values come back
+        on exit, also when the block raises. Blocks nest, each from its own
+        ``set(...)`` call. The settings are process-wide (any thread's transfer
+        uses them); each block removes only its own change. For one call only,
+        pass ``chunk_bytes=`` to it.
 
         Raises
         ------
         UnknownSettingError
-            Unknown setting (an ``AttributeError``).
+            An unknown setting.
         InvalidTypeError
-            A value that is not an integer, ``bool`` included (a ``TypeError``).
+            A value that is not an integer (``bool`` included).
         InvalidValueError
-            A value outside the setting's bounds (see :class:`Config`); the
-            message names the setting and both bounds (a ``ValueError``).
+            A value outside the setting's bounds (see :class:`Config`).
         UsageError
-            On entering: the object was entered already (a ``RuntimeError``).
+            On entering: the object was entered already.
         """
         return _Block(self, {name: _validate(name, value) for name, value in settings.items()})
 
@@ -293,9 +258,8 @@ class _Block(AbstractContextManager[Config]):
     def __exit__(self, *exc_info: Any) -> None:
         config = self._config
         with config._lock:
-            # identity, not equality: two blocks may set the same values.
-            # Absent only in a forked child whose block another thread
-            # entered (dropped at the fork).
+            # identity, not equality: two blocks may set the same values (absent in a
+            # forked child where another thread entered it)
             for i, o in enumerate(config._overlays):
                 if o is self._overlay:
                     del config._overlays[i]
@@ -311,35 +275,22 @@ def _after_fork_in_child() -> None:
         instance._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.at_fork("config", _after_fork_in_child)
 
 config = Config()
 
 
 def host_copy_threads() -> int:
-    """Threads of a host-to-host copy (host data into a host ``out``).
-
-    ``config.host_threads`` where someone set it (an assignment,
-    ``INTEROP_HOST_THREADS`` or a ``config.set`` block); by default all the
-    CPUs this process may run on, at most 8. The default ``host_threads``
-    (half of them) leaves cores to the thread that issues device copies and
-    waits on events; a host copy issues none, and its caller waits for it.
-    """
+    """Threads of a host-to-host copy: ``config.host_threads`` where it was given a
+    value, else all the CPUs this process may run on, at most 8 (a host copy has
+    no issuing thread to leave cores to)."""
     if config._is_chosen("host_threads"):
         return config.host_threads
     return max(1, min(_MOST_THREADS, _cores()))
 
 
 def chunk_bytes_or_default(chunk_bytes: object | None) -> int:
-    """The chunk size a transfer uses: ``chunk_bytes``, or ``config.chunk_bytes``
-    for None, raised to :data:`MIN_CHUNK_BYTES` (64 KiB) when below it.
-
-    Raises
-    ------
-    TypeError
-        ``chunk_bytes`` is not an integer (``bool`` included).
-    ValueError
-        ``chunk_bytes`` is outside 1 .. 1 GiB.
-    """
+    """The chunk size a transfer uses: ``chunk_bytes`` (checked as the setting is),
+    or ``config.chunk_bytes`` for None, raised to :data:`MIN_CHUNK_BYTES`."""
     value = config.chunk_bytes if chunk_bytes is None else _validate("chunk_bytes", chunk_bytes)
     return max(value, MIN_CHUNK_BYTES)

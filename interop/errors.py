@@ -1,11 +1,5 @@
-"""Exception classes of interop.
-
-Every error derives from :class:`InteropError` and from the built-in exception
-a user would already catch (``TypeError``, ``ValueError``, ``OSError`` and its
-subclasses, ``BufferError``, ``ImportError``, ``RuntimeError``), so code
-written for NumPy/PyTorch/CuPy errors keeps working and ``except
-interop.InteropError`` catches everything interop raises on purpose.
-"""
+"""Exception classes of interop: each derives from :class:`InteropError` and from
+the built-in exception a user would already catch (docs/errors.md)."""
 
 from __future__ import annotations
 
@@ -41,19 +35,13 @@ class InteropError(Exception):
     """Base class of every error raised by interop."""
 
 
-# ----------------------------------------------------------------- bad arguments
-
-
 class InvalidTypeError(InteropError, TypeError):
-    """An argument of a type interop does not take: not an array (or a masked,
-    nested or sparse one), not a device, not a path, ``copy`` not a bool, an
-    ``out`` of the wrong kind."""
+    """An argument of a type interop does not take (not an array, a device, a path...)."""
 
 
 class InvalidValueError(InteropError, ValueError):
-    """An argument of the right type whose value interop refuses: an ``out`` of
-    the wrong shape or dtype, read-only or overlapping the source; a device
-    string that names no device; a setting outside its bounds."""
+    """An argument of the right type whose value interop refuses (an ``out`` of the
+    wrong shape, a device that does not exist, a setting out of bounds...)."""
 
 
 class UnknownSettingError(InteropError, AttributeError):
@@ -68,19 +56,13 @@ class UnsupportedDtypeError(InteropError, TypeError):
     """The dtype cannot be represented by the target library."""
 
 
-# ----------------------------------------------------------------- files
-
-
 class NpyFormatError(InteropError, ValueError):
-    """A file that is not a ``.npy`` file interop can read: corrupt, truncated,
-    with an impossible header, or holding Python objects."""
+    """A file that is not a ``.npy`` file interop can read (corrupt, truncated, objects)."""
 
 
 class PathError(InteropError, OSError):
-    """A path :func:`save_npy` or :func:`load_npy` cannot use, or a file that could not
-    be written or read. Each instance is also the ``OSError`` subclass its
-    ``errno`` stands for (``PermissionError`` for ``EACCES``, ...), through the
-    ``Path*Error`` classes; :func:`path_error` picks the class."""
+    """A path that cannot be used, or a file that could not be written or read; each
+    instance is also the ``OSError`` subclass its ``errno`` stands for."""
 
 
 class PathPermissionError(PathError, PermissionError):
@@ -114,13 +96,9 @@ _PATH_ERRORS: dict[int, type[PathError]] = {
 
 
 def path_error(code: int | None, message: str, filename: str) -> PathError:
-    """A :class:`PathError` of the ``OSError`` subclass that ``code`` (an
-    ``errno``) stands for, as ``OSError(code, ...)`` itself picks one."""
+    """A :class:`PathError` of the ``OSError`` subclass ``code`` (an errno) stands for."""
     cls = _PATH_ERRORS.get(code, PathError) if code is not None else PathError
     return cls(code, message, filename)
-
-
-# ----------------------------------------------------------------- the machine
 
 
 class BackendUnavailableError(InteropError, ImportError):
@@ -132,21 +110,18 @@ class NoDeviceError(InteropError, RuntimeError):
 
 
 class CudaAfterForkError(NoDeviceError):
-    """A CUDA device is needed, but this process was forked after CUDA was
-    initialised in its parent, and CUDA cannot be used after ``fork``."""
+    """A CUDA device is needed, but this process was forked after its parent
+    initialised CUDA."""
 
 
 class CaptureError(InteropError, RuntimeError):
-    """A call that cannot run inside CUDA graph capture (it needs the host, pinned
-    memory or an order between streams the capture cannot hold), refused before
-    anything was queued: the capture stays valid."""
+    """A call that cannot run inside CUDA graph capture, refused before anything was
+    queued (the capture stays valid)."""
 
 
 class MissingFakeError(InteropError, RuntimeError):
-    """An :func:`interop.torch_op` without a fake implementation was traced
-    (``torch.compile``, ``torch.export``, ``opcheck``): PyTorch needs its
-    outputs' shapes and dtypes without running it. Pass ``like=`` to
-    :func:`interop.torch_op`, or register one with ``op.register_fake``."""
+    """An :func:`interop.torch_op` without a fake implementation was traced: pass
+    ``like=`` or register one with ``op.register_fake``."""
 
 
 class TransferError(InteropError, RuntimeError):
@@ -168,14 +143,12 @@ class TransferError(InteropError, RuntimeError):
 
 
 class UsageError(InteropError, RuntimeError):
-    """A call that cannot work whatever its arguments: one ``config.set(...)``
-    object entered twice, a setting deleted, ``Transfer.result()`` called by
-    the transfer's own progress callback (it would wait for itself)."""
+    """A call that cannot work whatever its arguments (a ``config.set(...)`` entered
+    twice, ``Transfer.result()`` from its own progress callback...)."""
 
 
 class TransferTimeoutError(InteropError, TimeoutError):
-    """``Transfer.result(timeout=...)`` returned before the transfer finished
-    (the transfer goes on)."""
+    """``Transfer.result(timeout=...)`` timed out (the transfer goes on)."""
 
 
 class ReadOnlyWarning(UserWarning):

@@ -55,14 +55,11 @@ def _cupy_info() -> dict[str, Any]:
         "bfloat16": _backends.cupy_supports_bfloat16(),
     }
     rt = cp.cuda.runtime
-    try:
-        info["runtime"] = _cuda_version(rt.runtimeGetVersion())
-    except Exception as exc:  # CUDARuntimeError, missing libcudart
-        info["runtime"] = f"unavailable ({exc})"
-    try:
-        info["driver"] = _cuda_version(rt.driverGetVersion())
-    except Exception as exc:
-        info["driver"] = f"unavailable ({exc})"
+    for key, version in (("runtime", rt.runtimeGetVersion), ("driver", rt.driverGetVersion)):
+        try:
+            info[key] = _cuda_version(version())
+        except Exception as exc:  # CUDARuntimeError, missing libcudart
+            info[key] = f"unavailable ({exc})"
     devices = []
     for i in range(_backends.cupy_device_count()):
         props = rt.getDeviceProperties(i)
@@ -80,11 +77,8 @@ def _cupy_info() -> dict[str, Any]:
 
 
 def collect_info() -> dict[str, Any]:
-    """Versions of Python and the array libraries, CUDA driver/runtime and devices.
-
-    Works without a GPU and without torch or CuPy installed: what is missing is
-    reported, never raised.
-    """
+    """Versions of Python and the array libraries, CUDA driver/runtime and devices
+    (what is missing is reported, never raised)."""
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

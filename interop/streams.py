@@ -1,23 +1,21 @@
 """One CUDA stream for PyTorch and CuPy: ``interop.stream`` and stream helpers.
 
-Stream-likes accepted everywhere: a ``torch.cuda.Stream``, a
-``cupy.cuda.Stream``, any object with ``__cuda_stream__`` (the CUDA stream
-protocol: a method returning ``(version, handle)``), or a raw handle (an int;
-0 and 1, ``cudaStreamLegacy``, are the legacy default stream).
+A stream-like is a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
+``__cuda_stream__`` or a raw handle (0 and 1 are the legacy default stream).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _backends
+from . import _backends, _process
+from ._process import stream_uses
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["stream"]
@@ -30,9 +28,8 @@ PER_THREAD_DEFAULT = 2
 
 
 def cupy_consumer_handle(s: Any) -> int:
-    """The stream handle CuPy's ``from_dlpack`` hands a producer for CuPy stream
-    ``s``: its own, or for the null stream CuPy's default stream (the legacy
-    one, or the per-thread one under ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)."""
+    """The handle CuPy's ``from_dlpack`` hands a producer for CuPy stream ``s``:
+    its own, or for the null stream CuPy's default (legacy or per-thread) one."""
     handle = int(s.ptr)
     if handle:
         return handle
@@ -45,66 +42,8 @@ def cupy_consumer_handle(s: Any) -> int:
 
 
 def same_stream(a: int, b: int) -> bool:
-    """True if two raw handles name the same stream (0 and 1 are both the
-    legacy default stream)."""
+    """True if two raw handles name the same stream (0 and 1 are both legacy)."""
     return (0 if a == LEGACY_DEFAULT else a) == (0 if b == LEGACY_DEFAULT else b)
-
-
-class _StreamUses:
-    """Which streams ``interop.stream`` made current, and since when.
-
-    The shared memory pool (``interop.use_torch_allocator``) asks this before
-    it frees a block: a block allocated on stream A may have been used on any
-    stream made current through ``interop.stream`` while it was alive.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._clock = itertools.count(1)
-        self.last_entered: dict[tuple[int, int], int] = {}  # (device, handle) -> tick
-        self.active: dict[tuple[int, int], int] = {}  # (device, handle) -> blocks open
-        self.latest = 0  # the tick of the last stream entered
-
-    def now(self) -> int:
-        """A tick: streams entered after it have a larger one."""
-        return next(self._clock)  # atomic under the GIL: no lock on the allocation path
-
-    def enter(self, key: tuple[int, int]) -> None:
-        with self._lock:
-            self.last_entered[key] = self.latest = next(self._clock)
-            self.active[key] = self.active.get(key, 0) + 1
-
-    def leave(self, key: tuple[int, int]) -> None:
-        with self._lock:
-            self.active[key] -= 1
-            if not self.active[key]:
-                del self.active[key]
-
-    def since(self, tick: int, device: int) -> set[int]:
-        """Handles of ``device``'s streams entered after ``tick``, or still open.
-
-        Takes no lock: the memory pool asks from CuPy's destructors, which the
-        garbage collector may run while this thread holds it (copying a dict
-        is atomic under the GIL).
-        """
-        if self.latest <= tick and not self.active:  # the common case, answered first
-            return set()
-        entered = list(self.last_entered.items())
-        return {h for (d, h), t in entered if d == device and t > tick} | {
-            h for d, h in list(self.active) if d == device
-        }
-
-
-stream_uses = _StreamUses()
-
-
-def _after_fork_in_child() -> None:
-    global stream_uses
-    stream_uses = _StreamUses()
-    _cupy_streams.clear()  # the parent's, of its CUDA context
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _StreamHandle:
@@ -118,16 +57,8 @@ class _StreamHandle:
 
 
 def resolve_stream(s: Any) -> tuple[int, int | None]:
-    """``(handle, device index or None)`` of a stream-like.
-
-    Raises
-    ------
-    TypeError
-        ``s`` is not a stream-like (a str, None, a float, a bool, ...), or its
-        ``__cuda_stream__`` does not return ``(version, handle)`` ints.
-    ValueError
-        A negative handle.
-    """
+    """``(handle, device index or None)`` of a stream-like; ``TypeError`` for
+    anything else (or a bad ``__cuda_stream__``), ``ValueError`` for a negative handle."""
     if isinstance(s, bool) or s is None:
         raise _not_a_stream(s)
     if isinstance(s, int):
@@ -163,11 +94,9 @@ def _not_a_stream(s: Any) -> InvalidTypeError:
 
 
 def capturing(query: Callable[[], Any]) -> bool:
-    """``query()``'s answer to "does this stream capture into a CUDA graph?"
-    (``cudaStreamIsCapturing``). A query the runtime refuses counts as yes:
-    for an invalidated capture (CuPy raises a plain ``RuntimeError``), and for
-    the legacy default stream while a blocking stream captures (CuPy's
-    ``CUDARuntimeError``, PyTorch's ``RuntimeError``); work there would fail."""
+    """``query()``'s answer to "does this stream capture?"; a query the runtime
+    refuses (an invalidated capture, the legacy stream while a blocking stream
+    captures) counts as yes: work there would fail."""
     try:
         return bool(query())
     except RuntimeError:
@@ -175,11 +104,9 @@ def capturing(query: Callable[[], Any]) -> bool:
 
 
 def capture_under_way() -> bool:
-    """True while a CUDA graph capture is under way that interop can see from
-    this thread: on PyTorch's or CuPy's current stream of the current device,
-    or on a stream made current through :func:`stream` in any thread. (CUDA
-    cannot list a process's captures; in its global capture mode any thread's
-    event query, ``cudaFreeHost`` or ``cudaHostUnregister`` breaks them all.)"""
+    """True while a CUDA graph capture interop can see is under way: on PyTorch's
+    or CuPy's current stream of this thread, or on a stream made current through
+    :func:`stream` in any thread (CUDA cannot list a process's captures)."""
     th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
     initialized = th is not None and th.cuda.is_initialized()  # no capture of PyTorch's before
     if initialized and capturing(th.cuda.is_current_stream_capturing):  # type: ignore[union-attr]
@@ -194,6 +121,7 @@ def capture_under_way() -> bool:
 
 _cupy_streams: dict[tuple[int, int], Any] = {}  # (device, handle) -> CuPy stream object
 _cupy_streams_lock = threading.Lock()  # serialises the stores into _cupy_streams
+_process.at_fork("cupy streams", _cupy_streams.clear)  # the parent's, of its CUDA context
 
 
 def cupy_stream(handle: int, device: int) -> Any:
@@ -220,8 +148,8 @@ def cupy_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream(handle: int, device: int) -> Any:
-    """A PyTorch stream object for a raw handle on device ``device`` (the
-    default stream for 0 and 1, which PyTorch refuses as an external stream)."""
+    """A PyTorch stream object for a raw handle (the default stream for 0 and 1,
+    which PyTorch refuses as an external stream)."""
     th = _backends.torch()
     if handle in (0, LEGACY_DEFAULT):
         return th.cuda.default_stream(device)
@@ -229,8 +157,8 @@ def torch_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream_handle(index: int) -> int:
-    """The handle of PyTorch's current stream on device ``index`` (PyTorch's raw
-    query where it has one: building a ``torch.cuda.Stream`` costs microseconds)."""
+    """The handle of PyTorch's current stream on device ``index`` (the raw query
+    where PyTorch has one: a ``torch.cuda.Stream`` costs microseconds)."""
     th = _backends.torch()
     raw = getattr(th._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
@@ -246,8 +174,8 @@ def stream(s: Any) -> Iterator[Any]:
     ----------
     s : stream-like
         A ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
-        ``__cuda_stream__``, or a raw handle (int). A raw handle or protocol
-        object is taken to belong to the current CuPy device.
+        ``__cuda_stream__``, or a raw handle (int); the last two belong to the
+        current CuPy device. Keep ``s`` alive for the block.
 
     Yields
     ------
@@ -255,24 +183,18 @@ def stream(s: Any) -> Iterator[Any]:
 
     Notes
     -----
-    Inside the block the stream's device is the current device of both
-    libraries, and work queued by either library goes to ``s`` in order, so
-    data produced by one can be consumed by the other without
-    synchronisation. Nothing is synchronised on entry or exit. On exit — also
-    on an exception, and correctly nested — both libraries' previous current
-    streams and devices are restored. The caller keeps ``s`` alive for the
-    duration of the block.
+    Its device is both libraries' current device in the block: data one produces
+    is consumed by the other in stream order. Nothing is synchronised; both
+    libraries' previous streams and devices come back on exit.
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        ``s`` is not a stream-like (a ``TypeError``), or a negative handle (a
-        ``ValueError``); checked before anything else.
+        ``s`` is not a stream-like, or a negative handle; checked first.
     BackendUnavailableError
         PyTorch or CuPy is not installed.
     NoDeviceError
-        No CUDA device is visible (:class:`~interop.CudaAfterForkError` in a
-        process forked after its parent initialised CUDA).
+        No CUDA device is visible (:class:`~interop.CudaAfterForkError` after a fork).
     """
     handle, device = resolve_stream(s)
     th = _backends.require_torch_cuda()
@@ -299,10 +221,8 @@ def stream(s: Any) -> Iterator[Any]:
 
 
 class Unsynchronised:
-    """A CUDA tensor exported over DLPack with ``stream=-1``: PyTorch adds no
-    synchronisation, because the caller already ordered the consumer's stream
-    after the producer's (and PyTorch refuses the per-thread default stream,
-    which CuPy names under ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``)."""
+    """A CUDA tensor exported over DLPack with ``stream=-1`` (no synchronisation:
+    the caller ordered the streams already; PyTorch refuses the per-thread one)."""
 
     def __init__(self, t: Any) -> None:
         self._t = t

@@ -1,5 +1,5 @@
-"""Replaced files, freed by a background thread (self-contained, with its own
-fork handler, for the process-wide state to take over later).
+"""Replaced files, freed by a background thread (reset in a forked child by
+interop._process's fork handler).
 
 Replacing a file frees the old one's blocks and page cache inside the rename
 (about half a second per GiB on ext4); a descriptor held across the rename
@@ -13,6 +13,8 @@ import os
 import queue
 import threading
 from pathlib import Path
+
+from .. import _process
 
 __all__ = ["replaced_files", "wait_for_replaced_files"]
 
@@ -172,7 +174,7 @@ class _ReplacedFiles:
 
 
 replaced_files = _ReplacedFiles()
-os.register_at_fork(after_in_child=replaced_files.after_fork_in_child)
+_process.at_fork("replaced files", replaced_files.after_fork_in_child)
 
 
 def wait_for_replaced_files() -> None:

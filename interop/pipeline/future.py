@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .. import _process
 from ..errors import (
     InvalidTypeError,
     InvalidValueError,
@@ -329,4 +330,4 @@ def _after_fork_in_child() -> None:
 
 
 atexit.register(cancel_running)
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_process.at_fork("transfers", _after_fork_in_child)

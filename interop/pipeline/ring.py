@@ -1,23 +1,26 @@
-"""Host staging rings of page-locked buffers, lent from a process-wide cache of idle ones.
+"""Host staging rings: ``count`` page-locked buffers a transfer copies through.
 
-The cache's policy is described in docs/transfer.md ("Pinned buffers are cached").
+:class:`StagingRing` owns its buffers (allocated by a backend: pinned memory
+from ``cudaHostAlloc`` for CUDA) and frees every one of them when it is
+closed. :func:`borrow_ring` / :func:`return_ring` (and the context manager
+:func:`staging_ring`) lend rings for one transfer at a time, made of buffers
+from a process-wide cache of idle pinned buffers kept by size class, so that
+transfers of many shapes neither allocate nor free pinned memory once warm
+(freeing it, ``cudaFreeHost``, synchronises the whole device). Pinned memory
+is never freed while a CUDA graph capture is under way (:func:`free_pinned`).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import itertools
-import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._process import Idle, ring_cache
 from ..config import MIN_CHUNK_BYTES
 
 if TYPE_CHECKING:
@@ -79,8 +82,10 @@ class StagingRing:
     def free(self) -> None:
         """Free every buffer once no copy uses them (:func:`free_pinned`). Idempotent."""
         self.arrays.clear()
-        ptrs, self.ptrs = self.ptrs, []
-        _free_all([(self.backend, ptr) for ptr in reversed(ptrs)])
+        while self.ptrs:
+            ptr = self.ptrs.pop()
+            _waiting.append((self.backend, functools.partial(self.backend.host_free, ptr)))
+        free_waiting()
 
     def release(self) -> list[tuple[int, np.ndarray]]:
         """Hand the buffers over (to the cache) unfreed; the ring is closed afterwards."""
@@ -119,8 +124,8 @@ def _free_keeping(ring: StagingRing, error: BaseException) -> None:
 
 # Pinned frees that wait for the end of a capture: in CUDA's global capture mode
 # a cudaFreeHost or cudaHostUnregister in any thread breaks every capture (as in
-# PyTorch's allocator). A deque: finalizers append from any thread at any time.
-_waiting: collections.deque[tuple[Backend, Callable[[], None]]] = collections.deque()
+# PyTorch's allocator).
+_waiting = ring_cache.waiting
 
 
 def free_pinned(backend: Backend, free: Callable[[], None]) -> None:
@@ -165,11 +170,14 @@ def note(error: BaseException, text: str) -> None:
         add_note(text)
 
 
-# The cache of idle pinned buffers, by size class: a ring takes the most recently
-# returned ones; on success each buffer goes back on its own. Idle bytes stay
-# within twice the largest ring lent since the cache was emptied (LRU eviction).
+# The cache of idle pinned buffers (interop._process's ring_cache), by size class:
+# a ring takes the most recently returned ones; on success each buffer goes back on
+# its own. Idle bytes stay within twice the largest ring lent since the cache was
+# emptied (LRU eviction). docs/pipeline.md says why.
 
-FLOOR = MIN_CHUNK_BYTES  # the smallest buffer (64 KiB), never above a transfer's chunk
+FLOOR = MIN_CHUNK_BYTES
+"""The smallest pinned buffer a ring is made of (64 KiB): every smaller slot
+shares this class. Never above a transfer's chunk, which is at least as much."""
 
 
 def size_class(nbytes: int) -> int:
@@ -181,59 +189,19 @@ def size_class(nbytes: int) -> int:
     return max(int(nbytes), FLOOR)
 
 
-@dataclass(eq=False, slots=True)  # hashed by identity: a key of _lru
-class _Idle:
-    """A pinned buffer waiting in the cache."""
-
-    backend: Backend
-    key: tuple[Any, int]  # (ring key, size class)
-    ptr: int
-    array: np.ndarray
-    nbytes: int
-    group: int  # the ring it came back with
-
-
-_ring_lock = threading.Lock()
-_ring_cache: dict[tuple[Any, int], list[_Idle]] = {}  # (backend key, size) -> idle, oldest first
-_lru: dict[_Idle, None] = {}  # every idle buffer, least recently returned first
-_idle_bytes = 0
-_most_slots = 0  # the most slots of a ring lent since the cache was emptied
-_largest = 0  # the largest size class lent since then
-_groups = itertools.count(1)
-
-
-def _lent(count: int, size: int) -> None:
-    global _most_slots, _largest
-    _most_slots = max(_most_slots, count)
-    _largest = max(_largest, size)
-
-
 def borrow_ring(backend: Backend, count: int, nbytes: int) -> StagingRing:
     """A ring of ``count`` buffers of ``size_class(nbytes)`` for one transfer: idle ones
     from the cache, new ones for the rest."""
-    global _idle_bytes
     if _waiting:
         free_waiting()  # before more pinned memory is taken
     size = size_class(nbytes)
-    key = (backend.ring_key, size)
-    count = int(count)
-    with _ring_lock:
-        idle = _ring_cache.get(key, [])
-        take = idle[len(idle) - min(count, len(idle)) :]  # the most recently returned
-        del idle[len(idle) - len(take) :]
-        if not idle:
-            _ring_cache.pop(key, None)
-        for buf in take:
-            del _lru[buf]
-            _idle_bytes -= buf.nbytes
-        _lent(count, size)
+    take = ring_cache.take((backend.ring_key, size), int(count))
     return StagingRing(backend, count, size, reuse=[(buf.ptr, buf.array) for buf in take])
 
 
 def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
     """Give a borrowed ring back once no copy uses it: to the cache (evicting beyond the
     budget), or freed after a failed transfer (``error``: a free failing is a note on it)."""
-    global _idle_bytes
     if error is not None:
         _free_keeping(ring, error)
         return
@@ -241,31 +209,15 @@ def return_ring(ring: StagingRing, error: BaseException | None = None) -> None:
         ring.free()
         return
     key = (ring.backend.ring_key, ring.nbytes)
-    group = next(_groups)
-    evicted: list[_Idle] = []
-    with _ring_lock:
-        for ptr, array in ring.release():
-            buf = _Idle(ring.backend, key, ptr, array, ring.nbytes, group)
-            _ring_cache.setdefault(key, []).append(buf)
-            _lru[buf] = None
-            _idle_bytes += buf.nbytes
-        _lent(ring.count, ring.nbytes)  # the cache may have been emptied while it was lent
-        while _idle_bytes > 2 * _most_slots * _largest:  # twice the largest ring lent
-            oldest = next(iter(_lru))
-            del _lru[oldest]
-            same = _ring_cache[oldest.key]
-            same.remove(oldest)
-            if not same:
-                del _ring_cache[oldest.key]
-            _idle_bytes -= oldest.nbytes
-            evicted.append(oldest)
-    _free_all([(buf.backend, buf.ptr) for buf in evicted])  # unlocked: cudaFreeHost is slow
+    evicted = ring_cache.put(ring.backend, key, ring.release(), ring.count)
+    _free_idle(evicted)  # outside the cache's lock: cudaFreeHost can take a while
 
 
-def _free_all(buffers: list[tuple[Backend, int]]) -> None:
-    """Free every buffer (:func:`free_pinned`), trying all; raise the first failure."""
-    for backend, ptr in buffers:
-        _waiting.append((backend, functools.partial(backend.host_free, ptr)))
+def _free_idle(buffers: list[Idle]) -> None:
+    """Free every buffer (:func:`free_pinned`), and the frees that waited for a
+    capture, even if freeing one fails; raise the first failure."""
+    for buf in buffers:
+        _waiting.append((buf.backend, functools.partial(buf.backend.host_free, buf.ptr)))
     free_waiting()
 
 
@@ -283,42 +235,19 @@ def staging_ring(backend: Backend, count: int, nbytes: int) -> Iterator[StagingR
 
 def cached_rings() -> int:
     """Rings with a buffer waiting in the cache."""
-    with _ring_lock:
-        return len({buf.group for buf in _lru})
+    return ring_cache.counts()[0]
 
 
 def cached_buffers() -> int:
     """Idle pinned buffers in the cache."""
-    with _ring_lock:
-        return len(_lru)
+    return ring_cache.counts()[1]
 
 
 def cached_bytes() -> int:
     """Bytes of the idle pinned buffers in the cache."""
-    with _ring_lock:
-        return _idle_bytes
+    return ring_cache.counts()[2]
 
 
 def free_cached_rings() -> None:
     """Free every idle buffer (:func:`free_pinned`) and restart the budget; lent rings stay."""
-    global _idle_bytes, _most_slots, _largest
-    with _ring_lock:
-        buffers = list(_lru)
-        _ring_cache.clear()
-        _lru.clear()
-        _idle_bytes = _most_slots = _largest = 0
-    _free_all([(buf.backend, buf.ptr) for buf in buffers])
-
-
-def _after_fork_in_child() -> None:
-    # The cache's lock may have been held by another thread at the fork; the
-    # cached pinned buffers belong to the parent's CUDA context.
-    global _ring_lock, _idle_bytes, _most_slots, _largest
-    _ring_lock = threading.Lock()
-    _ring_cache.clear()
-    _lru.clear()
-    _waiting.clear()
-    _idle_bytes = _most_slots = _largest = 0
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    _free_idle(ring_cache.clear())

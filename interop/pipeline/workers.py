@@ -6,32 +6,20 @@ on the calling thread, in the order they were submitted.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from concurrent.futures import wait as wait_all
 from typing import Any, TypeVar
+
+from .. import _process
 
 __all__ = ["host_pool", "settle", "submit"]
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_size = 0
-
-
-def host_pool(threads: int) -> Executor:
-    """The process's pool of at least ``threads`` host threads (a larger one replaces it)."""
-    global _pool, _size
-    threads = max(1, int(threads))
-    with _lock:
-        if _pool is None or _size < threads:
-            old, _pool, _size = _pool, ThreadPoolExecutor(threads, "interop-host"), threads
-            if old is not None:
-                old.shutdown(wait=False)
-        return _pool
+# The process's pool of host threads, with at least ``threads`` of them (owned by
+# interop._process, which resets it in a forked child).
+host_pool = _process.host_pool.at_least
 
 
 def submit(pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -55,12 +43,3 @@ def settle(futures: Iterable[Future[Any]]) -> None:
     for f in futures:
         f.cancel()
     wait_all(futures)
-
-
-def _after_fork_in_child() -> None:
-    # The parent's pool threads do not exist in the child; its lock may be held.
-    global _lock, _pool, _size
-    _lock, _pool, _size = threading.Lock(), None, 0
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

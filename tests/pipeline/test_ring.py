@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import interop
+from interop._process import ring_cache
 from interop.config import MIN_CHUNK_BYTES, chunk_bytes_or_default
 from interop.pipeline import ring as rings
 from interop.pipeline.plan import STAGING_ALIGN, plan_chunks, round_up
@@ -118,7 +119,7 @@ def test_the_cache_lends_each_buffer_once_and_reuses_it(device):
     if counts:
         assert counts["host_free"] == frees + 3  # a failed transfer's ring is freed
     assert cached_buffers() == 1
-    assert not set(failed.ptrs) & {buf.ptr for v in rings._ring_cache.values() for buf in v}
+    assert not set(failed.ptrs) & {buf.ptr for v in ring_cache._by_key.values() for buf in v}
     free_cached_rings()
     assert (cached_buffers(), cached_bytes(), cached_rings()) == (0, 0, 0)
 
@@ -130,14 +131,14 @@ def test_a_returned_rings_buffers_are_cached_by_size_class_and_a_failed_one_is_f
         ptrs = set(lent.ptrs)
         assert lent.nbytes == 64 * KiB
         lent.arrays[1][:] = 7  # host-writable
-    assert {buf.ptr for buf in rings._ring_cache[key]} == ptrs
+    assert {buf.ptr for buf in ring_cache._by_key[key]} == ptrs
     with staging_ring(backend, 2, 4096) as again:
         assert set(again.ptrs) == ptrs  # reused, and not lent twice meanwhile
-        assert key not in rings._ring_cache
+        assert key not in ring_cache._by_key
     with pytest.raises(RuntimeError, match="boom"), staging_ring(backend, 2, 4096) as failed:
         raise RuntimeError("boom")
     assert failed.closed
-    assert key not in rings._ring_cache  # freed, not cached
+    assert key not in ring_cache._by_key  # freed, not cached
     free_cached_rings()
 
 
@@ -184,10 +185,10 @@ def test_many_shapes_pin_and_free_nothing_once_warm(device):
             np.testing.assert_array_equal(interop.copy_to_host(x, chunk_bytes=1 * MiB), a)
 
     one_round()
-    idle = sorted(buf.ptr for buf in rings._lru)
+    idle = sorted(buf.ptr for buf in ring_cache._lru)
     before = dict(device.emulated.counts) if device.emulated else None
     one_round()
-    assert sorted(buf.ptr for buf in rings._lru) == idle  # the same buffers, none new or freed
+    assert sorted(buf.ptr for buf in ring_cache._lru) == idle  # the same buffers, none new or freed
     if device.emulated:  # the emulated device counts the allocations and frees
         assert device.emulated.counts["host_alloc"] == before["host_alloc"]
         assert device.emulated.counts["host_free"] == before.get("host_free", 0)
@@ -227,7 +228,7 @@ def test_idle_memory_stays_within_twice_the_largest_ring(backend):
     (recent,) = lend(2, 256 * KiB)
     assert cached_bytes() <= budget
     assert cached_bytes() == budget - 1 * MiB + 2 * 256 * KiB  # one oldest 1 MiB buffer freed
-    assert set(recent) <= {buf.ptr for buf in rings._lru}  # the newest are kept
+    assert set(recent) <= {buf.ptr for buf in ring_cache._lru}  # the newest are kept
     for _ in range(3):  # every class below, at every count: still within the budget
         for size in (64 * KiB, 128 * KiB, 256 * KiB, 512 * KiB):
             for count in (1, 3, 4):
@@ -248,7 +249,7 @@ def test_the_most_recently_returned_buffers_are_kept(backend):
     small = borrow_ring(backend, 4, 512 * KiB)
     small_ptrs = list(small.ptrs)
     return_ring(small)  # 2 MiB more: over the 8 MiB budget, the oldest go first
-    idle = [buf.ptr for buf in rings._lru]
+    idle = [buf.ptr for buf in ring_cache._lru]
     assert idle[-4:] == small_ptrs
     assert set(second_ptrs[4:]) <= set(idle)  # returned last of the 1 MiB rings: kept
     assert len(set(second_ptrs[:4]) & set(idle)) == 2  # returned first: two freed
@@ -344,6 +345,7 @@ def test_a_forked_child_starts_with_an_empty_cache_and_a_free_lock():
     proc = run_python(
         """
         import os, threading
+        from interop._process import ring_cache
         from interop.pipeline import ring as rings
         from interop.testing import EmulatedDevice
 
@@ -353,7 +355,7 @@ def test_a_forked_child_starts_with_an_empty_cache_and_a_free_lock():
         held, release = threading.Event(), threading.Event()
 
         def hold():  # another thread inside the cache at the fork
-            with rings._ring_lock:
+            with ring_cache._lock:
                 held.set()
                 release.wait(30)
 
