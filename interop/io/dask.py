@@ -43,11 +43,11 @@ from ._format import (
     Layout,
     Runs,
     header_bytes,
+    move,
     open_unchanged,
-    read_into,
     read_npy_header,
+    refuse_masked,
     write_all,
-    write_from,
 )
 from .destination import Destination, prepare_destination
 
@@ -68,6 +68,8 @@ except ImportError as exc:  # pragma: no cover - the test environment installs d
     ) from exc
 
 __all__ = ["SaveError", "load_npy", "save_npy"]
+
+_FILLED = "da.ma.filled(darr, fill_value)"
 
 
 class SaveError(TransferError):
@@ -112,17 +114,6 @@ def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tupl
 # ------------------------------------------------------------------ save
 
 
-def _refuse_masked(x: Any, what: str) -> None:
-    """Refuse masked blocks: a ``.npy`` file has no room for the mask."""
-    if isinstance(x, np.ma.MaskedArray):
-        raise InvalidTypeError(
-            f"{what} expected blocks without a mask (got numpy.ma.MaskedArray blocks: a .npy "
-            "file holds no mask, and numpy.save refuses masked arrays too); save "
-            "da.ma.filled(darr, fill_value) for the values with the masked ones replaced, or "
-            "da.ma.getdata(darr) and da.ma.getmaskarray(darr) as two files"
-        )
-
-
 def _still_saving(fd: int, what: str) -> None:
     """Raise if the caller gave the save up (it removed the temporary file)."""
     if os.fstat(fd).st_nlink == 0:
@@ -150,7 +141,7 @@ def _write_block(
     Idempotent: run twice (a retry, a recomputation), it writes the same bytes."""
     func = "interop.dask.save_npy"
     origin, shape, what = _block(block_info[0], layout, func)
-    _refuse_masked(block, what)  # a mask its array's meta did not show
+    refuse_masked(block, f"{what}: expected a block", _FILLED)  # a mask its meta did not show
     src = array_source(block, func)
     got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
@@ -180,7 +171,7 @@ def _write_block(
         _still_saving(fd, what)
         writer = _block_writer(fd, layout.runs(origin, shape), what, src.obj)
         if src.on_device:  # through the staging ring, whose host threads write each slot
-            write_from(src, writer, func, "the block's C order", chunk_bytes=chunk)
+            move(src, writer, func, "the block's C order", chunk_bytes=chunk)
         else:  # chunk by chunk on this thread, the block's errors raised as they are
             plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
             for i in range(len(plan.chunks)):
@@ -410,7 +401,7 @@ def save_npy(
             f"{func} expected a dask.array.Array (got {type(darr).__module__}."
             f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
-    _refuse_masked(darr._meta, func)
+    refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
     dtype = np.dtype(darr.dtype)
     if dtype.hasobject:
         raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
@@ -497,7 +488,8 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
         else:  # non-native byte order is converted in the slots
             block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
         reader = FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
-        read_into(block, reader, "interop.dask.load_npy", "the block's C order")
+        dst = array_source(block, "interop.dask.load_npy")
+        move(dst, reader, "interop.dask.load_npy", "the block's C order")
     finally:
         os.close(fd)
     return block.T if source.fortran else block

@@ -4,7 +4,6 @@ and the array, through the staging ring for device data."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,10 +39,10 @@ from ._format import (
     Runs,
     file_dtype,
     header_bytes,
+    move,
     open_unchanged,
-    read_into,
     read_npy_header,
-    write_from,
+    refuse_masked,
 )
 from .destination import Destination, prepare_destination
 
@@ -108,7 +107,7 @@ def save_npy(
         A device chunk failed otherwise; the destination is untouched.
     """
     check_options(chunk_bytes, progress)  # refused before any file is made
-    _refuse_masked(x)
+    refuse_masked(x, "save_npy expected an array", "x.filled(fill_value)")
     src = array_source(x, "save_npy")
     if src.dtype.hasobject:
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
@@ -126,7 +125,7 @@ def save_npy(
             # a FIFO or device is written in order, by one thread
             threads = 1 if dest.streaming else 0
             options = {"chunk_bytes": chunk_bytes, "progress": progress, "threads": threads}
-            write_from(src, writer, "save_npy", "the file's data", **options)
+            move(src, writer, "save_npy", "the file's data", **options)
     except TransferError as exc:
         cause = exc.__cause__
         if writer is not None and any(cause is e for e in writer.failed):
@@ -174,18 +173,6 @@ def _transfer_failed(dest: Destination, exc: TransferError) -> TransferError:
         bytes_done=done,
         nbytes=exc.nbytes,
     )
-
-
-def _refuse_masked(x: Any) -> None:
-    """Refuse a ``numpy.ma.MaskedArray``: a ``.npy`` file has no room for its mask."""
-    ma = sys.modules.get("numpy.ma")
-    if ma is not None and isinstance(x, ma.MaskedArray):
-        raise InvalidTypeError(
-            "save_npy expected an array without a mask (got a numpy.ma.MaskedArray: a .npy "
-            "file holds no mask, and numpy.save refuses it too); save x.filled(fill_value) "
-            "for the values with the masked ones replaced, or x.data and "
-            "numpy.ma.getmaskarray(x) as two files"
-        )
 
 
 # ----------------------------------------------------------------------- load
@@ -428,7 +415,7 @@ def load_npy(
     try:
         reader = FileReader(fd, header.runs(), repr(str(header.path)), view, dtype=header.dtype)
         options = {"chunk_bytes": chunk_bytes, "progress": progress}
-        read_into(view, reader, "load_npy", "the file's data", **options)
+        move(array_source(view, "load_npy"), reader, "load_npy", "the file's data", **options)
     finally:
         os.close(fd)
     return result
