@@ -193,35 +193,20 @@ def _copy_to_host(
         out = np.empty(src.shape, src.dtype if cast is None else cast)
     else:
         check_host_out(out, src, "copy_to_host", cast)
+    options: dict[str, Any] = {"chunk_bytes": chunk_bytes, "progress": progress, "inline": inline}
     if src.on_device:
         request = TransferRequest(
-            "copy_to_host",
-            "d2h",
-            out,
-            CopyOut(out),
-            device=src,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
-            host=out,
-            cast=cast,
-            inline=inline,
+            "copy_to_host", "d2h", out, CopyOut(out), device=src, host=out, cast=cast, **options
         )
     else:
-        threads = host_copy_threads()
+        threads = options["threads"] = host_copy_threads()
+        itemsize = out.dtype.itemsize  # progress counts out's bytes
         if chunk_bytes is None:
-            nbytes = nbytes_of(src.shape, out.dtype.itemsize)  # progress counts out's bytes
-            chunk_bytes = host_chunk_bytes(nbytes, chunk_bytes_or_default(None), threads)
+            nbytes = nbytes_of(src.shape, itemsize)
+            options["chunk_bytes"] = host_chunk_bytes(nbytes, chunk_bytes_or_default(None), threads)
+        stage = CopyOut(out, src.obj, cast=cast is not None)
         request = TransferRequest(
-            "copy_to_host",
-            "h2h",
-            out,
-            CopyOut(out, src.obj, cast=cast is not None),
-            shape=src.shape,
-            itemsize=out.dtype.itemsize,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
-            threads=threads,
-            inline=inline,
+            "copy_to_host", "h2h", out, stage, shape=src.shape, itemsize=itemsize, **options
         )
     return start(request)
 
@@ -274,27 +259,15 @@ def _copy_to_device(
         else:
             result = empty_device(src.shape, native, device)
         dst = array_source(result, "copy_to_device")
+    options: dict[str, Any] = {"chunk_bytes": chunk_bytes, "progress": progress}
     if src.on_device:
         request = TransferRequest(
-            "copy_to_device",
-            "d2d",
-            result,
-            device=src,
-            target=dst,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
+            "copy_to_device", "d2d", result, device=src, target=dst, **options
         )
     else:
+        stage, host = CopyIn(src.obj, native), _host_bytes(src, native)
         request = TransferRequest(
-            "copy_to_device",
-            "h2d",
-            result,
-            CopyIn(src.obj, native),
-            device=dst,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
-            host=_host_bytes(src, native),
-            inline=inline,
+            "copy_to_device", "h2d", result, stage, device=dst, host=host, inline=inline, **options
         )
     return start(request)
 

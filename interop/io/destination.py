@@ -276,14 +276,7 @@ def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
         st = os.stat(dest)
     except FileNotFoundError:
         return None, False
-    except NotADirectoryError as exc:
-        raise path_error(
-            errno.ENOTDIR,
-            f"{func} cannot write {shown!r}: a component of its directory is a file, "
-            "not a directory",
-            shown,
-        ) from exc
-    except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES on a directory above
+    except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, EACCES on a directory above
         raise path_error(
             exc.errno,
             f"{func} cannot write {shown!r}: {exc.strerror}{_FIXES.get(exc.errno, '')}",
@@ -392,6 +385,7 @@ def _check_permissions(
 
 
 _FIXES: dict[int | None, str] = {  # what to do about a failed stat of the path
+    errno.ENOTDIR: "; a component of its directory is a file, not a directory",
     errno.ENAMETOOLONG: "; use a shorter name",
     errno.ELOOP: "; the symlinks at the path lead back to themselves: fix or remove them",
     errno.EACCES: "; a directory above it may not be searched by this process: save elsewhere",

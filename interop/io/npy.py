@@ -131,7 +131,10 @@ def save_npy(
         if writer is not None and any(cause is e for e in writer.failed):
             assert isinstance(cause, OSError)  # the file could not be written
             raise _write_failed(dest, cause, exc.bytes_done) from cause
-        raise _transfer_failed(dest, exc) from cause
+        what = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
+        done = exc.bytes_done if dest.streaming else 0  # no byte of an atomic save is kept
+        message = f"save_npy {what}; {_what_is_left(dest, done)}"
+        raise TransferError(message, bytes_done=done, nbytes=exc.nbytes) from cause
     except OSError as exc:
         if isinstance(exc, InteropError):
             raise
@@ -163,33 +166,7 @@ def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None)
     )
 
 
-def _transfer_failed(dest: Destination, exc: TransferError) -> TransferError:
-    """The pipeline's error restated for the file: no byte of an atomic save is kept."""
-    cause = exc.__cause__
-    what = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
-    done = exc.bytes_done if dest.streaming else 0
-    return TransferError(
-        f"save_npy {what}; {_what_is_left(dest, done)}",
-        bytes_done=done,
-        nbytes=exc.nbytes,
-    )
-
-
 # ----------------------------------------------------------------------- load
-
-
-_DEVICES = (
-    "None or 'cpu' (a NumPy array), or 'cuda', 'cuda:N', an int, a torch.device or a "
-    "cupy.cuda.Device (a CuPy array on that device)"
-)
-
-
-def _load_target(device: Any) -> Target | None:
-    """``device`` as ``("cpu", None)`` / ``("cuda", index or None)``, or None."""
-    try:
-        return parse_device(device)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"load_npy expected device to be {_DEVICES} (got {device!r})") from None
 
 
 def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[Any, bool]:
@@ -405,7 +382,13 @@ def load_npy(
     TransferError
         Reading failed part-way; the message says which byte range is complete.
     """
-    target = _load_target(device)
+    try:
+        target = parse_device(device)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(
+            "load_npy expected device to be None or 'cpu' (a NumPy array), or 'cuda', 'cuda:N', "
+            f"an int, a torch.device or a cupy.cuda.Device (a CuPy array) (got {device!r})"
+        ) from None
     check_options(chunk_bytes, progress)
     header = read_npy_header(path)
     dest, host = _destination(header, out, target)
