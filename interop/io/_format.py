@@ -142,20 +142,8 @@ def _header_text(f: BinaryIO, shown: str) -> bytes:
 
 
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and check the header of a ``.npy`` file (format 1.0, 2.0 or 3.0)
-    without reading its data.
-
-    Raises
-    ------
-    NpyFormatError
-        Not a ``.npy`` file, a corrupt header or one longer than ``numpy.load``
-        parses by default, an impossible shape, Python objects (never
-        unpickled), or a size that does not match the header.
-    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
-        The file cannot be opened, or is no regular file (nothing is read from it).
-    InvalidTypeError, InvalidValueError
-        ``path`` is not a str or ``os.PathLike``, or holds a NUL byte.
-    """
+    """Read and check the header of a ``.npy`` file (format 1.0, 2.0 or 3.0) and
+    its size, reading no data (NpyFormatError, or a PathError for no regular file)."""
     path = Path(checked_path(path, "load_npy"))
     shown = repr(str(path))
     try:
@@ -232,8 +220,7 @@ def refuse_masked(x: Any, expected: str, filled: str) -> None:
 
 @dataclass(frozen=True)
 class Runs:
-    """The file stretches that hold one block: byte ``b`` of the block (in its
-    C order) is at ``offsets[b // nbytes] + b % nbytes``."""
+    """Where a block lies: its C-order byte ``b`` at ``offsets[b // nbytes] + b % nbytes``."""
 
     offsets: np.ndarray
     nbytes: int
@@ -332,10 +319,8 @@ class _FileStage:
 
 
 class FileWriter(_FileStage):
-    """Write each chunk to the file: from its slot, or (host to host) from
-    ``array``'s values in ``dtype``. ``check`` runs before each piece; a write
-    that fails is added to ``failed`` (to tell it from the pipeline's other
-    errors) and re-raised."""
+    """Write each chunk from its slot, or from ``array``'s values in ``dtype``; ``check``
+    runs before each piece; a failed write is kept in ``failed`` and re-raised."""
 
     def __init__(
         self,
@@ -374,9 +359,7 @@ class FileWriter(_FileStage):
 
 
 class FileReader(_FileStage):
-    """Read each chunk from the file: into its slot, converting ``dtype``'s
-    non-native byte order there, or (host to host) into ``array``, bytes as
-    stored."""
+    """Read each chunk into its slot, in native byte order, or into ``array`` as stored."""
 
     def __init__(
         self, fd: int, runs: Runs, what: str, array: Any = None, *, dtype: np.dtype

@@ -69,11 +69,8 @@ class _ReplacedFiles:
             fd = os.open(target, flags)
         except OSError:
             return None
-        try:
-            now = os.fstat(fd)
-        except OSError:  # pragma: no cover - fstat of a descriptor just opened
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
             return None
         with self._lock:

@@ -424,15 +424,6 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     return block.T if source.fortran else block
 
 
-def _meta(ndim: int, dtype: np.dtype, device: Any) -> Any:
-    """The empty block that describes the array's blocks to dask."""
-    if device is None or device[0] != "cuda":
-        return np.empty((0,) * ndim, dtype)
-    cp = _backends.require_cupy_device()
-    dtypes.check_cupy_dtype(dtype)
-    return cp.empty((0,) * ndim, dtype)
-
-
 def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: Any = None) -> Any:
     """A dask array whose blocks are read from a ``.npy`` file on the workers.
 
@@ -479,14 +470,18 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
             f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
         ) from exc
-    # CuPy blocks in native byte order (CuPy holds no other), NumPy blocks in the file's
-    on_device = target is not None and target[0] == "cuda"
-    dtype = header.dtype.newbyteorder("=") if on_device else header.dtype
+    dtype, empty = header.dtype, (0,) * len(header.shape)
+    if target is not None and target[0] == "cuda":  # native byte order: CuPy holds no other
+        cp = _backends.require_cupy_device()
+        dtype = header.dtype.newbyteorder("=")
+        dtypes.check_cupy_dtype(dtype)
+        meta = cp.empty(empty, dtype)  # the empty block that describes the blocks to dask
+    else:
+        meta = np.empty(empty, dtype)
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
     layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
     source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())
     name = f"interop-load-npy-{tokenize(source, normalized, target)}"
-    meta = _meta(len(header.shape), dtype, target)
     return da.map_blocks(
         _read_block,
         name=name,

@@ -368,7 +368,7 @@ def load_npy(
     Raises
     ------
     NpyFormatError
-        A corrupt, truncated or object-dtype file (see :func:`read_npy_header`).
+        A corrupt, truncated or object-dtype file, or a header ``numpy.load`` would not parse.
     InvalidValueError, InvalidTypeError
         A wrong ``out`` (shape, dtype, byte order, read-only, a memory map of
         the file itself) or ``device``, ``path`` not a path; a file replaced
