@@ -193,20 +193,35 @@ def _copy_to_host(
         out = np.empty(src.shape, src.dtype if cast is None else cast)
     else:
         check_host_out(out, src, "copy_to_host", cast)
-    options: dict[str, Any] = {"chunk_bytes": chunk_bytes, "progress": progress, "inline": inline}
     if src.on_device:
         request = TransferRequest(
-            "copy_to_host", "d2h", out, CopyOut(out), device=src, host=out, cast=cast, **options
+            "copy_to_host",
+            "d2h",
+            out,
+            CopyOut(out),
+            device=src,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            host=out,
+            cast=cast,
+            inline=inline,
         )
     else:
-        threads = options["threads"] = host_copy_threads()
-        itemsize = out.dtype.itemsize  # progress counts out's bytes
+        threads = host_copy_threads()
         if chunk_bytes is None:
-            nbytes = nbytes_of(src.shape, itemsize)
-            options["chunk_bytes"] = host_chunk_bytes(nbytes, chunk_bytes_or_default(None), threads)
-        stage = CopyOut(out, src.obj, cast=cast is not None)
+            nbytes = nbytes_of(src.shape, out.dtype.itemsize)  # progress counts out's bytes
+            chunk_bytes = host_chunk_bytes(nbytes, chunk_bytes_or_default(None), threads)
         request = TransferRequest(
-            "copy_to_host", "h2h", out, stage, shape=src.shape, itemsize=itemsize, **options
+            "copy_to_host",
+            "h2h",
+            out,
+            CopyOut(out, src.obj, cast=cast is not None),
+            shape=src.shape,
+            itemsize=out.dtype.itemsize,
+            chunk_bytes=chunk_bytes,
+            progress=progress,
+            threads=threads,
+            inline=inline,
         )
     return start(request)
 

@@ -60,10 +60,6 @@ class NpyHeader:
     nbytes: int  # of the data
     identity: tuple[int, int, int, int]  # file_identity() when the header was read
 
-    def runs(self) -> Runs:
-        """Where the data lies: one run from :attr:`offset`."""
-        return Runs(np.array([self.offset], np.int64), self.nbytes)
-
 
 # numpy.load's default max_header_size: a longer header is not parsed (its
 # literal_eval could take unbounded memory and time on an untrusted file).
@@ -86,9 +82,8 @@ def open_unchanged(
     if now[first:] != tuple(identity)[first:]:
         os.close(fd)
         raise InvalidValueError(
-            f"{what}: expected the file whose header was read, (device, inode, size, mtime_ns) "
-            f"{tuple(identity)} (got {now}); it was replaced or changed since: call load_npy "
-            "again"
+            f"{what}: expected the file whose header was read (device, inode, size, mtime_ns "
+            f"{tuple(identity)}, got {now}); it was replaced or changed since: call load_npy again"
         )
     return fd
 
@@ -361,9 +356,7 @@ class FileWriter(_FileStage):
 class FileReader(_FileStage):
     """Read each chunk into its slot, in native byte order, or into ``array`` as stored."""
 
-    def __init__(
-        self, fd: int, runs: Runs, what: str, array: Any = None, *, dtype: np.dtype
-    ) -> None:
+    def __init__(self, fd: int, runs: Runs, what: str, array: Any, *, dtype: np.dtype) -> None:
         super().__init__(fd, runs, what, array)
         self.align = dtype.itemsize
         self.native = dtype.newbyteorder("=")

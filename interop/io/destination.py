@@ -22,6 +22,7 @@ __all__ = [
     "checked_path",
     "file_kind",
     "prepare_destination",
+    "same_file",
     "wait_for_replaced_files",
 ]
 
@@ -45,9 +46,7 @@ class Destination:
 
     __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
 
-    def __init__(
-        self, path: Path, target: Path, *, streaming: bool, func: str = "save_npy"
-    ) -> None:
+    def __init__(self, path: Path, target: Path, *, streaming: bool, func: str) -> None:
         self.path = path  # as given, with .npy appended
         self.target = target  # what is written or replaced: absolute, symlinks followed
         self.streaming = streaming  # written in place, in order: no temporary, no offsets
@@ -219,7 +218,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
         real = _follow_links(dest)
         # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]":
         # open the path as given when the link's text does not name the file.
-        target = real if _same_file(real, st) else dest.absolute()
+        target = real if same_file(real, st) else dest.absolute()
         return Destination(dest, target, streaming=True, func=func)
     target = _replaced_target(dest, st, func)
     dir_st = _check_directory(target, str(dest), func)
@@ -307,7 +306,7 @@ def _replaced_target(dest: Path, st: os.stat_result | None, func: str) -> Path:
     """Step 3: the file replaced (or created), symlinks followed; it must be the
     file ``dest`` names (a link into ``/proc`` may not lead there)."""
     target = _follow_links(dest)
-    if st is not None and not _same_file(target, st):
+    if st is not None and not same_file(target, st):
         raise path_error(
             errno.EINVAL,
             f"{func} cannot replace {str(dest)!r}: it resolves to {str(target)!r}, which is not "
@@ -407,7 +406,8 @@ def _follow_links(path: Path) -> Path:
     raise path_error(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
 
 
-def _same_file(path: Path, st: os.stat_result | None) -> bool:
+def same_file(path: Path, st: os.stat_result | None) -> bool:
+    """Whether ``path`` is the file of ``st`` (False where it cannot be looked at)."""
     try:
         other = os.stat(path)
     except OSError:

@@ -44,7 +44,7 @@ from ._format import (
     read_npy_header,
     refuse_masked,
 )
-from .destination import Destination, prepare_destination
+from .destination import Destination, prepare_destination, same_file
 
 if TYPE_CHECKING:
     from ..arrays import Target
@@ -305,20 +305,13 @@ def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
         if inode != st.st_ino or start >= size or end <= 0:
             continue
         # btrfs and overlayfs show another device number in the maps
-        if dev == st.st_dev or (name.startswith("/") and _same_file(name, header.path)):
+        if dev == st.st_dev or (name.startswith("/") and same_file(Path(name), st)):
             raise InvalidValueError(
                 f"expected out for {str(header.path)!r} not to be a memory map of that file "
                 f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it, which "
                 "the read would change before reading them); load into new memory and copy: "
                 "out[...] = interop.load_npy(path)"
             )
-
-
-def _same_file(a: str, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
 
 
 def _c_order_view(dest: Any, fortran: bool) -> Any:
@@ -396,7 +389,8 @@ def load_npy(
     view = _c_order_view(dest if host else result, header.fortran_order)
     fd = open_unchanged(header.path, header.identity, "load_npy")
     try:
-        reader = FileReader(fd, header.runs(), repr(str(header.path)), view, dtype=header.dtype)
+        runs = Runs(np.array([header.offset], np.int64), header.nbytes)
+        reader = FileReader(fd, runs, repr(str(header.path)), view, dtype=header.dtype)
         options = {"chunk_bytes": chunk_bytes, "progress": progress}
         move(array_source(view, "load_npy"), reader, "load_npy", "the file's data", **options)
     finally:
