@@ -1,9 +1,5 @@
-"""Save and load dask arrays of NumPy or CuPy blocks as one ``.npy`` file, on
-the workers (the documented module path; the code is in :mod:`interop.io.dask`).
-
-``import interop.dask`` needs the ``dask`` extra; ``import interop`` never
-imports dask.
-"""
+"""Dask arrays of NumPy or CuPy blocks saved to and loaded from one ``.npy`` file on the
+workers (needs the ``dask`` extra; the code is in :mod:`interop.io.dask`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Chunked copies between host and device: ``copy_to_host``, ``copy_to_device``
-and their asynchronous forms.
-
-The public calls: they check their arguments (before anything is written),
-describe the source and destination once, build one
-:class:`~interop.pipeline.request.TransferRequest` and start it
-(:func:`interop.pipeline.start.start`).
-"""
+"""``copy_to_host`` and ``copy_to_device`` (and their asynchronous forms): check
+the arguments, build one :class:`~interop.pipeline.request.TransferRequest`, start it."""
 
 from __future__ import annotations
 
@@ -86,26 +80,18 @@ def copy_to_host_async(
     Parameters
     ----------
     x : array
-        A CuPy array, a PyTorch tensor (CUDA or CPU) or a NumPy array
-        (memmaps included), any strides. bfloat16/float8 tensors are copied
-        bit for bit into the ``ml_dtypes`` dtype of the same name; tensors
-        with the conjugate/negative bit give the values they represent.
+        A CuPy array, a PyTorch tensor (CUDA or CPU) or a NumPy array (memmaps
+        included), any strides; bfloat16/float8 come as their ``ml_dtypes`` dtype.
     out : numpy.ndarray, optional
-        Writable destination (``numpy.memmap`` included), exactly ``x.shape``
-        and the matching dtype (``dtype`` where given), any strides; default:
-        a new (pageable) array.
+        Writable, exactly ``x.shape`` and the matching dtype, any strides;
+        default: a new array.
     dtype : numpy dtype, optional
-        Cast on the way to this floating dtype (float16, float32, float64, or
-        an ``ml_dtypes`` one such as bfloat16), for a floating ``x``; each
-        chunk is cast where it is (device data into a chunk-sized temporary
-        on the producer's stream), never the whole array, unlike
-        ``t.float().cpu()``. Default: a bit-for-bit copy.
+        Cast a floating ``x`` to this floating dtype, chunk by chunk where it is.
     chunk_bytes : int, optional
         Chunk (staging buffer) size; default ``interop.config.chunk_bytes``.
     progress : bool or callable
-        ``True`` shows a tqdm bar in bytes; a callable is called as
-        ``progress(bytes_done, bytes_total)`` from the transfer's thread, as
-        chunks complete, in order.
+        ``True``: a tqdm bar in bytes; a callable gets ``(bytes_done, bytes_total)``
+        from the transfer's thread as chunks complete.
 
     Returns
     -------
@@ -114,26 +100,17 @@ def copy_to_host_async(
 
     Notes
     -----
-    Always a copy. Device sources go through a ring of
-    ``interop.config.num_buffers`` pinned buffers on a dedicated stream that
-    waits (an event, not a device-wide sync) on the producer's current stream
-    of the data's device, so the copy sees all work queued before the call;
-    non-contiguous chunks are packed on the device into ring-sized staging
-    rows. An ``out`` in page-locked memory (``cupyx.empty_pinned``, a pinned
-    tensor's ``.numpy()``, registered memory) and C-contiguous is written by
-    the DMAs directly. Host sources are copied chunk by chunk by
-    ``interop.config.host_threads`` threads where that was set, else by all
-    the CPUs (at most 8).
+    Always a copy. Ordered after the work queued on the producer's current
+    stream (an event, not a device-wide sync); device data goes through a ring
+    of pinned buffers on a dedicated stream (a page-locked, C-contiguous ``out``
+    is written by the DMAs directly), host data is copied by host threads.
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        ``x`` is not an array (or a nested, sparse or meta tensor); ``out``
-        has the wrong type, shape or dtype, is read-only, overlaps the source
-        or has elements that may share memory (a stride of 0, an
-        ``as_strided`` view); ``dtype`` (not floating to floating),
-        ``chunk_bytes`` or ``progress`` is refused. A ``TypeError`` or
-        ``ValueError``, before anything is written.
+        ``x`` is not an array; ``out`` has the wrong type, shape or dtype, is
+        read-only, overlaps ``x`` or has elements that share memory; a refused
+        ``dtype``, ``chunk_bytes`` or ``progress``. Before anything is written.
     UnsupportedDtypeError
         The dtype has no NumPy equivalent (``torch.complex32``).
     NoDeviceError, BackendUnavailableError
@@ -151,8 +128,8 @@ def copy_to_host(
     chunk_bytes: int | None = None,
     progress: Any = False,
 ) -> np.ndarray:
-    """Copy ``x`` into host memory in chunks; ``copy_to_host_async(...).result()``
-    (its parameters, copy semantics and stream order).
+    """Copy ``x`` into host memory in chunks: ``copy_to_host_async(...).result()``
+    (see it for the parameters, copy semantics and stream order).
 
     Returns
     -------
@@ -164,8 +141,7 @@ def copy_to_host(
     InvalidTypeError, InvalidValueError
         As :func:`copy_to_host_async`, before anything is written.
     TransferError
-        A chunk failed or the copy was cancelled; the message says which byte
-        range is complete. The error keeps neither ``x`` nor ``out`` alive.
+        A chunk failed; the message says which byte range is complete.
     KeyboardInterrupt
         Interrupted: the copy is cancelled and every resource released first.
     """
@@ -182,9 +158,7 @@ HOST_SMALL_BYTES = 32 << 20  # at most one chunk of the default size: one copy, 
 
 
 def _small_host_copy(x: Any) -> np.ndarray | None:
-    """A plain host array (an exact NumPy array, not a memmap; a plain CPU
-    tensor) of at most one chunk copied in one call, without the engine's
-    bookkeeping; None for anything else."""
+    """A plain NumPy array or CPU tensor of at most one chunk, copied in one call; else None."""
     if type(x) is np.ndarray:
         return x.copy() if x.nbytes <= HOST_SMALL_BYTES else None
     th = sys.modules.get("torch")  # no tensor exists before torch is imported
@@ -211,8 +185,7 @@ def _copy_to_host(
     *,
     inline: bool,
 ) -> Transfer:
-    """``copy_to_host_async``; ``inline``: the copy runs on the calling thread
-    before this returns (``copy_to_host``, which waits for it anyway)."""
+    """``copy_to_host_async``; ``inline``: run the copy on this thread before returning."""
     check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_host")
     cast = dtypes.check_cast(src.dtype, dtype, "copy_to_host")
@@ -267,16 +240,13 @@ def copy_to_device_async(
 ) -> Transfer:
     """Start a copy of ``x`` into device memory; return a :class:`Transfer`.
 
-    The host threads and the copy stream work while the caller goes on. See
-    :func:`copy_to_device` for the parameters, copy semantics, stream order
+    See :func:`copy_to_device` for the parameters, copy semantics, stream order
     and errors (all but ``TransferError`` raised here).
 
     Returns
     -------
     Transfer
-        ``result()`` returns ``out`` (or the new CuPy array) once the data is
-        on the device; ``bytes_done`` counts the bytes already there, in the
-        source's C order.
+        ``result()`` returns ``out`` (or the new CuPy array) once the data is on the device.
     """
     return _copy_to_device(x, out, device, chunk_bytes, progress, inline=False)
 
@@ -290,8 +260,7 @@ def _copy_to_device(
     *,
     inline: bool,
 ) -> Transfer:
-    """``copy_to_device_async``; ``inline``: the copy runs on the calling thread
-    before this returns (``copy_to_device``, which waits for it anyway)."""
+    """``copy_to_device_async``; ``inline``: run the copy on this thread before returning."""
     check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_device")
     native = src.dtype.newbyteorder("=")
@@ -305,27 +274,15 @@ def _copy_to_device(
         else:
             result = empty_device(src.shape, native, device)
         dst = array_source(result, "copy_to_device")
+    options: dict[str, Any] = {"chunk_bytes": chunk_bytes, "progress": progress}
     if src.on_device:
         request = TransferRequest(
-            "copy_to_device",
-            "d2d",
-            result,
-            device=src,
-            target=dst,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
+            "copy_to_device", "d2d", result, device=src, target=dst, **options
         )
     else:
+        stage, host = CopyIn(src.obj, native), _host_bytes(src, native)
         request = TransferRequest(
-            "copy_to_device",
-            "h2d",
-            result,
-            CopyIn(src.obj, native),
-            device=dst,
-            chunk_bytes=chunk_bytes,
-            progress=progress,
-            host=_host_bytes(src, native),
-            inline=inline,
+            "copy_to_device", "h2d", result, stage, device=dst, host=host, inline=inline, **options
         )
     return start(request)
 
@@ -345,13 +302,11 @@ def copy_to_device(
     ----------
     x : array
         Host data (NumPy arrays of any strides and byte order, memmaps, CPU
-        or pinned tensors) or device data (CuPy arrays, CUDA tensors).
+        tensors) or device data (CuPy arrays, CUDA tensors).
     out : cupy.ndarray or torch.Tensor, optional
-        Exactly ``x.shape`` and ``x``'s dtype in native byte order, any
-        strides; checked before anything is written.
+        Exactly ``x.shape`` and ``x``'s dtype in native byte order, any strides.
     device : optional
-        Without ``out``: the CUDA device of the new CuPy array (default: the
-        current one).
+        Without ``out``: the CUDA device of the new CuPy array (default: the current one).
     chunk_bytes, progress
         As for :func:`copy_to_host_async` (chunks complete on the device).
 
@@ -362,41 +317,24 @@ def copy_to_device(
 
     Notes
     -----
-    Always a copy. Host data: host threads fill a ring of ``num_buffers``
-    pinned slots (converting non-native byte order) while earlier slots are
-    copied on a dedicated stream that first waits (an event, not a
-    device-wide sync) on the current stream of ``out``'s library; the call
-    returns once the data is on the device, so the result can be used on any
-    stream. Extra pinned memory is the ring; a non-contiguous ``out`` uses as
-    much device memory again for unpacking. A page-locked, C-contiguous,
-    native-order source without a conjugate/negative bit is read by the DMAs
-    directly.
-
-    Device data: one copy queued on the current stream of ``out``'s library,
-    after an event on ``x``'s library's current stream, which then waits for
-    the copy too (no host synchronisation; the call does not wait for the
-    copy). A conjugate/negative-bit tensor is first resolved into a
-    temporary on ``x``'s stream; ``x`` on another device is first moved
-    whole (one peer DMA of the bytes it spans) to ``out``'s device.
+    Always a copy. Host data: host threads fill a ring of pinned slots copied
+    on a dedicated stream that first waits (an event) on the current stream of
+    ``out``'s library; the call returns once the data is on the device. Device
+    data: one copy queued on the current stream of ``out``'s library after an
+    event on ``x``'s library's current stream; the call does not wait for it.
 
     Raises
     ------
     InvalidValueError, InvalidTypeError
-        Wrong ``out`` (type, shape, dtype, elements that may share memory)
-        or ``device`` (a ``ValueError`` or ``TypeError``); nothing is written.
+        Wrong ``out`` (type, shape, dtype, elements that share memory) or
+        ``device``; nothing is written.
     NoDeviceError, BackendUnavailableError
-        No CUDA device, or CuPy missing (:class:`~interop.CudaAfterForkError`
-        in a process forked after its parent initialised CUDA).
+        No CUDA device, or CuPy missing.
     CaptureError
-        Inside CUDA graph capture: host data (it goes through pinned host
-        memory); a new result without ``out`` (CuPy's pool would grow with
-        ``cudaMalloc``; not under :func:`interop.use_torch_allocator`); device
-        data between two streams one of which captures, unless ``x``'s
-        captures and ``out``'s can join it (not the legacy default stream).
-        Raised before anything is allocated or queued: the capture stays valid.
+        Inside CUDA graph capture: host data, a new result without ``out``, or two
+        streams one of which captures; raised before anything is queued.
     TransferError
-        A chunk failed; the message says which byte range is complete. Every
-        staging buffer and stream is released.
+        A chunk failed; the message says which byte range is complete.
     """
     transfer = _copy_to_device(x, out, device, chunk_bytes, progress, inline=True)
     del x, out

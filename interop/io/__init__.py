@@ -1,8 +1,2 @@
-"""Files: the ``.npy`` format, where a saved file goes, save/load, Dask.
-
-``_format``      the ``.npy`` header, where an array's bytes lie, the file stages
-``destination``  the atomic-replace policy of every save
-``_replaced``    replaced files, freed by a background thread
-``npy``          :func:`interop.save_npy` / :func:`interop.load_npy`
-``dask``         :mod:`interop.dask`'s implementation (imports dask)
-"""
+"""Files: the ``.npy`` format (``_format``), where a save writes (``destination``,
+``_replaced``), ``save_npy``/``load_npy`` (``npy``) and :mod:`interop.dask` (``dask``)."""

@@ -1,15 +1,6 @@
-"""The ``.npy`` file: its header, where an array's bytes lie, and the host
-stages that move chunks to and from those places.
-
-The header is ``numpy.lib.format``'s (formats 1.0, 2.0 and 3.0 are read, as by
-``numpy.load``). bfloat16 and float8 arrays are written under their
-``ml_dtypes`` name as ``descr`` (``'bfloat16'``, ...), which ``numpy.load``
-reads once ``ml_dtypes`` is imported and refuses before (``numpy.save`` writes
-them as opaque ``'<V2'`` records and loses the dtype).
-
-:class:`FileWriter` and :class:`FileReader`, the pipeline's host stages for
-files, move each chunk with positioned writes and reads at its offsets; never
-through a file mapping, whose written pages stay in the process's memory.
+"""The ``.npy`` file: its header (``numpy.lib.format``'s, formats 1.0 to 3.0), where
+an array's bytes lie in it, and the pipeline's host stages that write and read
+them with positioned I/O (never through a mapping, whose pages would stay resident).
 """
 
 from __future__ import annotations
@@ -24,14 +15,14 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 from numpy.lib import format as npformat
 
 from .. import dtypes
-from ..arrays import Source, array_source, host_values
-from ..errors import InvalidValueError, NpyFormatError, path_error
+from ..arrays import Source, host_values
+from ..errors import InvalidTypeError, InvalidValueError, NpyFormatError, path_error
 from ..pipeline.plan import Plan, split_bytes
 from ..pipeline.request import TransferRequest
 from ..pipeline.start import start
@@ -46,11 +37,11 @@ __all__ = [
     "file_dtype",
     "file_identity",
     "header_bytes",
+    "move",
     "open_unchanged",
-    "read_into",
     "read_npy_header",
+    "refuse_masked",
     "write_all",
-    "write_from",
 ]
 
 
@@ -67,13 +58,7 @@ class NpyHeader:
     fortran_order: bool  # the data is stored in Fortran (column-major) order
     offset: int  # of the data in the file
     nbytes: int  # of the data
-    # device, inode, size and st_mtime_ns when the header was read: a reader
-    # that finds another identity reads a file replaced or changed since
-    identity: tuple[int, int, int, int]
-
-    def runs(self) -> Runs:
-        """Where the data lies: one run from :attr:`offset`."""
-        return Runs(np.array([self.offset], np.int64), self.nbytes)
+    identity: tuple[int, int, int, int]  # file_identity() when the header was read
 
 
 # numpy.load's default max_header_size: a longer header is not parsed (its
@@ -89,45 +74,32 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
 def open_unchanged(
     path: str | os.PathLike[str], identity: tuple[int, ...], what: str, *, same_machine: bool = True
 ) -> int:
-    """Open ``path`` for reading, unless it is no longer the file of ``identity``
-    (replaced or written since); on another machine the device number is not
-    compared (a shared file has another one there)."""
+    """Open ``path`` for reading unless it is no longer the file of ``identity``
+    (the device number is compared on the same machine only)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     now = file_identity(os.fstat(fd))
-    first = 0 if same_machine else 1  # the device number holds on one machine only
+    first = 0 if same_machine else 1
     if now[first:] != tuple(identity)[first:]:
         os.close(fd)
         raise InvalidValueError(
-            f"{what}: expected the file whose header was read, (device, inode, size, mtime_ns) "
-            f"{tuple(identity)} (got {now}); it was replaced or changed since: call load_npy "
-            "again"
+            f"{what}: expected the file whose header was read (device, inode, size, mtime_ns "
+            f"{tuple(identity)}, got {now}); it was replaced or changed since: call load_npy again"
         )
     return fd
 
 
-def _header_length(f: BinaryIO, version: tuple[int, int]) -> int:
-    """The header length a file of ``version`` states (``f`` left where it was)."""
-    size = "<H" if version == (1, 0) else "<I"
-    raw = f.read(struct.calcsize(size))
-    f.seek(-len(raw), os.SEEK_CUR)
-    return struct.unpack(size, raw)[0] if len(raw) == struct.calcsize(size) else 0
-
-
-def _descr(dtype: np.dtype) -> Any:
-    if dtypes.is_ml_dtype(dtype):
-        return dtype.name  # numpy.load resolves the name once ml_dtypes is imported
-    return npformat.dtype_to_descr(dtype)
-
-
 def file_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a file stores ``dtype``'s values in: itself, but bfloat16 and
-    float8 in native byte order (a header names them, with no byte order)."""
+    """The dtype a file stores ``dtype``'s values in: bfloat16 and float8 in
+    native byte order (a header names them without one), others as they are."""
     native = dtype.newbyteorder("=")
     return native if dtypes.is_ml_dtype(native) else dtype
 
 
 def header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    header = {"descr": _descr(dtype), "fortran_order": False, "shape": tuple(shape)}
+    """The header of a C-order file; bfloat16 and float8 under their ``ml_dtypes``
+    name, which ``numpy.load`` reads once ``ml_dtypes`` is imported."""
+    descr = dtype.name if dtypes.is_ml_dtype(dtype) else npformat.dtype_to_descr(dtype)
+    header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
     try:
         npformat.write_array_header_1_0(buf, header)
@@ -137,49 +109,36 @@ def header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     return buf.getvalue()
 
 
-def _read_array_header_3_0(f: BinaryIO) -> tuple[Any, bool, np.dtype]:
-    """Read a format 3.0 header (2.0 with UTF-8 text), leaving ``f`` at the data."""
-    # numpy.lib.format reads 3.0 only inside numpy.load: its public 2.0 reader
-    # gets the text with non-ASCII characters escaped (they occur only inside
-    # string literals, so the header means the same).
-    size_bytes = f.read(4)
-    if len(size_bytes) < 4:
+def _header_text(f: BinaryIO, shown: str) -> bytes:
+    """The header after the magic, as a format 2.0 header (``f`` left at the data)."""
+    version = npformat.read_magic(f)
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise ValueError(
+            f"unsupported .npy format version {version[0]}.{version[1]} (expected 1.0, 2.0 or 3.0)"
+        )
+    size = "<H" if version == (1, 0) else "<I"
+    raw = f.read(struct.calcsize(size))
+    if len(raw) < struct.calcsize(size):
         raise ValueError("EOF while reading the header length")
-    (size,) = struct.unpack("<I", size_bytes)
-    text = f.read(size)
-    if len(text) < size:
-        raise ValueError(f"EOF while reading a header of {size} bytes")
-    escaped = text.decode("utf-8").encode("ascii", "backslashreplace")
-    return npformat.read_array_header_2_0(
-        io.BytesIO(struct.pack("<I", len(escaped)) + escaped), max_header_size=len(escaped)
-    )
-
-
-_HEADER_READERS: dict[tuple[int, int], Callable[[BinaryIO], tuple[Any, bool, np.dtype]]] = {
-    (1, 0): npformat.read_array_header_1_0,
-    (2, 0): npformat.read_array_header_2_0,
-    (3, 0): _read_array_header_3_0,
-}
+    (length,) = struct.unpack(size, raw)
+    if length > _MAX_HEADER_SIZE:
+        raise NpyFormatError(
+            f"{shown} is not read by load_npy: its header is {length} bytes, more than the "
+            f"{_MAX_HEADER_SIZE} bytes numpy.load parses by default. If you trust the file, map "
+            f"it with numpy.load(path, mmap_mode='r', max_header_size={length}) and copy from "
+            "the map with interop.copy_to_device or interop.copy_to_host"
+        )
+    text = f.read(length)
+    if len(text) < length:
+        raise ValueError(f"EOF while reading a header of {length} bytes")
+    if version == (3, 0):  # UTF-8, which numpy reads only inside numpy.load: escaped, the
+        text = text.decode("utf-8").encode("ascii", "backslashreplace")  # same literals
+    return struct.pack("<I", len(text)) + text
 
 
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and check the header of a ``.npy`` file (format 1.0, 2.0 or 3.0)
-    without reading its data.
-
-    Raises
-    ------
-    NpyFormatError
-        Not a ``.npy`` file, a corrupt header or one longer than the 10000
-        bytes ``numpy.load`` parses by default (the message says how to map a
-        trusted one), an impossible shape (negative, not an int, more bytes
-        than this machine addresses), Python objects (never unpickled), or a
-        size that does not match the header. A ``ValueError``.
-    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
-        The file cannot be opened, or is a directory, a FIFO, socket or
-        device (refused unread: the data is read at offsets).
-    InvalidTypeError, InvalidValueError
-        ``path`` is not a str or ``os.PathLike``, or holds a NUL byte.
-    """
+    """Read and check the header of a ``.npy`` file (format 1.0, 2.0 or 3.0) and
+    its size, reading no data (NpyFormatError, or a PathError for no regular file)."""
     path = Path(checked_path(path, "load_npy"))
     shown = repr(str(path))
     try:
@@ -198,70 +157,57 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
         if stat.S_ISDIR(st.st_mode):
             why, code = "pass the path of a .npy file in it", errno.EISDIR
         else:
-            why = (
-                "load_npy reads a regular file at offsets (nothing was read from it): save "
-                "the data to a regular file first and load that"
-            )
-            code = errno.ESPIPE
+            why, code = "load_npy reads regular files: save the data to one", errno.ESPIPE
         raise path_error(
             code, f"load_npy cannot read {shown}: it is {file_kind(st.st_mode)}; {why}", str(path)
         )
     with open(fd, "rb") as f:
         try:
-            version = npformat.read_magic(f)
-            if version not in _HEADER_READERS:
-                raise ValueError(
-                    f"unsupported .npy format version {version[0]}.{version[1]} "
-                    "(expected 1.0, 2.0 or 3.0)"
-                )
-            length = _header_length(f, version)
-            if length <= _MAX_HEADER_SIZE:
-                shape, fortran, dtype = _HEADER_READERS[version](f)
+            text = io.BytesIO(_header_text(f, shown))
+            shape, fortran, dtype = npformat.read_array_header_2_0(
+                text, max_header_size=sys.maxsize
+            )
+        except NpyFormatError:
+            raise
         except (ValueError, SyntaxError, OSError, UnicodeDecodeError) as exc:
             raise NpyFormatError(f"{shown} is not a readable .npy file: {exc}") from exc
         offset = f.tell()
-    if length > _MAX_HEADER_SIZE:
-        raise NpyFormatError(
-            f"{shown} is not read by load_npy: its header is {length} bytes, more than the "
-            f"{_MAX_HEADER_SIZE} bytes numpy.load parses unless told to (a long header is slow "
-            "or unsafe to parse). If you trust the file, map it with numpy.load(path, "
-            f"mmap_mode='r', max_header_size={length}) and copy from the map: "
-            "interop.copy_to_device(mapped) or interop.copy_to_host(mapped, out) streams it "
-            "in chunks"
-        )
+    bad = f"{shown} is not a readable .npy file: its header gives shape {shape!r}"
     if any(type(n) is not int for n in shape):  # numpy's reader lets True and False through
-        raise NpyFormatError(
-            f"{shown} is not a readable .npy file: its header gives shape {shape!r} (expected "
-            "a tuple of ints)"
-        )
+        raise NpyFormatError(f"{bad} (expected a tuple of ints)")
     dtype = np.dtype(dtype)
     shape = tuple(shape)
     if dtype.hasobject:
         raise NpyFormatError(
-            f"{str(path)!r} holds Python objects (dtype {dtype!r}); interop never unpickles: "
+            f"{shown} holds Python objects (dtype {dtype!r}); interop never unpickles: "
             "use numpy.load(path, allow_pickle=True) if you trust the file"
         )
     if any(n < 0 for n in shape):
-        raise NpyFormatError(
-            f"{str(path)!r} is not a readable .npy file: its header gives shape {shape}, "
-            "with a negative dimension"
-        )
+        raise NpyFormatError(f"{bad}, with a negative dimension")
     # NumPy's own limit: the size with zero dimensions counted as 1 must fit
-    # (so a zero-size shape with huge dimensions is refused as well).
     if math.prod(max(n, 1) for n in shape) * dtype.itemsize > sys.maxsize:
         raise NpyFormatError(
-            f"{str(path)!r} is not a readable .npy file: its header gives shape {shape} of "
-            f"{dtype}, more than the {sys.maxsize} bytes an array can have on this machine"
+            f"{bad} of {dtype}, more than the {sys.maxsize} bytes an array can have here"
         )
     nbytes = math.prod(shape) * dtype.itemsize
-    size = st.st_size
-    if size != offset + nbytes:
-        state = "truncated" if size < offset + nbytes else "longer than its header says"
+    if st.st_size != offset + nbytes:
+        state = "truncated" if st.st_size < offset + nbytes else "longer than its header says"
         raise NpyFormatError(
-            f"{str(path)!r} is {state}: expected {offset + nbytes} bytes "
-            f"({offset} header + {nbytes} data for shape {shape} {dtype}), got {size}"
+            f"{shown} is {state}: expected {offset + nbytes} bytes "
+            f"({offset} header + {nbytes} data for shape {shape} {dtype}), got {st.st_size}"
         )
     return NpyHeader(path, shape, dtype, bool(fortran), offset, nbytes, file_identity(st))
+
+
+def refuse_masked(x: Any, expected: str, filled: str) -> None:
+    """Refuse a ``numpy.ma.MaskedArray``: a ``.npy`` file holds no mask."""
+    ma = sys.modules.get("numpy.ma")  # no masked array exists before numpy.ma is imported
+    if ma is not None and isinstance(x, ma.MaskedArray):
+        raise InvalidTypeError(
+            f"{expected} without a mask (got a numpy.ma.MaskedArray: a .npy file holds no "
+            f"mask); save {filled} for the masked values replaced, or the data and the mask "
+            "as two files"
+        )
 
 
 # ----------------------------------------------------------------------- where the bytes lie
@@ -269,8 +215,7 @@ def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
 
 @dataclass(frozen=True)
 class Runs:
-    """The file stretches that hold one block: byte ``b`` of the block (in its
-    C order) is at ``offsets[b // nbytes] + b % nbytes``."""
+    """Where a block lies: its C-order byte ``b`` at ``offsets[b // nbytes] + b % nbytes``."""
 
     offsets: np.ndarray
     nbytes: int
@@ -292,24 +237,16 @@ class Runs:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the elements of a C-order array lie in a ``.npy`` file.
-
-    A block's *runs* are the stretches of the file that hold it: one for a
-    block that spans whole trailing axes, else one per row of its leading
-    axes, as long as the layout allows (adjacent ones merged).
-    """
+    """Where the elements of a C-order array lie in a ``.npy`` file."""
 
     path: str
     shape: tuple[int, ...]
     dtype: np.dtype
     offset: int  # where the data starts (the header's length)
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
     def runs(self, start: tuple[int, ...], shape: tuple[int, ...]) -> Runs:
-        """The runs of the block at ``start`` (element index) with ``shape``."""
+        """The runs of the block at ``start`` (element index) with ``shape``: one
+        per row of its leading axes, or one where it spans whole trailing axes."""
         full = self.shape
         itemsize = self.dtype.itemsize
         strides = [itemsize] * len(full)  # C-order strides of the whole array, in bytes
@@ -335,26 +272,12 @@ class Layout:
 
 
 def write_all(fd: int, view: memoryview, offset: int | None) -> None:
-    """Write all of ``view`` at ``offset`` (``os.pwrite``), or at the file's
-    position when ``offset`` is None (a FIFO or a device)."""
+    """Write all of ``view`` at ``offset``, or at the file's position when it is None."""
     while len(view):
         n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
         view = view[n:]
         if offset is not None:
             offset += n
-
-
-def _pread_all(fd: int, view: memoryview, offset: int, what: str) -> None:
-    """Fill ``view`` from the file at ``offset``; a short file is an error."""
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            raise EOFError(
-                f"{what} ended early: expected {len(view)} bytes at offset {offset}, read "
-                f"{got}; was it truncated or replaced since its header was read?"
-            )
-        got += n
 
 
 class _FileStage:
@@ -373,25 +296,26 @@ class _FileStage:
             return [(0, plan.sizes[i])]  # in order, by one thread
         return split_bytes(plan.sizes[i], threads, self.align)
 
-    def segments(self, plan: Plan, i: int, piece: tuple[int, int]) -> Any:
-        """``(file offset, position in the piece, length)`` of a piece."""
+    def segments(
+        self, plan: Plan, i: int, piece: tuple[int, int]
+    ) -> Iterator[tuple[int, int, int]]:
+        """``(file offset, position in the chunk, length)`` of a piece."""
         assert self.runs is not None
         lo, hi = piece
-        return self.runs.segments(plan.starts[i] + lo, hi - lo)
+        for offset, at, length in self.runs.segments(plan.starts[i] + lo, hi - lo):
+            yield offset, lo + at, length
 
     def bounce(self, plan: Plan, like: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """One chunk buffer (reused) of ``like``'s shape and ``dtype``: host to
-        host, for chunks that are not contiguous in the array."""
+        """One chunk buffer (reused) of ``like``'s shape and ``dtype``, for host
+        chunks that are not contiguous in the array."""
         if self._bounce is None:
             self._bounce = np.empty(plan.slot_bytes, np.uint8)
         return self._bounce[: like.size * dtype.itemsize].view(dtype).reshape(like.shape)
 
 
 class FileWriter(_FileStage):
-    """Write each chunk to the file: from its slot, or (host to host) from
-    ``array``'s values in ``dtype``. ``check`` runs before each piece; a write
-    that fails is added to ``failed`` (to tell it from the pipeline's other
-    errors) and re-raised."""
+    """Write each chunk from its slot, or from ``array``'s values in ``dtype``; ``check``
+    runs before each piece; a failed write is kept in ``failed`` and re-raised."""
 
     def __init__(
         self,
@@ -423,21 +347,16 @@ class FileWriter(_FileStage):
                 write_all(self.fd, buf[piece[0] : piece[1]].data, None)
                 return
             for offset, at, length in self.segments(plan, i, piece):
-                start = piece[0] + at
-                write_all(self.fd, buf[start : start + length].data, offset)
+                write_all(self.fd, buf[at : at + length].data, offset)
         except OSError as exc:
             self.failed.append(exc)
             raise
 
 
 class FileReader(_FileStage):
-    """Read each chunk from the file: into its slot, converting ``dtype``'s
-    non-native byte order there, or (host to host) into ``array``, bytes as
-    stored."""
+    """Read each chunk into its slot, in native byte order, or into ``array`` as stored."""
 
-    def __init__(
-        self, fd: int, runs: Runs, what: str, array: Any = None, *, dtype: np.dtype
-    ) -> None:
+    def __init__(self, fd: int, runs: Runs, what: str, array: Any, *, dtype: np.dtype) -> None:
         super().__init__(fd, runs, what, array)
         self.align = dtype.itemsize
         self.native = dtype.newbyteorder("=")
@@ -458,39 +377,32 @@ class FileReader(_FileStage):
         np.copyto(part, copy)
 
     def read(self, plan: Plan, i: int, piece: tuple[int, int], buf: np.ndarray) -> None:
-        """Read ``piece`` of chunk ``i`` into ``buf``, the chunk's bytes."""
+        """Read ``piece`` of chunk ``i`` into ``buf``, the chunk's bytes (EOFError: short file)."""
         for offset, at, length in self.segments(plan, i, piece):
-            start = piece[0] + at
-            _pread_all(self.fd, buf[start : start + length].data, offset, self.what)
+            view, got = buf[at : at + length].data, 0
+            while got < length:
+                n = os.preadv(self.fd, [view[got:]], offset + got)
+                if n == 0:
+                    raise EOFError(
+                        f"{self.what} ended early: expected {length} bytes at offset {offset}, "
+                        f"read {got}; was it truncated or replaced since its header was read?"
+                    )
+                got += n
 
 
-def write_from(src: Source, writer: FileWriter, func: str, order: str, **options: Any) -> None:
-    """Write ``src`` through ``writer``: device data through the staging ring,
-    whose host threads write each slot (``options``: ``chunk_bytes``,
-    ``progress``, ``threads``), host data chunk by chunk on this thread."""
-    if src.on_device:
-        request = TransferRequest(func, "d2h", None, writer, device=src, order=order, **options)
+def move(
+    arr: Source, stage: FileWriter | FileReader, func: str, order: str, **options: Any
+) -> None:
+    """Move ``arr``'s chunks through ``stage``: device data through the staging ring
+    (host threads run the stage on each slot), host data chunk by chunk on this
+    thread; ``options``: ``chunk_bytes``, ``progress``, ``threads``."""
+    if arr.on_device:
+        to: Literal["d2h", "h2d"] = "d2h" if isinstance(stage, FileWriter) else "h2d"
+        request = TransferRequest(func, to, None, stage, device=arr, order=order, **options)
     else:
-        shape, itemsize = src.shape, (writer.dtype or src.dtype).itemsize
         options.update(threads=1, inline=True)
+        shape, itemsize = arr.shape, arr.dtype.itemsize
         request = TransferRequest(
-            func, "h2h", None, writer, shape=shape, itemsize=itemsize, order=order, **options
-        )
-    start(request).result()
-
-
-def read_into(target: Any, reader: FileReader, func: str, order: str, **options: Any) -> None:
-    """Fill ``target`` (``reader.array``) through ``reader``: a device array
-    through the staging ring (host threads read each chunk into a free slot),
-    a host array chunk by chunk on this thread (straight into it where it is
-    contiguous); ``options``: ``chunk_bytes``, ``progress``."""
-    dst = array_source(target, func)
-    if dst.on_device:
-        request = TransferRequest(func, "h2d", target, reader, device=dst, order=order, **options)
-    else:
-        shape, itemsize = dst.shape, dst.dtype.itemsize
-        options.update(threads=1, inline=True)
-        request = TransferRequest(
-            func, "h2h", target, reader, shape=shape, itemsize=itemsize, order=order, **options
+            func, "h2h", None, stage, shape=shape, itemsize=itemsize, order=order, **options
         )
     start(request).result()

@@ -1,10 +1,6 @@
-"""Replaced files, freed by a background thread (reset in a forked child by
-interop._process's fork handler).
-
-Replacing a file frees the old one's blocks and page cache inside the rename
-(about half a second per GiB on ext4); a descriptor held across the rename
-moves that work to its close, which a background thread does.
-"""
+"""Replaced files, freed by a background thread: a descriptor held across the
+rename moves the freeing of the old file's blocks (about half a second per GiB
+on ext4) from the rename to its close. Reset in a forked child by interop._process."""
 
 from __future__ import annotations
 
@@ -18,19 +14,16 @@ from .. import _process
 
 __all__ = ["replaced_files", "wait_for_replaced_files"]
 
-# Files smaller than this are freed in the rename (a hand-over costs more); at
-# most this many are held.
+# Smaller files are freed in the rename (a hand-over costs more); at most this many are held.
 _FREE_LATER_BYTES = 8 << 20
 _FREE_LATER_MAX = 4
-# Local file systems, where the last close frees a file with no name left. On
-# a network file system the client would instead rename an open file to a
-# visible ".nfs..." name until the close (left behind if the process dies).
+# Local file systems, where the last close frees a file with no name left (an NFS
+# client would rename it to a visible ".nfs..." name until the close).
 _FREE_ON_CLOSE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay"})
 
 
 def _file_system_types() -> dict[tuple[int, int], str]:
-    """The type of each mounted file system, by device number (Linux's
-    ``/proc/self/mountinfo``; empty where there is none)."""
+    """The type of each mounted file system by device number (empty without ``/proc``)."""
     types = {}
     try:
         with open("/proc/self/mountinfo") as f:
@@ -47,19 +40,10 @@ def _file_system_types() -> dict[tuple[int, int], str]:
 
 
 class _ReplacedFiles:
-    """Descriptors of replaced files, closed by a background thread.
-
-    The last close of a file with no name left is where the file system frees
-    its blocks and drops its page cache; :meth:`hold` opens the file before
-    the rename, :meth:`close_later` hands the descriptor to the thread. The
-    thread leaves after a second without work (a process with threads warns
-    at ``os.fork``), and the next hand-over starts another.
-
-    Every held descriptor is kept in ``_held`` with its file's (device,
-    inode) until it is closed, so that a forked child, which inherits the
-    descriptors but not the thread, closes its copies (and only those: the
-    number may have been reused in the parent for another file).
-    """
+    """Descriptors of replaced files (:meth:`hold` before the rename), closed by a
+    thread (:meth:`close_later`) that leaves after a second without work (a process
+    with threads warns at ``os.fork``). ``_held`` maps each to its file's (device,
+    inode), so that a forked child closes its copies and only those."""
 
     _IDLE_SECONDS = 1.0
 
@@ -73,11 +57,9 @@ class _ReplacedFiles:
         self._thread: threading.Thread | None = None
 
     def hold(self, target: Path, st: os.stat_result) -> int | None:
-        """A read-only descriptor of ``target`` (the regular file ``st``), or
-        None where there is nothing worth holding: a small file, a file with
-        other links (the rename frees nothing), a file on a network or unknown
-        file system, a file this process may not read, or a file that changed
-        since ``st``. The caller passes it to :meth:`close_later`."""
+        """A read-only descriptor of ``target`` (the regular file ``st``) for
+        :meth:`close_later`; None for a small file, one with other links, on a
+        network or unknown file system, unreadable, or changed since ``st``."""
         if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
             return None
         # read each time: device numbers of tmpfs, overlay or NFS mounts are reused
@@ -89,11 +71,8 @@ class _ReplacedFiles:
             fd = os.open(target, flags)
         except OSError:
             return None
-        try:
-            now = os.fstat(fd)
-        except OSError:  # pragma: no cover - fstat of a descriptor just opened
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             os.close(fd)
             return None
         with self._lock:
@@ -101,8 +80,7 @@ class _ReplacedFiles:
         return fd
 
     def close_later(self, fd: int | None) -> None:
-        """Close ``fd`` (from :meth:`hold`) on the background thread; at once
-        when enough already wait or no thread can be started. Never raises."""
+        """Close ``fd`` on the thread; at once when enough wait or no thread starts."""
         if fd is None:
             return
         with self._lock:
@@ -126,10 +104,8 @@ class _ReplacedFiles:
         return True
 
     def _close(self, fd: int) -> None:
-        """Close a held descriptor, then forget it (in that order: a child forked
-        in between finds its number closed or another file's, and leaves it).
-        Once closed, the number may already be held again, for another file
-        that :meth:`hold` opened meanwhile: only this file's entry is forgotten."""
+        """Close a held descriptor, then forget it (a child forked in between leaves
+        it); the number may be held again meanwhile, for another file: keep that."""
         with self._lock:
             key = self._held.get(fd)
         with contextlib.suppress(OSError):
@@ -139,8 +115,7 @@ class _ReplacedFiles:
                 del self._held[fd]
 
     def wait(self) -> None:
-        """Block until every descriptor handed over so far was closed (for
-        benchmarks and tests, through :func:`wait_for_replaced_files`)."""
+        """Block until every descriptor handed over so far was closed."""
         done = threading.Event()
         with self._lock:
             if self._thread is None:
@@ -178,6 +153,5 @@ _process.at_fork("replaced files", replaced_files.after_fork_in_child)
 
 
 def wait_for_replaced_files() -> None:
-    """Block until every file replaced so far was freed (closed by the
-    background thread): for benchmarks and tests that time what follows."""
+    """Block until every file replaced so far was freed: for benchmarks and tests."""
     replaced_files.wait()

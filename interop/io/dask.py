@@ -1,16 +1,12 @@
-"""Save and load dask arrays of NumPy or CuPy blocks as one ``.npy`` file, on the workers
-(:mod:`interop.dask`'s implementation; ``import interop`` never imports dask).
-
-Dask schedules; interop adds one task per block, which writes or reads the
-block's runs in the file (:class:`~interop.io._format.Layout`). A save's
-temporary file is made and renamed by the caller, and removed once no task
-writes it after a failure (:func:`_abandon`).
-"""
+"""Save and load dask arrays as one ``.npy`` file, one task per block on the workers
+(:mod:`interop.dask`'s implementation). The caller makes and renames a save's
+temporary file, and removes it once no task writes it after a failure."""
 
 from __future__ import annotations
 
 import contextlib
 import errno as _errno
+import fcntl
 import os
 import socket
 import sys
@@ -43,18 +39,13 @@ from ._format import (
     Layout,
     Runs,
     header_bytes,
+    move,
     open_unchanged,
-    read_into,
     read_npy_header,
+    refuse_masked,
     write_all,
-    write_from,
 )
 from .destination import Destination, prepare_destination
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not a POSIX system: no file locks
-    fcntl = None  # type: ignore[assignment]
 
 try:
     import dask
@@ -69,6 +60,8 @@ except ImportError as exc:  # pragma: no cover - the test environment installs d
 
 __all__ = ["SaveError", "load_npy", "save_npy"]
 
+_FILLED = "da.ma.filled(darr, fill_value)"
+
 
 class SaveError(TransferError):
     """:func:`save_npy` failed or was cancelled; no file was left under the path.
@@ -76,8 +69,7 @@ class SaveError(TransferError):
     Attributes
     ----------
     blocks_done : tuple of tuple of int
-        Indices (``darr.blocks[i, j, ...]``) of the blocks written before the
-        save stopped, sorted.
+        Indices (``darr.blocks[i, j, ...]``) of the blocks written before the save stopped.
     nblocks : int
         Number of blocks of the array.
     bytes_done, nbytes : int
@@ -112,17 +104,6 @@ def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tupl
 # ------------------------------------------------------------------ save
 
 
-def _refuse_masked(x: Any, what: str) -> None:
-    """Refuse masked blocks: a ``.npy`` file has no room for the mask."""
-    if isinstance(x, np.ma.MaskedArray):
-        raise InvalidTypeError(
-            f"{what} expected blocks without a mask (got numpy.ma.MaskedArray blocks: a .npy "
-            "file holds no mask, and numpy.save refuses masked arrays too); save "
-            "da.ma.filled(darr, fill_value) for the values with the masked ones replaced, or "
-            "da.ma.getdata(darr) and da.ma.getmaskarray(darr) as two files"
-        )
-
-
 def _still_saving(fd: int, what: str) -> None:
     """Raise if the caller gave the save up (it removed the temporary file)."""
     if os.fstat(fd).st_nlink == 0:
@@ -134,8 +115,7 @@ def _still_saving(fd: int, what: str) -> None:
 
 
 def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
-    """The file stage writing a block at its runs, checking before each piece
-    that the save goes on (so a task stops soon after it was given up)."""
+    """The file stage writing a block at its runs, stopping once the save was given up."""
     return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
 
 
@@ -146,11 +126,10 @@ def _write_block(
     chunk_bytes: int | None,
     block_info: Any = None,
 ) -> np.ndarray:
-    """Task: write one block at its offsets; return its byte count (as a block).
-    Idempotent: run twice (a retry, a recomputation), it writes the same bytes."""
+    """Task: write one block at its offsets (idempotent); return its byte count as a block."""
     func = "interop.dask.save_npy"
     origin, shape, what = _block(block_info[0], layout, func)
-    _refuse_masked(block, what)  # a mask its array's meta did not show
+    refuse_masked(block, f"{what}: expected a block", _FILLED)  # a mask its meta did not show
     src = array_source(block, func)
     got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
@@ -174,13 +153,12 @@ def _write_block(
     try:
         # A shared lock until the close: the caller, giving the save up, takes
         # the exclusive one to know that no task writes any more.
-        if fcntl is not None:
-            with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
-                fcntl.flock(fd, fcntl.LOCK_SH)
+        with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
+            fcntl.flock(fd, fcntl.LOCK_SH)
         _still_saving(fd, what)
         writer = _block_writer(fd, layout.runs(origin, shape), what, src.obj)
         if src.on_device:  # through the staging ring, whose host threads write each slot
-            write_from(src, writer, func, "the block's C order", chunk_bytes=chunk)
+            move(src, writer, func, "the block's C order", chunk_bytes=chunk)
         else:  # chunk by chunk on this thread, the block's errors raised as they are
             plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
             for i in range(len(plan.chunks)):
@@ -192,8 +170,7 @@ def _write_block(
 
 
 def _create(destination: Destination, header: bytes, size: int) -> None:
-    """The temporary file with the header, sized to ``size`` (on the caller:
-    Dask may run a task more than once)."""
+    """The temporary file with its header, sized (by the caller: a task may run twice)."""
     fd = destination.create()
     try:
         write_all(fd, memoryview(header), 0)
@@ -234,9 +211,8 @@ def _abandon(destination: Destination) -> None:
     try:
         destination.discard()
         if fd >= 0:
-            if fcntl is not None:
-                with contextlib.suppress(OSError):  # no locks here: nothing to wait for
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):  # no locks here: nothing to wait for
+                fcntl.flock(fd, fcntl.LOCK_EX)
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
     finally:
@@ -244,87 +220,50 @@ def _abandon(destination: Destination) -> None:
             os.close(fd)
 
 
-def _commit(destination: Destination, written: np.ndarray, nbytes: int) -> Path:
-    """Task (``compute=False``): rename once every block is written."""
-    total = int(np.sum(written))
-    if total != nbytes:
-        destination.discard()
-        raise SaveError(
-            f"interop.dask.save_npy: expected {nbytes} bytes written to "
-            f"{str(destination.path)!r} (got {total}); no file was left under that name",
-            nbytes=nbytes,
-        )
+def _commit(destination: Destination, written: Any) -> Path:
+    """Task (``compute=False``): rename once every block is ``written``."""
     destination.commit()
     return destination.path
 
 
-def _describe_blocks(blocks: list[tuple[int, ...]], limit: int = 8) -> str:
-    shown = ", ".join(str(b) for b in blocks[:limit])
-    more = f", ... {len(blocks) - limit} more" if len(blocks) > limit else ""
-    return f"[{shown}{more}]"
+def _blocks(keys: list[tuple[int, ...]], limit: int = 8) -> str:
+    shown = ", ".join(str(b) for b in sorted(keys)[:limit])
+    return f"[{shown}{f', ... {len(keys) - limit} more' if len(keys) > limit else ''}]"
 
 
-def _failure(
-    writes: Any, path: Path, nbytes: int, done: list, culprit: str, cause: Any
-) -> SaveError:
-    """The :class:`SaveError` of a save that stopped, ``done`` the blocks written."""
-    nblocks = int(np.prod(writes.numblocks, dtype=np.int64))
-    done = sorted(done)
-    reason = "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
-    err = SaveError(
-        f"interop.dask.save_npy of {str(path)!r} {reason}; {culprit}{len(done)} of {nblocks} "
-        f"blocks were written {_describe_blocks(done)}; no file was left under "
-        f"{str(path)!r} (an existing one is untouched)",
-        blocks_done=done,
-        nblocks=nblocks,
-        nbytes=nbytes,
-    )
-    err.__cause__ = cause
-    return err
+def _run(writes: Any) -> tuple[list, list, BaseException | None] | None:
+    """Run the writes on the scheduler in use: None once all are written, else the
+    blocks written, the blocks that failed (where the scheduler says) and the cause."""
+    scheduler = get_scheduler(collections=[writes])
+    client = getattr(scheduler, "__self__", None)  # a distributed Client's client.get
+    distributed = sys.modules.get("distributed")  # imported where a Client exists
+    if distributed is None or not isinstance(client, distributed.Client):
+        done: list[tuple[int, ...]] = []
 
+        def posttask(key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+            if isinstance(key, tuple) and key and key[0] == writes.name:
+                done.append(tuple(key[1:]))
 
-def _run_distributed(client: Any, writes: Any, path: Path, nbytes: int) -> int:
-    """Run the writes on a distributed cluster; their byte count."""
-    from distributed import as_completed, futures_of
-
-    futures = futures_of(client.persist(writes))
+        try:
+            with Callback(posttask=posttask):  # called by dask's local schedulers only
+                dask.compute(writes, scheduler=scheduler)
+        except Exception as exc:
+            return done, [], exc
+        return None
+    futures = distributed.futures_of(client.persist(writes))
     try:
-        for future in as_completed(futures):
+        for future in distributed.as_completed(futures):
             if future.status != "finished":
                 break  # the first failure (or cancellation) ends the save
-        statuses = [f.status for f in futures]
-        if all(s == "finished" for s in statuses):
-            return int(sum(int(np.sum(r)) for r in client.gather(futures)))
-    except BaseException:  # KeyboardInterrupt while waiting: nothing else may run
+        else:
+            return None
+        states = [(tuple(f.key[1:]), f.status, f) for f in futures]
+        erred = [f for _, status, f in states if status == "error"]
+        cause = erred[0].exception() if erred else None  # before cancelling, which forgets it
+    finally:  # a KeyboardInterrupt while waiting too: nothing else may run
         client.cancel(futures)
-        raise
-    done = [tuple(f.key[1:]) for f, s in zip(futures, statuses, strict=True) if s == "finished"]
-    erred = [f for f, s in zip(futures, statuses, strict=True) if s == "error"]
-    cause: BaseException | None = None
-    culprit = ""
-    if erred:
-        cause = erred[0].exception()  # before cancelling, which forgets it
-        failed = sorted(tuple(f.key[1:]) for f in erred)
-        culprit = f"block(s) {_describe_blocks(failed)} could not be written; "
-    client.cancel(futures)
-    raise _failure(writes, path, nbytes, done, culprit, cause)
-
-
-def _run_local(scheduler: Any, writes: Any, path: Path, nbytes: int) -> int:
-    """Run the writes on a local scheduler; their byte count."""
-    name = writes.name
-    done: list[tuple[int, ...]] = []
-
-    def posttask(key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
-        if isinstance(key, tuple) and key and key[0] == name:
-            done.append(tuple(key[1:]))
-
-    try:
-        with Callback(posttask=posttask):  # called by dask's local schedulers only
-            (written,) = dask.compute(writes, scheduler=scheduler)
-    except Exception as exc:
-        raise _failure(writes, path, nbytes, done, "", exc) from exc
-    return int(np.sum(written))
+    done = [key for key, status, _ in states if status == "finished"]
+    return done, [key for key, status, _ in states if status == "error"], cause
 
 
 def save_npy(
@@ -340,22 +279,18 @@ def save_npy(
     Parameters
     ----------
     darr : dask.array.Array
-        NumPy or CuPy blocks (any strides, any chunking, known chunk sizes)
-        of any dtype :func:`interop.save_npy` accepts.
+        NumPy or CuPy blocks (any strides and chunking, known chunk sizes) of
+        any dtype :func:`interop.save_npy` accepts.
     path : str or os.PathLike
-        On a file system every worker shares with the caller; the path rules
-        of :func:`interop.save_npy` (``.npy`` appended, symlink followed,
-        mode kept), checked before any block is computed. The data goes to a
-        hidden temporary file beside it, renamed to ``path`` once every block
-        is written.
+        On a file system every worker shares, with the path rules of
+        :func:`interop.save_npy`, checked before any block is computed; written
+        to a hidden temporary file renamed to ``path`` once every block is written.
     chunk_bytes : int, optional
-        Largest piece a worker copies at once for a block that is not a
-        C-contiguous host array; default: each worker's
+        Largest piece a task copies at once; default: each worker's
         ``interop.config.chunk_bytes``.
     compute : bool
-        True: write now. False: create the temporary file now and return a
-        ``dask.delayed.Delayed`` that writes the blocks and renames the file
-        when computed (alone or with other collections).
+        False: create the temporary file now and return a ``dask.delayed.Delayed``
+        that writes the blocks and renames the file when computed.
 
     Returns
     -------
@@ -364,45 +299,25 @@ def save_npy(
 
     Notes
     -----
-    Copy semantics: ``darr`` is computed once, each block on the worker that
-    makes it, never gathered; the caller writes only the header and sizes
-    the file. Each task writes its block at its C-order offsets
-    (``os.pwritev``) from a C-contiguous NumPy block's memory, else through
-    one host buffer of ``chunk_bytes``, or (a CuPy block, a CUDA tensor)
-    through the device-to-host pipeline's pinned slots, ordered after the
-    work queued on the block's library's current stream. Extra host memory
-    per running task: ``chunk_bytes``, or the staging ring. A task run twice
-    writes the same bytes. Dask schedules: the distributed client in use,
-    else dask's default scheduler. With ``compute=False`` the rename is the
-    graph's last task; a delayed save never computed, failed or cancelled
-    leaves its hidden temporary (``.NAME.XXXXXXXX.tmp``) beside ``path`` for
-    the caller to delete; the final name never appears.
+    ``darr`` is computed once, each block written at its C-order offsets by the
+    task that makes it, never gathered (device blocks through the staging ring,
+    after the work queued on their library's current stream). Dask schedules:
+    the distributed client in use, else dask's default scheduler.
 
     Raises
     ------
-    TypeError
-        ``darr`` is not a dask array, holds Python objects, or is masked
-        (save ``da.ma.filled(darr, fill_value)``; masked blocks under an
-        unmasked meta fail their tasks: a :class:`SaveError`).
-    ValueError
-        Unknown chunk sizes (``darr.compute_chunk_sizes()`` first), a bad
-        ``chunk_bytes``, a ``path`` with a NUL byte, a FIFO or character
-        device (blocks are written at offsets: use ``interop.save_npy``).
+    TypeError, ValueError
+        ``darr`` is not a dask array, holds Python objects, is masked or has
+        unknown chunk sizes; a bad ``chunk_bytes``; a FIFO or device ``path``.
     IsADirectoryError, PermissionError, FileNotFoundError, OSError
         ``path`` is refused, before any block is computed.
     PathError
-        The file system cannot hold the array (``errno.ENOSPC``, ``EFBIG``,
-        ``EDQUOT``), found when the file's blocks are reserved
-        (``posix_fallocate``) before any block is computed; nothing is left.
+        The file system cannot hold the array (``ENOSPC``, ``EFBIG``,
+        ``EDQUOT``), before any block is computed; nothing is left.
     SaveError
-        A block raised (its error is the ``__cause__``; a full disk where
-        blocks could not be reserved: an ``OSError`` with ``errno.ENOSPC``),
-        a worker died too often, or the compute was cancelled: no file is
-        left under ``path``, an existing one is untouched; ``blocks_done``
-        lists the blocks written. Raised once no block task writes the file
-        any more (they stop before their next piece), its space free again;
-        a ``KeyboardInterrupt`` cancels the tasks and is re-raised after the
-        same wait.
+        A block raised (the ``__cause__``), a worker died too often, or the
+        compute was cancelled; raised once no task writes the file any more,
+        no file left under ``path``.
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
@@ -410,7 +325,7 @@ def save_npy(
             f"{func} expected a dask.array.Array (got {type(darr).__module__}."
             f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
-    _refuse_masked(darr._meta, func)
+    refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
     dtype = np.dtype(darr.dtype)
     if dtype.hasobject:
         raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
@@ -449,20 +364,25 @@ def save_npy(
         )
         if not compute:
             return dask.delayed(_commit, pure=False)(
-                destination, writes, nbytes, dask_key_name=f"interop-save-npy-commit-{token}"
+                destination, writes, dask_key_name=f"interop-save-npy-commit-{token}"
             )
-        scheduler = get_scheduler(collections=[writes])
-        client = getattr(scheduler, "__self__", None)  # a distributed Client's client.get
-        distributed = sys.modules.get("distributed")  # imported where a Client exists
-        if distributed is not None and isinstance(client, distributed.Client):
-            total = _run_distributed(client, writes, path, nbytes)
-        else:
-            total = _run_local(scheduler, writes, path, nbytes)
-        if total != nbytes:  # every block checks its shape: a bug if reached
-            raise SaveError(
-                f"{func}: expected {nbytes} bytes written to {str(path)!r} (got {total})",
+        stopped = _run(writes)
+        if stopped is not None:
+            done, failed, cause = stopped
+            nblocks = int(np.prod(darr.numblocks, dtype=np.int64))
+            reason = (
+                "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
+            )
+            culprit = f"block(s) {_blocks(failed)} could not be written; " if failed else ""
+            err = SaveError(
+                f"{func} of {str(path)!r} {reason}; {culprit}{len(done)} of {nblocks} blocks "
+                f"were written {_blocks(done)}; no file was left under {str(path)!r} (an "
+                "existing one is untouched)",
+                blocks_done=done,
+                nblocks=nblocks,
                 nbytes=nbytes,
             )
+            raise err from cause
         destination.commit()
     except BaseException:
         _abandon(destination)  # returns once no block task writes the file any more
@@ -497,19 +417,11 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
         else:  # non-native byte order is converted in the slots
             block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
         reader = FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
-        read_into(block, reader, "interop.dask.load_npy", "the block's C order")
+        dst = array_source(block, "interop.dask.load_npy")
+        move(dst, reader, "interop.dask.load_npy", "the block's C order")
     finally:
         os.close(fd)
     return block.T if source.fortran else block
-
-
-def _meta(ndim: int, dtype: np.dtype, device: Any) -> Any:
-    """The empty block that describes the array's blocks to dask."""
-    if device is None or device[0] != "cuda":
-        return np.empty((0,) * ndim, dtype)
-    cp = _backends.require_cupy_device()
-    dtypes.check_cupy_dtype(dtype)
-    return cp.empty((0,) * ndim, dtype)
 
 
 def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: Any = None) -> Any:
@@ -519,46 +431,29 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     ----------
     path : str or os.PathLike
         A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
-        system every worker shares with the caller.
+        system every worker shares.
     chunks : int, tuple, dict or "auto", default "auto"
-        Block shape, as ``dask.array.from_array`` takes it; any chunking,
-        blocks not spanning whole trailing axes included. Every block size
-        must be positive.
+        Block shape, as ``dask.array.from_array`` takes it (positive sizes).
     device : optional
-        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks, each on that device
-        of the worker that reads it (``"cuda"``: its current device).
-        ``None`` or ``"cpu"``: NumPy blocks.
+        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks on that device of each
+        worker; ``None`` or ``"cpu"``: NumPy blocks.
 
     Returns
     -------
     dask.array.Array
-        Lazy: nothing is read until it is computed.
-
-    Notes
-    -----
-    Copy semantics: each block is a new array read by its task; the caller
-    reads only the header. Each task checks that the file is still the one
-    whose header was read (device, inode, size, mtime; the device only on
-    the caller's machine) and reads the block's runs with ``os.preadv``:
-    into a new NumPy block, or through the pinned staging ring to a new CuPy
-    block (the task returns once it is on the device). A Fortran-order file
-    gives Fortran-ordered blocks, as ``numpy.load``. Extra host memory per
-    running task: none, or the staging ring for CuPy blocks.
-    ``device="cuda"`` needs a CUDA device on the caller too (for the array's
-    metadata, an empty CuPy array).
+        Lazy: the caller reads only the header; each task reads its block into
+        a new array (through the staging ring for CuPy blocks).
 
     Raises
     ------
     ValueError
-        Not a readable ``.npy`` file (corrupt, truncated, object dtype), a
-        bad ``chunks`` or ``device``, a ``path`` with a NUL byte; from a
-        task, a file replaced or written since this call (the compute fails
-        rather than mix blocks of two files).
+        Not a readable ``.npy`` file, a bad ``chunks`` or ``device``; from a
+        task, a file replaced or written since this call.
     FileNotFoundError, OSError
-        No such file; a directory, a FIFO or a device (nothing read).
+        No such file, or no regular file.
     NoDeviceError, BackendUnavailableError, UnsupportedDtypeError
-        ``device="cuda"`` without a usable CUDA device or CuPy, or a dtype
-        CuPy cannot hold (float8).
+        ``device="cuda"`` without a usable CUDA device or CuPy on the caller,
+        or a dtype CuPy cannot hold.
     TransferError
         From a task: the file came up short.
     """
@@ -575,14 +470,18 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
             f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
         ) from exc
-    # CuPy blocks in native byte order (CuPy holds no other), NumPy blocks in the file's
-    on_device = target is not None and target[0] == "cuda"
-    dtype = header.dtype.newbyteorder("=") if on_device else header.dtype
+    dtype, empty = header.dtype, (0,) * len(header.shape)
+    if target is not None and target[0] == "cuda":  # native byte order: CuPy holds no other
+        cp = _backends.require_cupy_device()
+        dtype = header.dtype.newbyteorder("=")
+        dtypes.check_cupy_dtype(dtype)
+        meta = cp.empty(empty, dtype)  # the empty block that describes the blocks to dask
+    else:
+        meta = np.empty(empty, dtype)
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
     layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
     source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())
     name = f"interop-load-npy-{tokenize(source, normalized, target)}"
-    meta = _meta(len(header.shape), dtype, target)
     return da.map_blocks(
         _read_block,
         name=name,

@@ -1,22 +1,6 @@
-"""Where a saved file goes: every check before any data moves, atomic replacement.
-
-The policy is :func:`interop.save_npy`'s (its docstring states it for users).
-:func:`prepare_destination` applies it in named steps: :func:`_file_name`
-(``.npy`` appended as ``numpy.save`` appends it), :func:`_kind` (nothing, a
-regular file, a FIFO or character device written into, or refused),
-:func:`_replaced_target` (the file a symlink leads to), :func:`_check_directory`
-and :func:`_check_permissions` (the temporary can be made beside the target and
-renamed over it, as ``open`` would allow this process: ``os.access`` with the
-effective ids; a file whose directory is not writable is refused, although
-``numpy.save`` would overwrite it in place: a save that cannot be atomic is not
-attempted).
-
-:meth:`Destination.open` writes an unnamed temporary file where the system
-allows it (Linux's ``O_TMPFILE``), so a killed process leaves nothing behind,
-and names it (``.NAME.XXXXXXXX.tmp``) just before the rename; elsewhere (NFS,
-say) that hidden named file exists from the start. :meth:`Destination.create`
-always makes the named file (other processes open it by name).
-"""
+"""Where a saved file goes: :func:`prepare_destination` checks it in named steps
+before any data moves (``save_npy``'s policy, which docs/npy.md states), and a
+:class:`Destination` writes a temporary file renamed over the target."""
 
 from __future__ import annotations
 
@@ -38,41 +22,36 @@ __all__ = [
     "checked_path",
     "file_kind",
     "prepare_destination",
+    "same_file",
     "wait_for_replaced_files",
 ]
 
 T = TypeVar("T")
 _SUFFIX = ".npy"
-# The temporary's name: "." + the first characters of the file's name (to tell
-# what a leftover after a killed process belonged to) + a random token. Short
-# whatever the file's name, so a name numpy.save accepts never becomes too long.
+# The temporary's name: "." + the first characters of the file's name + a
+# random token: short whatever the name, so a name numpy.save takes fits.
 _NAME_CHARS = 16
 _TEMPORARY_TRIES = 16
-# Write through an unnamed temporary file (O_TMPFILE) where the system allows
-# it, so that a killed process leaves nothing behind; tests switch it off to
-# exercise the named temporary that other systems get.
+# An unnamed temporary (O_TMPFILE) leaves nothing behind a killed process;
+# tests switch it off to exercise the named one other systems get.
 _UNNAMED_TEMPORARY = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")
-# What open(O_TMPFILE) fails with where the file system (or kernel) has no
-# unnamed files: EOPNOTSUPP, EISDIR on kernels before 3.11, EINVAL.
+# open(O_TMPFILE) where there are no unnamed files (EISDIR: kernels before 3.11)
 _NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
 class Destination:
-    """A checked place to write one file (made by :func:`prepare_destination`):
-    a temporary renamed over the target, or a FIFO / character device written
-    in place. Write through :meth:`open`, or :meth:`create` then :meth:`commit`
-    or :meth:`discard` (when other processes write the temporary by name)."""
+    """A checked place to write one file: a temporary renamed over the target, or a
+    FIFO / character device written in place. Write through :meth:`open`, or
+    :meth:`create` then :meth:`commit` or :meth:`discard` (other processes write it by name)."""
 
     __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
 
-    def __init__(
-        self, path: Path, target: Path, *, streaming: bool, func: str = "save_npy"
-    ) -> None:
+    def __init__(self, path: Path, target: Path, *, streaming: bool, func: str) -> None:
         self.path = path  # as given, with .npy appended
         self.target = target  # what is written or replaced: absolute, symlinks followed
         self.streaming = streaming  # written in place, in order: no temporary, no offsets
-        # the hidden temporary beside target, from create() (open(): the end of
-        # the writes) until commit() or discard()
+        # the hidden temporary beside target, named from create() (open(): the
+        # end of the writes) until commit() or discard()
         self.temporary: Path | None = None if streaming else _temporary_name(target)
         self.func = func
         self._created = False  # the named temporary exists
@@ -83,25 +62,24 @@ class Destination:
         return f"Destination({str(self.path)!r}, target={str(self.target)!r}, {how})"
 
     def create(self) -> int:
-        """Open the destination for writing; return the descriptor (closed by
-        the caller before :meth:`commit`): :attr:`temporary` created
-        exclusively, never through a link, with ``open(path, "wb")``'s mode
-        (0600 until :meth:`commit` when it replaces a file); or the FIFO
-        (waiting for a reader, as ``open`` does) or device."""
-        self._refuse_a_second_open()
+        """Open the FIFO or device, or create :attr:`temporary` (exclusively, never
+        through a link); return the descriptor, closed by the caller before :meth:`commit`."""
         flags = os.O_WRONLY | os.O_CLOEXEC
         if self.streaming:
+            self._first_open()
             fd = os.open(self.target, flags | os.O_NOCTTY)
         else:
-            mode = 0o600 if self.target.exists() else 0o666
             flags |= os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            mode = self._first_open()
             fd = self._under_a_free_name(lambda name: os.open(name, flags, mode))
         self._opened = self._created = True
         return fd
 
-    def _refuse_a_second_open(self) -> None:
+    def _first_open(self) -> int:
+        """The temporary's mode: open()'s, 0600 until :meth:`commit` where it replaces a file."""
         if self._opened:
             raise RuntimeError(f"{self!r}: create() was already called")
+        return 0o600 if self.target.exists() else 0o666
 
     def _under_a_free_name(self, make: Callable[[Path], T]) -> T:
         """``make(temporary)``, drawing another name while one exists."""
@@ -122,8 +100,7 @@ class Destination:
         """An unnamed temporary beside the target (``O_TMPFILE``); None where there is none."""
         if self.streaming or not _UNNAMED_TEMPORARY:
             return None
-        self._refuse_a_second_open()
-        mode = 0o600 if self.target.exists() else 0o666
+        mode = self._first_open()
         try:
             fd = os.open(self.target.parent, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)
         except OSError as exc:
@@ -153,14 +130,8 @@ class Destination:
         self._created = True
 
     def commit(self) -> None:
-        """Rename the temporary over the target, atomically (streaming: nothing to do).
-
-        An existing file's mode bits are kept, and its owner and group where
-        this process may set them; nothing is synced to disk (as
-        ``numpy.save``). A replaced file is freed by :data:`~interop.io._replaced.replaced_files`'
-        thread. On an error (the target became a directory, the rename
-        failed) the temporary is removed.
-        """
+        """Rename the temporary over the target (streaming: nothing to do), keeping
+        a replaced file's mode, owner and group; on an error, remove the temporary."""
         if self.streaming:
             return
         if not self._created or self.temporary is None:
@@ -192,8 +163,7 @@ class Destination:
         self.temporary = None
 
     def discard(self) -> None:
-        """Remove the temporary file, if any; the target stays as it was.
-        Idempotent, never raises; what was written into a FIFO stays written."""
+        """Remove the temporary file, if any (idempotent, never raises)."""
         if self._created and self.temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.temporary)
@@ -201,8 +171,7 @@ class Destination:
 
     @contextlib.contextmanager
     def open(self) -> Iterator[BinaryIO]:
-        """Write the file in a ``with`` block (a buffered binary file):
-        committed when it ends, discarded when it raises."""
+        """Write the file in a ``with`` block: committed when it ends, discarded when it raises."""
         fd = self._create_unnamed()
         unnamed = fd is not None
         if fd is None:
@@ -220,8 +189,8 @@ class Destination:
 
 
 def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
-    """Give ``temporary`` the replaced file's owner/group (where permitted), then
-    its mode (after chown, which clears set-user/group-ID bits)."""
+    """Give ``temporary`` the replaced file's owner/group where permitted, then its
+    mode (chown clears the set-user/group-ID bits)."""
     mine = os.stat(temporary)
     if (mine.st_uid, mine.st_gid) != (st.st_uid, st.st_gid):
         for uid in (st.st_uid, -1):
@@ -241,18 +210,15 @@ def _temporary_name(target: Path) -> Path:
 
 
 def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
-    """Check where ``path`` leads and how a file written there must be made
-    (the module's steps; ``func`` names the caller in messages). Nothing is
-    created: a refused destination costs nothing. Raises the interop
-    ``PathError`` subclasses (``PermissionError``, ``IsADirectoryError``...),
-    ``TypeError`` and ``ValueError`` that :func:`interop.save_npy` lists."""
+    """Check where ``path`` leads and how a file written there must be made, creating
+    nothing; raise what :func:`interop.save_npy` lists for a refused ``path``."""
     dest = _file_name(path, func)
     st, streaming = _kind(dest, func)
     if streaming:
         real = _follow_links(dest)
         # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]":
         # open the path as given when the link's text does not name the file.
-        target = real if _same_file(real, st) else dest.absolute()
+        target = real if same_file(real, st) else dest.absolute()
         return Destination(dest, target, streaming=True, func=func)
     target = _replaced_target(dest, st, func)
     dir_st = _check_directory(target, str(dest), func)
@@ -261,8 +227,7 @@ def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") ->
 
 
 def checked_path(path: object, func: str) -> str:
-    """``path`` as a str; an :class:`InvalidTypeError` for what is no path, an
-    :class:`InvalidValueError` for a NUL byte (no file name holds one)."""
+    """``path`` as a str, refusing what is no path and a NUL byte."""
     try:
         given = os.fsdecode(os.fspath(path))  # type: ignore[call-overload]
     except TypeError:
@@ -271,15 +236,13 @@ def checked_path(path: object, func: str) -> str:
         ) from None
     if "\0" in given:
         raise InvalidValueError(
-            f"{func} expected a path without a NUL byte (got {given!r}); no file name can "
-            "hold one: remove it"
+            f"{func} expected a path without a NUL byte (got {given!r}); remove it"
         )
     return given
 
 
 def _file_name(path: object, func: str) -> Path:
-    """Step 1: the path, ``.npy`` appended to a name without a suffix (not
-    to an existing FIFO or character device's)."""
+    """Step 1: ``.npy`` appended to a name without a suffix (not to a FIFO's or device's)."""
     given = checked_path(path, func)
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
@@ -305,22 +268,14 @@ def _streams(st: os.stat_result) -> bool:
 
 
 def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
-    """Step 2: what ``dest`` is now (None: nothing, or a dangling link) and
-    whether it streams (a writable FIFO or character device); anything else
-    but a regular file is refused."""
+    """Step 2: what ``dest`` is (None: nothing) and whether it streams (a writable
+    FIFO or character device); anything else but a regular file is refused."""
     shown = str(dest)
     try:
         st = os.stat(dest)
     except FileNotFoundError:
         return None, False
-    except NotADirectoryError as exc:
-        raise path_error(
-            errno.ENOTDIR,
-            f"{func} cannot write {shown!r}: a component of its directory is a file, "
-            "not a directory",
-            shown,
-        ) from exc
-    except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES on a directory above
+    except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, EACCES on a directory above
         raise path_error(
             exc.errno,
             f"{func} cannot write {shown!r}: {exc.strerror}{_FIXES.get(exc.errno, '')}",
@@ -334,7 +289,7 @@ def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
             shown,
         )
     if _streams(st):
-        if not _writable(dest, os.W_OK):
+        if not os.access(dest, os.W_OK, effective_ids=True):
             raise _not_writable(func, dest, st)
         return st, True
     if not stat.S_ISREG(st.st_mode):
@@ -348,10 +303,10 @@ def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
 
 
 def _replaced_target(dest: Path, st: os.stat_result | None, func: str) -> Path:
-    """Step 3: the file replaced (or created), symlinks followed; it must be
-    the file ``dest`` names (a link into ``/proc`` may not lead there)."""
+    """Step 3: the file replaced (or created), symlinks followed; it must be the
+    file ``dest`` names (a link into ``/proc`` may not lead there)."""
     target = _follow_links(dest)
-    if st is not None and not _same_file(target, st):
+    if st is not None and not same_file(target, st):
         raise path_error(
             errno.EINVAL,
             f"{func} cannot replace {str(dest)!r}: it resolves to {str(target)!r}, which is not "
@@ -401,16 +356,15 @@ def _check_permissions(
     """Step 5: this process may write the file, make the temporary beside it
     and rename it over the file (a sticky directory's rule included)."""
     shown, directory = str(dest), target.parent
-    if st is not None and not _writable(target, os.W_OK):
+    if st is not None and not os.access(target, os.W_OK, effective_ids=True):
         raise _not_writable(func, dest, st)
-    if not _writable(directory, os.W_OK | os.X_OK):
+    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=True):
         why = "is on a read-only file system" if _read_only_fs(directory) else "is not writable"
         action = "replace" if st is not None else "create"
         raise path_error(
             errno.EACCES,
             f"{func} cannot {action} {shown!r}: its directory {str(directory)!r} {why} "
-            "(the file is written to a temporary file there and renamed when complete, so an "
-            "interrupted save never leaves a half-written file); save elsewhere or make the "
+            "(an atomic save writes a temporary file there); save elsewhere or make the "
             "directory writable",
             shown,
         )
@@ -430,6 +384,7 @@ def _check_permissions(
 
 
 _FIXES: dict[int | None, str] = {  # what to do about a failed stat of the path
+    errno.ENOTDIR: "; a component of its directory is a file, not a directory",
     errno.ENAMETOOLONG: "; use a shorter name",
     errno.ELOOP: "; the symlinks at the path lead back to themselves: fix or remove them",
     errno.EACCES: "; a directory above it may not be searched by this process: save elsewhere",
@@ -451,7 +406,8 @@ def _follow_links(path: Path) -> Path:
     raise path_error(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
 
 
-def _same_file(path: Path, st: os.stat_result | None) -> bool:
+def same_file(path: Path, st: os.stat_result | None) -> bool:
+    """Whether ``path`` is the file of ``st`` (False where it cannot be looked at)."""
     try:
         other = os.stat(path)
     except OSError:
@@ -459,26 +415,12 @@ def _same_file(path: Path, st: os.stat_result | None) -> bool:
     return st is not None and (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
 
 
+_KINDS = dict(d="a directory", p="a FIFO", c="a character device", b="a block device", s="a socket")
+
+
 def file_kind(mode: int) -> str:
-    """What a file of ``mode`` is, for a message ("a FIFO", ...)."""
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _writable(path: Path | str, mode: int) -> bool:
-    """What the kernel answers for this process (effective ids, like ``open``)."""
-    if os.access in os.supports_effective_ids:
-        return os.access(path, mode, effective_ids=True)
-    return os.access(path, mode)  # pragma: no cover - every Linux has effective ids
+    """What a file of ``mode`` (from ``stat``, never a link) is, for a message ("a FIFO", ...)."""
+    return _KINDS.get(stat.filemode(mode)[0], "not a regular file")
 
 
 def _read_only_fs(path: Path) -> bool:

@@ -890,18 +890,28 @@ def test_maps_that_cannot_change_what_is_read_are_allowed(tmp_path, how):
     np.testing.assert_array_equal(np.load(path), expected_file)
 
 
-def test_where_there_is_no_maps_table_the_memmap_names_its_file(tmp_path):
+def test_where_there_is_no_maps_table_the_memmap_names_its_file(tmp_path, monkeypatch):
     from interop.io import npy
 
-    path = tmp_path / "m.npy"
-    np.save(path, np.arange(1000, dtype=np.int32))
-    view = np.load(path, mmap_mode="r+")[10:20]
-    lo, hi = np.lib.array_utils.byte_bounds(view)
-    ((name, start, end),) = npy._memmap_file_ranges(view, lo, hi)
-    assert os.fspath(name) == str(path)
-    assert (start, end) == (128 + 40, 128 + 80)
-    assert npy._memmap_file_ranges(np.load(path, mmap_mode="c"), lo, hi) == []
-    assert npy._memmap_file_ranges(np.zeros(3), lo, hi) == []
+    monkeypatch.setattr(npy, "_MAPS", str(tmp_path / "no-maps"))  # as on a system without /proc
+    path, other = tmp_path / "m.npy", tmp_path / "other.npy"
+    a = np.arange(1000, dtype=np.int32)
+    np.save(path, a)
+    np.save(other, a[::-1])
+    before = path.read_bytes()
+    at_an_offset = np.memmap(path, np.int32, "r+", offset=128, shape=(1000,))[::-1]
+    with pytest.raises(interop.InvalidValueError, match=r"bytes \[128, 4128\) of it"):
+        interop.load_npy(path, at_an_offset)
+    with pytest.raises(interop.InvalidValueError, match="not to be a memory map of that file"):
+        interop.load_npy(path, np.load(path, mmap_mode="r+")[::-1])
+    assert path.read_bytes() == before
+    mapped_other = np.load(other, mmap_mode="r+")[::-1]  # a map of another file: allowed
+    assert interop.load_npy(path, mapped_other) is mapped_other
+    np.testing.assert_array_equal(mapped_other, a)
+    cow = np.load(path, mmap_mode="c")[::-1]  # copy-on-write: the file never changes
+    assert interop.load_npy(path, cow) is cow
+    np.testing.assert_array_equal(cow, a)
+    assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("mode", ["r", "r+"])
