@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__: list[str] = []
-
-# DLPack device types (dlpack.h, DLDeviceType).
-DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
 
 Target = tuple[Literal["cpu", "cuda"], "int | None"]
 
@@ -219,61 +217,51 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
 
 # --------------------------------------------------------------------------- foreign
 
+# The DLPack device types (dlpack.h, DLDeviceType) interop reads -> whether on the
+# host: CPU, CUDA, CUDA pinned host memory, CUDA managed memory.
+_DL_ON_HOST = {1: True, 2: False, 3: True, 13: False}
 
-def dlpack_device(x: Any, func: str) -> tuple[int, int]:
-    """``x.__dlpack_device__()`` as ``(device type, index)`` ints, or InvalidValueError."""
+
+def dlpack_device(x: Any, func: str) -> tuple[bool, int]:
+    """``(on the host, device index)`` of a DLPack producer, or InvalidValueError."""
     try:
         kind, index = x.__dlpack_device__()
-        return operator.index(kind), operator.index(index)
+        kind, index = operator.index(kind), operator.index(index)
     except Exception as exc:
         raise InvalidValueError(
             f"{func} expected __dlpack_device__() to return (device type, device index) ints "
             f"(got {type(exc).__name__}: {exc} from {describe(x)}); convert it to a NumPy "
             "array, a tensor or a CuPy array with its own library first"
         ) from exc
+    on_host = _DL_ON_HOST.get(kind)
+    if on_host is None:
+        raise InvalidValueError(f"{func} expected CPU or CUDA data (got DLPack device {kind!r})")
+    return on_host, index
 
 
-def _foreign_failed(func: str, x: Any, exc: Exception) -> InvalidValueError:
-    return InvalidValueError(
-        f"{func} expected an object whose DLPack export holds its data (got {describe(x)}, "
-        f"whose export failed: {type(exc).__name__}: {exc}); convert it to a NumPy array, a "
-        "tensor or a CuPy array with its own library first (e.g. numpy.asarray(x))"
-    )
-
-
-def host_from_dlpack(x: Any, func: str) -> np.ndarray:
-    """A NumPy array sharing a foreign CPU DLPack producer's memory."""
+def import_foreign(
+    x: Any, func: str, context: Callable[[int], AbstractContextManager[Any]] | None = None
+) -> Any:
+    """A NumPy or CuPy array sharing a foreign producer's memory, or the error;
+    CUDA DLPack data is imported inside ``context(its device)`` (default: CuPy's device)."""
+    dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
+    if not dlpack and not hasattr(x, "__cuda_array_interface__"):
+        raise not_an_array(func, x)
+    on_host, index = dlpack_device(x, func) if dlpack else (False, None)
+    cp = None if on_host else _backends.require_cupy_device()
     try:
-        return np.from_dlpack(x)
-    except Exception as exc:
-        raise _foreign_failed(func, x, exc) from exc
-
-
-def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
-    """A CuPy array sharing a foreign CUDA producer's memory (``index`` None: by
-    ``__cuda_array_interface__``), made on CuPy's current stream of ``index``."""
-    cp = _backends.require_cupy_device()
-    try:
+        if cp is None:
+            return np.from_dlpack(x)
         if index is None:
             return cp.asarray(x)  # __cuda_array_interface__: zero-copy
-        with cp.cuda.Device(index):
-            return cp.from_dlpack(x)
+        with cp.cuda.Device(index) if context is None else context(index):
+            return cp.from_dlpack(x)  # on CuPy's current stream there
     except Exception as exc:
-        raise _foreign_failed(func, x, exc) from exc
-
-
-def import_foreign(x: Any, func: str) -> Any:
-    """A NumPy or CuPy array sharing a foreign producer's memory, or the error."""
-    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        kind, index = dlpack_device(x, func)
-        if kind in (DL_CPU, DL_CUDA_HOST):
-            return host_from_dlpack(x, func)
-        if kind in (DL_CUDA, DL_CUDA_MANAGED):
-            return cupy_from_dlpack(x, index, func)
-        raise InvalidValueError(f"{func} expected CPU or CUDA data (got DLPack device {kind!r})")
-    if hasattr(x, "__cuda_array_interface__"):
-        return cupy_from_dlpack(x, None, func)
-    raise not_an_array(func, x)
+        raise InvalidValueError(
+            f"{func} expected an object whose DLPack export holds its data (got "
+            f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert it "
+            "with its own library first (e.g. numpy.asarray(x))"
+        ) from exc
 
 
 # --------------------------------------------------------------------------- sources

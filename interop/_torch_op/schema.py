@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import _backends
-from ..arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
+from ..arrays import describe, dlpack_device
 from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Array", "array_namespace"]
@@ -57,12 +57,8 @@ def _namespace_of(x: Any) -> types.ModuleType:
             "move it first with t.cpu() or t.cuda()"
         )
     if hasattr(x, "__dlpack_device__") and hasattr(x, "__dlpack__"):
-        kind, _ = dlpack_device(x, "array_namespace")
-        if kind in (DL_CPU, DL_CUDA_HOST, DL_CUDA, DL_CUDA_MANAGED):
-            return np if kind in (DL_CPU, DL_CUDA_HOST) else _backends.cupy()
-        raise InvalidValueError(
-            f"array_namespace expected CPU or CUDA data (got DLPack device {kind!r})"
-        )
+        on_host, _ = dlpack_device(x, "array_namespace")
+        return np if on_host else _backends.cupy()
     if hasattr(x, "__cuda_array_interface__"):
         return _backends.cupy()
     raise InvalidTypeError(
