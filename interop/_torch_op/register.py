@@ -1,6 +1,4 @@
-"""The decorator :func:`torch_op`: the operator registered with PyTorch (each name
-once per process, or again by the same function re-imported) and its fake
-implementation (from ``like=``, or one that raises :class:`MissingFakeError`)."""
+"""The decorator :func:`torch_op`: the operator registered with PyTorch, and its fake."""
 
 from __future__ import annotations
 
@@ -65,10 +63,8 @@ def _like_fake(call: Call, single: bool) -> Callable[..., Any]:
 def _missing_fake(name: str, fn_name: str) -> Callable[..., Any]:
     def fake(*args: Any, **kwargs: Any) -> Any:
         raise MissingFakeError(
-            f"{name} has no fake implementation, which torch.compile, torch.export and "
-            "opcheck need to know its outputs' shapes and dtypes without running it; pass "
-            "like= to interop.torch_op (outputs shaped like an input), or register one with "
-            f"@{fn_name}.register_fake"
+            f"{name} has no fake implementation, which tracing needs; pass like= to "
+            f"interop.torch_op, or register one with @{fn_name}.register_fake"
         )
 
     return fake
@@ -105,10 +101,8 @@ def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
         where = f"{getattr(made, '__module__', '?')}.{getattr(made, '__qualname__', made)}"
         got = f"the name of the operator interop.torch_op made from {where}"
     raise InvalidValueError(
-        f"torch_op {name!r} expected a name no operator has yet (got {got}); an operator "
-        "is registered for the whole process and another function would take it over from "
-        "the first op object: choose another name (the same function, re-imported, may "
-        "register again)"
+        f"torch_op {name!r} expected a name no operator has yet (got {got}); choose another "
+        "name (only the same function, re-imported, may register it again)"
     )
 
 
@@ -143,80 +137,54 @@ def torch_op(
             xp = interop.array_namespace(x)  # cupy for CUDA tensors, numpy for CPU
             return xp.multiply(x, factor)
 
-        y = scale(torch.ones(3, device="cuda"))  # a tensor
-
     Parameters
     ----------
     name : str
         ``"namespace::name"`` (``torch.ops.namespace.name``), each part ASCII
-        letters, digits and underscores. An operator is registered for the
-        whole process: each name once, except that the same function
-        re-imported (same module, qualified name, code, signature, closure
-        and options) gets the op made the first time, which then runs it.
+        letters, digits and underscores; taken for the whole process, except
+        by the same function re-imported, which gets the op made the first time.
     mutates_args : sequence of str or "unknown"
         The array parameters the function writes into, as in
-        ``torch.library.custom_op``: handed over without a copy, or refused
-        before the function runs (a copy would lose the writes).
+        ``torch.library.custom_op``: handed over without a copy, or refused.
     like : int, str, tuple of them, or None
-        The fake implementation: output ``k`` has the shape, dtype and
-        device of the input that ``like[k]`` names (a parameter's index or
-        name; one entry for a function that returns one array), and each
-        call checks that it does. ``None``: register one yourself with
-        ``op.register_fake`` before tracing the op.
+        The fake implementation: output ``k`` has the shape, dtype and device
+        of the input ``like[k]`` names (an index or a name), checked at each
+        call. ``None``: register one with ``op.register_fake``.
 
     Returns
     -------
     callable
-        A decorator returning the ``torch.library.custom_op`` object itself
-        (a ``CustomOpDef``): call it with tensors; ``.register_autograd``,
-        ``.register_fake``, ``.register_kernel`` and ``opcheck`` work as with
-        any custom op. Which parameters are tensors, which pass through,
-        and what the function returns: see :class:`interop.Array`.
+        A decorator returning the ``torch.library.custom_op`` object itself.
+        Parameters and returns: see :class:`interop.Array`.
 
     Notes
     -----
-    Copy semantics: inputs reach the function without a copy, as
-    :func:`interop.to_cupy` (CUDA tensors) and :func:`interop.to_numpy` (CPU
-    tensors) give them (``bfloat16`` as ``ml_dtypes.bfloat16`` in NumPy,
-    non-contiguous tensors as strided views). Returned arrays become tensors
-    without a copy, as :func:`interop.to_torch` gives them, except that an
-    output sharing memory with an input or an earlier output, or not
-    C-contiguous, is copied into a new C-contiguous array: PyTorch forbids
-    outputs that alias, and compiled code relies on the (contiguous) layout
-    of the fake implementation.
-
-    Stream order: a CUDA call runs on PyTorch's current stream of the
-    inputs' device, which is CuPy's current stream (and device) for the
-    call, CuPy allocating from PyTorch's caching allocator on it. Nothing is
-    synchronised, so the op works inside ``torch.cuda.graph`` capture and
-    ``torch.compile(mode="reduce-overhead")``. The function must not switch
-    CuPy's stream or device.
+    Copy semantics: inputs arrive without a copy, as :func:`interop.to_cupy`
+    and :func:`interop.to_numpy` give them; outputs become tensors without a
+    copy, except one that is not C-contiguous or shares memory with an input
+    or an earlier output, which is copied.
+    Stream order: a CUDA call runs on PyTorch's current stream of the inputs'
+    device, CuPy allocating from PyTorch's caching allocator there; nothing is
+    synchronised (CUDA graph capture works).
 
     Raises
     ------
     InvalidTypeError
-        At decoration: a name that is not a ``str``; a parameter annotation
-        PyTorch's schema cannot hold, a list parameter with a list default,
-        ``*args``/``**kwargs``, a keyword-only array parameter, a return
-        annotation other than arrays, a ``like`` naming no array parameter.
-        At a call: a non-tensor for an array parameter; a function returning
-        other than an array (or the annotated number of them).
+        At decoration: a ``name`` not a ``str``, a signature or return
+        annotation PyTorch's schema cannot hold, a ``like`` naming no array
+        parameter. At a call: a non-tensor argument or a wrong return.
     InvalidValueError
-        A name not ``"namespace::name"``, or one another operator (or
-        function) already has. At a call: tensors on different devices; an
-        expanded view (a stride of 0) for a mutated argument; an output on
-        another device than the inputs, or whose shape or dtype (byte order
-        aside) differs from what ``like`` says.
+        A bad or taken ``name``. At a call: tensors on different devices, an
+        expanded view for a mutated argument, an output unlike ``like`` or on
+        another device.
     CopyRequiredError
-        At a call: the conjugate or negative bit set on a mutated argument.
+        At a call: a conjugate or negative bit on a mutated argument.
     StreamMismatchError
         At a call: the function allocated on another CuPy stream or device.
     MissingFakeError
-        Tracing an op without ``like`` and without a registered fake
-        implementation (``torch.export``, meta tensors; ``torch.compile`` and
-        ``opcheck`` raise their own error with it as the cause).
+        Tracing an op that has no fake implementation.
     BackendUnavailableError
-        No PyTorch (at decoration), or no CuPy and a CUDA tensor is passed.
+        No PyTorch (at decoration), or no CuPy for a CUDA tensor.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         error = InvalidValueError if isinstance(name, str) else InvalidTypeError
