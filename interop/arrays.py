@@ -1,9 +1,6 @@
-"""What an array is to interop: its kind, device and memory.
+"""What an array is to interop: is it one, where it lives, whether two overlap.
 
-The exchange functions and the transfer pipeline both start here, so the
-questions "is this an array?", "where does it live?" and "do these two arrays
-overlap?" have one answer each (which dtype holds its values, and the views
-that read them: :mod:`interop.dtypes`). Nothing here moves data between devices.
+Exchange, transfers and io all ask here; nothing here moves data between devices.
 """
 
 from __future__ import annotations
@@ -123,8 +120,7 @@ def check_strided_tensor(t: torch.Tensor, func: str) -> None:
     if t.is_nested:  # strided layout too, but its sizes and strides are per component
         raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got a nested tensor, layout "
-            f"{t.layout}); pad it into one with torch.nested.to_padded_tensor(t, 0.0), "
-            "or pass its components (t.unbind()) one by one"
+            f"{t.layout}); pass torch.nested.to_padded_tensor(t, 0.0), or each of t.unbind()"
         )
     if t.is_cpu and t.layout is th.strided:
         return  # the common case
@@ -135,14 +131,12 @@ def check_strided_tensor(t: torch.Tensor, func: str) -> None:
         )
     if t.device.type == "meta":
         raise InvalidValueError(
-            f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has a shape and "
-            "a dtype but no data); make one with data first, e.g. "
-            "torch.empty_like(t, device='cpu') or module.to_empty(device='cpu')"
+            f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has no data); "
+            "make one with data first, e.g. torch.empty_like(t, device='cpu')"
         )
     if t.device.type not in ("cpu", "cuda"):
         raise InvalidValueError(
-            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); "
-            "move it with t.cpu() first"
+            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); use t.cpu()"
         )
 
 
@@ -151,16 +145,13 @@ def check_tensor_data(t: torch.Tensor, func: str) -> None:
     th = _backends.torch()
     if not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
         raise InvalidValueError(
-            f"{func} expected a tensor with data (got one inside a torch.func transform, "
-            f"such as grad or vmap, which holds none of its own); call {func} outside the "
-            "transform, on the tensors it takes or returns"
+            f"{func} expected a tensor with data (got one inside a torch.func transform); "
+            f"call {func} outside the transform"
         )
     if type(t) is not th.Tensor and t.untyped_storage().device.type == "meta":
         raise InvalidValueError(
-            f"{func} expected a tensor with data (got a FakeTensor, from FakeTensorMode or "
-            "torch.compile/torch.export tracing, which has a shape and a dtype but no data); "
-            "call it outside the traced code, or wrap the NumPy code with interop.torch_op "
-            "and like= so it can be traced"
+            f"{func} expected a tensor with data (got a FakeTensor, from tracing); call it "
+            "outside the traced code, or wrap the code with interop.torch_op"
         )
 
 
@@ -199,18 +190,14 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
     shape = tuple(out.shape)
     if 0 in shape:
         return
-    # Apart for certain: sorted by stride, each axis steps past the extent of the
-    # axes inside it, as in every view NumPy, PyTorch and CuPy make but a
-    # broadcast (a stride of 0) or an as_strided one; the rare other layouts
-    # whose elements happen to be apart are refused as well.
+    # Apart for certain: sorted by stride, each axis steps past the extent of the axes
+    # inside it (every view but broadcast or as_strided ones; rarer layouts are refused)
     extent = itemsize
     for stride, n in sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1):
         if stride < extent:
             raise InvalidValueError(
                 f"{func} expected an out{where} whose elements are apart (got shape {shape} "
-                f"with strides {strides}, whose elements may share memory: each write would "
-                "overwrite others and the values come out wrong); pass an array of its own, "
-                "e.g. numpy.empty(shape, dtype)"
+                f"with strides {strides}, whose elements may share memory); pass a new array"
             )
         extent += stride * (n - 1)
 
@@ -230,8 +217,7 @@ def dlpack_device(x: Any, func: str) -> tuple[bool, int]:
     except Exception as exc:
         raise InvalidValueError(
             f"{func} expected __dlpack_device__() to return (device type, device index) ints "
-            f"(got {type(exc).__name__}: {exc} from {describe(x)}); convert it to a NumPy "
-            "array, a tensor or a CuPy array with its own library first"
+            f"(got {type(exc).__name__}: {exc} from {describe(x)}); convert it first"
         ) from exc
     on_host = _DL_ON_HOST.get(kind)
     if on_host is None:
@@ -305,9 +291,8 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
     writable NumPy array of its shape and dtype (``cast``), apart from it."""
     if not isinstance(out, np.ndarray):
         raise InvalidTypeError(
-            f"{func} expected out to be a writable NumPy array (numpy.memmap included) "
-            f"(got {type(out).__module__}.{type(out).__qualname__}); use interop.copy_to_device "
-            "for device destinations"
+            f"{func} expected out to be a writable NumPy array (numpy.memmap included) (got "
+            f"{type(out).__module__}.{type(out).__qualname__}); use copy_to_device for devices"
         )
     if out.shape != tuple(src.shape):
         raise InvalidValueError(
@@ -318,8 +303,7 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
     check_elements_apart(out, func)
     if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
         raise InvalidValueError(
-            f"{func} expected out not to overlap the source (got overlapping memory); copy "
-            "into a separate array"
+            f"{func} expected out not to overlap the source (got overlapping memory)"
         )
     want = src.dtype if cast is None else cast
     if out.dtype != want:

@@ -1,6 +1,5 @@
-"""One call of a :func:`~interop.torch_op`: tensors in as arrays of their own
-library without a copy, the function run (on a GPU on PyTorch's current stream,
-CuPy allocating from PyTorch's caching allocator), arrays out as tensors."""
+"""One call of a :func:`~interop.torch_op`: tensors in as arrays, the function run
+(on a GPU: on PyTorch's current stream and pool), arrays out as tensors."""
 
 from __future__ import annotations
 
@@ -155,8 +154,7 @@ class Call:
                 return index
         self.check_one_device(values)
         raise InvalidValueError(
-            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
-            "with t.cpu() or t.cuda()"
+            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first"
         )
 
     def check_one_device(self, values: list[Any]) -> None:
@@ -273,17 +271,15 @@ class Call:
         if v.is_conj() or v.is_neg():
             bit, fix = ("conjugate", "resolve_conj") if v.is_conj() else ("negative", "resolve_neg")
             raise CopyRequiredError(
-                f"{self.name} expected parameter {p.name!r}, which it writes into (mutates_args), "
-                f"without a copy (got a tensor with the {bit} bit set: its memory holds other "
-                f"values); writes into a copy would be lost: pass t = {p.name}.{fix}() and read "
-                "the results from t"
+                f"{self.name} expected parameter {p.name!r}, which it writes into, without a "
+                f"copy (got a tensor with the {bit} bit set); pass t = {p.name}.{fix}() and "
+                "read the results from t"
             )
         if any(n > 1 and s == 0 for n, s in zip(v.shape, v.stride(), strict=True)):
             raise InvalidValueError(
-                f"{self.name} expected parameter {p.name!r}, which it writes into (mutates_args), "
-                f"with memory of its own for each element (got a tensor of shape "
-                f"{tuple(v.shape)} and strides {v.stride()}: an expanded view, whose elements "
-                f"share memory); pass t = {p.name}.clone() and read the results from t"
+                f"{self.name} expected parameter {p.name!r}, which it writes into, with memory "
+                f"of its own for each element (got a tensor of shape {tuple(v.shape)} and "
+                f"strides {v.stride()}: an expanded view); pass t = {p.name}.clone()"
             )
 
     def _output(
@@ -331,8 +327,7 @@ class Call:
             got = "a NumPy array" if where is None else f"a CuPy array on cuda:{where}"
             raise InvalidValueError(
                 f"{self.name} expected {which} on its inputs' device, {want} (got {got}); "
-                "compute with xp = interop.array_namespace(x) so the arrays stay where the "
-                "inputs are"
+                "compute with xp = interop.array_namespace(x)"
             )
         return r
 
@@ -370,6 +365,5 @@ class Call:
         return InvalidValueError(
             f"{self.name} expected output {i} to have the shape and dtype of input "
             f"{self.arrays[self.like[i]].name!r} ({shown(like)}), as like= says (got "
-            f"{shown(r)}); return arrays of that shape and dtype, or drop like= and register "
-            "the fake implementation with .register_fake"
+            f"{shown(r)}); or drop like= and use .register_fake"
         )
