@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import _backends, dtypes, streams
+from .. import _backends, streams
 from ..arrays import target_str
 from ..transfer import copy_to_device, copy_to_host
 from ._layout import copy_required, unshareable
-from ._numpy import share_with_torch
+from ._numpy import share_with_torch, torch_copy
 from ._torch import ALREADY_CURRENT, cupy_index, refuse_split_capture
 
 if TYPE_CHECKING:
@@ -38,8 +38,7 @@ def to_torch(c: cupy.ndarray, target: Target | None, copy: bool | None) -> torch
         raise copy_required(f"moving a CuPy array to {target_str(target)}")
     if target[0] == "cpu":
         return share_with_torch(copy_to_host(c), None)
-    th = _backends.require_torch_cuda()
-    return _torch_copy_of(c, th.cuda.current_device() if target[1] is None else target[1])
+    return torch_copy(c, target[1])
 
 
 def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
@@ -54,7 +53,7 @@ def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     if problem and copy is False:
         raise copy_required(f"an array with {problem}")
     if problem or (copy and c.size > 0):
-        return _torch_copy_of(c, index)  # a C-contiguous, aligned result
+        return torch_copy(c, index)
     cp = _backends.cupy()
     # CuPy's device only: torch.from_dlpack names the array's device itself
     # (so PyTorch's current stream there is the consumer it names to
@@ -70,16 +69,6 @@ def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
         if not streams.same_stream(streams.cupy_consumer_handle(current), consumer):
             refuse_split_capture("to_torch", current)
         return th.from_dlpack(c)
-
-
-def _torch_copy_of(c: cupy.ndarray, index: int) -> torch.Tensor:
-    """A new C-contiguous CUDA tensor on device ``index`` holding ``c``'s values."""
-    # Allocated on PyTorch's current stream there, filled by one copy ordered both
-    # ways with CuPy's current stream: c may be dropped at once.
-    th = _backends.torch()
-    dtype = dtypes.torch_dtype_of_numpy(c.dtype)
-    out = th.empty(tuple(c.shape), dtype=dtype, device=th.device("cuda", index))
-    return copy_to_device(c, out)
 
 
 def to_cupy(c: cupy.ndarray, target: Target | None, copy: bool | None) -> cupy.ndarray:

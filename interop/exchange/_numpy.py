@@ -69,7 +69,7 @@ def to_torch(a: np.ndarray, target: Target | None, copy: bool | None) -> torch.T
     if target is not None and target[0] == "cuda":
         if copy is False:
             raise copy_required(f"moving a NumPy array to {target_str(target)}")
-        return host_to_torch(a, target[1])
+        return torch_copy(a, target[1])
     return share_with_torch(a, copy)
 
 
@@ -105,9 +105,8 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
         t = th.from_numpy(src)
     else:
         warnings.warn(
-            "to_torch shares a read-only NumPy array; PyTorch cannot mark tensors "
-            "read-only, so writing to the result writes into memory NumPy marked "
-            "read-only. Pass copy=True for a writable copy.",
+            "to_torch shares a read-only NumPy array, which PyTorch cannot mark read-only; "
+            "pass copy=True for a writable copy",
             ReadOnlyWarning,
             stacklevel=4,  # the caller of interop.to_torch
         )
@@ -117,21 +116,21 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
     return t if ml is None else t.view(ml[0])
 
 
-def host_to_torch(t: Any, index: int | None) -> torch.Tensor:
-    """A new CUDA tensor holding host data's values (a NumPy array or CPU tensor)."""
-    # Through copy_to_device's pinned ring where CuPy can drive the copy (bits
-    # applied chunk by chunk), else Tensor.to (whole-tensor pinned staging).
+def torch_copy(x: Any, index: int | None) -> torch.Tensor:
+    """A new C-contiguous CUDA tensor on device ``index`` (None: the current one) holding
+    the values of ``x`` (NumPy, CuPy or a CPU tensor), by one copy ordered both ways."""
+    # Through copy_to_device (for host data its pinned ring, bits applied chunk by
+    # chunk) where CuPy can drive the copy, else Tensor.to (whole-tensor staging).
     th = _backends.require_torch_cuda()
     device = th.device("cuda", th.cuda.current_device() if index is None else index)
     try:
         _backends.require_cupy_device()
-    except (BackendUnavailableError, NoDeviceError):
-        if isinstance(t, np.ndarray):
-            t = share_with_torch(t, True)  # a private copy: no read-only warning
-        return t.resolve_conj().resolve_neg().to(device)
-    dtype = dtypes.torch_dtype_of_numpy(t.dtype) if isinstance(t, np.ndarray) else t.dtype
-    out = th.empty(tuple(t.shape), dtype=dtype, device=device)
-    return copy_to_device(t, out)
+    except (BackendUnavailableError, NoDeviceError):  # host data only: CuPy data has a device
+        if isinstance(x, np.ndarray):
+            x = share_with_torch(x, True)  # a private copy: no read-only warning
+        return x.resolve_conj().resolve_neg().to(device)
+    dtype = x.dtype if _backends.is_torch_tensor(x) else dtypes.torch_dtype_of_numpy(x.dtype)
+    return copy_to_device(x, th.empty(tuple(x.shape), dtype=dtype, device=device))
 
 
 def to_cupy(a: np.ndarray, target: Target | None, copy: bool | None) -> cupy.ndarray:

@@ -1,5 +1,5 @@
-"""PyTorch tensors (CPU, pinned or CUDA) as the source of an exchange, and the
-device and stream rules that CUDA exchanges between PyTorch and CuPy follow."""
+"""PyTorch tensors as the source of an exchange, and the device and stream rules of
+CUDA exchanges between PyTorch and CuPy."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .. import _backends, arrays, dtypes, streams
 from ..errors import CaptureError
 from ..transfer import copy_to_device, copy_to_host
 from ._layout import copy_required, readonly_if_broadcast
-from ._numpy import host_to_torch, share_with_torch
+from ._numpy import share_with_torch, torch_copy
 
 if TYPE_CHECKING:
     import cupy
@@ -77,7 +77,7 @@ def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch
     if target[0] == "cpu":  # bits are applied chunk by chunk by copy_to_host
         return share_with_torch(copy_to_host(t), None)
     if t.device.type == "cpu":
-        return host_to_torch(t, target[1])
+        return torch_copy(t, target[1])
     return t.to(_backends.torch().device("cuda", target[1]))
 
 
@@ -117,11 +117,9 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
     index = t.get_device()
     t, copied = _resolve_bits(t, copy)
     with export_context(index):
-        # Inside the device context: torch's __dlpack__ refuses tensors of
-        # another device, and both libraries' current streams are this device's.
         cp = _backends.cupy()
-        # The stream CuPy works on and names to producers: its null stream is the
-        # legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) the per-thread one.
+        # CuPy's null stream is the legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
+        # the per-thread one
         current = cp.cuda.get_current_stream()
         handle = streams.cupy_consumer_handle(current)
         if not streams.same_stream(handle, streams.torch_stream_handle(index)):
@@ -136,10 +134,8 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         else:
             c = cp.from_dlpack(t)
         if copied:
-            # The resolved copy goes back to PyTorch's pool when CuPy drops it:
-            # not for reuse before the work CuPy queued on it is done. (Under
-            # the per-thread default stream this is the stream of the thread
-            # that frees it: drop such arrays in the thread that made them.)
+            # the resolved copy goes back to PyTorch's pool when CuPy drops it: not for
+            # reuse before the work CuPy queued on it is done
             t.record_stream(streams.torch_stream(handle, index))
         return c
 
@@ -151,9 +147,8 @@ ALREADY_CURRENT = contextlib.nullcontext()
 
 def export_context(index: int) -> contextlib.AbstractContextManager[Any]:
     """Device ``index`` current for PyTorch and CuPy while one of its tensors is exported."""
-    # PyTorch's __dlpack__ refuses another device's tensor, and each library names
-    # its current device's stream. Usually both are current already: then nothing
-    # is switched (switching there and back costs several microseconds).
+    # PyTorch's __dlpack__ refuses another device's tensor. Usually both are current
+    # already: then nothing is switched (that costs several microseconds)
     cp = _backends.cupy()
     if cp.cuda.runtime.getDevice() == index and _backends.torch().cuda.current_device() == index:
         return ALREADY_CURRENT
@@ -172,15 +167,13 @@ def cuda_context(index: int) -> Iterator[None]:
 
 def refuse_split_capture(func: str, cupy_current: Any) -> None:
     """Refuse an exchange between two different current streams while either is captured."""
-    # Ordering one after the other would wait across the capture's boundary and
-    # invalidate it; called in the data's device context, before anything is queued.
+    # ordering one after the other would break the capture; called before anything is queued
     th, capturing = _backends.torch(), streams.capturing
     if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
-            "two different current streams; ordering one after the other would break the "
-            "capture); run the block under `with interop.stream(s):` with s the capturing "
-            "stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
+            "two different current streams); run the block under `with interop.stream(s):`, "
+            "s the capturing stream"
         )
 
 
