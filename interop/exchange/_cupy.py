@@ -55,11 +55,8 @@ def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     if problem or (copy and c.size > 0):
         return torch_copy(c, index)
     cp = _backends.cupy()
-    # CuPy's device only: torch.from_dlpack names the array's device itself
-    # (so PyTorch's current stream there is the consumer it names to
-    # __dlpack__), and CuPy's __dlpack__ orders that stream after CuPy's
-    # current stream (the producer's) of the current device. Usually that
-    # device is current already: then nothing is switched.
+    # CuPy's device only (torch.from_dlpack names the array's device itself): CuPy's
+    # __dlpack__ orders PyTorch's current stream there after CuPy's current stream
     here = cp.cuda.runtime.getDevice() == index
     with ALREADY_CURRENT if here else cp.cuda.Device(index):
         if c.size == 0 and (copy or unshareable(c)):
@@ -81,6 +78,5 @@ def to_cupy(c: cupy.ndarray, target: Target | None, copy: bool | None) -> cupy.n
         index = cupy_index(target[1])
     elif not copy:
         return c
-    # allocated on CuPy's current stream there (refused inside a capture that
-    # forbids it), filled by one copy ordered both ways, across devices a peer copy
+    # on CuPy's current stream there, one copy ordered both ways (a peer copy across devices)
     return copy_to_device(c, device=index)
