@@ -71,15 +71,16 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        A shared result keeps ``x``'s memory alive. ``bfloat16``/``float8`` give
-        the ``ml_dtypes`` dtype of that name; broadcast views and read-only
-        sources give read-only results; a ``requires_grad`` tensor its detached data.
+        ``bfloat16``/``float8`` as the ``ml_dtypes`` dtype of that name; read-only
+        for broadcast views and read-only sources.
 
     Notes
     -----
     Copy semantics: CPU data is shared (a tensor's conjugate/negative bit is
     applied into a copy); device data is copied by :func:`interop.copy_to_host`,
-    ordered after the producer's current stream and complete on return.
+    ordered after the producer's current stream and complete on return. In all
+    three functions a shared result keeps ``x``'s memory alive, and a
+    ``requires_grad`` tensor gives its detached data.
 
     Raises
     ------
@@ -116,12 +117,6 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     device : str, int, torch.device, cupy.cuda.Device or None
         ``None`` keeps the data on its device; another device gets a copy.
 
-    Returns
-    -------
-    torch.Tensor
-        A shared result keeps ``x``'s memory alive; ``ml_dtypes`` arrays give the
-        torch dtype of that name; a ``requires_grad`` tensor gives its detached data.
-
     Notes
     -----
     Stream order: CUDA data is exported on PyTorch's current stream of its
@@ -129,7 +124,8 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     data runs on that stream after CuPy's current stream.
     Copy semantics: what PyTorch cannot share as it is (negative or odd
     strides, a misaligned start, non-native byte order) is copied. A
-    read-only NumPy array is shared with an :class:`interop.ReadOnlyWarning`.
+    read-only NumPy array is shared with an :class:`interop.ReadOnlyWarning`;
+    ``ml_dtypes`` arrays give the torch dtype of that name.
 
     Raises
     ------
@@ -140,11 +136,9 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
     BackendUnavailableError
         PyTorch (or, for CUDA data, CuPy) is not installed.
     NoDeviceError
-        CUDA data or ``device='cuda'`` without a usable CUDA device
-        (:class:`~interop.CudaAfterForkError` in a child forked after CUDA began).
+        CUDA data or ``device='cuda'`` without a usable CUDA device (or after a fork).
     InvalidTypeError, InvalidValueError
-        As for :func:`interop.to_numpy`, or a ``device`` of the wrong type or
-        naming no device.
+        As for :func:`interop.to_numpy`; a ``device`` of the wrong type or naming none.
     """
     if device is None and copy is None and type(x) is np.ndarray:
         shared = plain_torch_view(x)  # the common case, checked first: a plain shareable array
@@ -165,11 +159,6 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         As for :func:`interop.to_torch` (host data goes to the current device);
         ``'cpu'`` is refused.
 
-    Returns
-    -------
-    cupy.ndarray
-        A shared result keeps ``x``'s memory alive.
-
     Notes
     -----
     Stream order: a CUDA tensor is exported on CuPy's current stream of its
@@ -179,8 +168,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     Raises
     ------
     CopyRequiredError
-        ``copy=False`` where a copy is needed (host data, a conjugate/negative
-        bit, another device).
+        ``copy=False`` where a copy is needed (host data, bits, another device).
     UnsupportedDtypeError
         CuPy cannot hold the dtype (``bfloat16`` before CuPy 14, ``float8``, ``complex32``).
     BackendUnavailableError, NoDeviceError
