@@ -1,7 +1,5 @@
-"""What an array is to interop: is it one, where it lives, whether two overlap.
-
-Exchange, transfers and io all ask here; nothing here moves data between devices.
-"""
+"""What an array is to interop: is it one, where it lives, whether two overlap (asked
+by exchange, transfers and io alike); nothing here moves data."""
 
 from __future__ import annotations
 
@@ -92,11 +90,7 @@ def parse_device(device: object) -> Target | None:
     module = type(device).__module__
     dev: Any = device
     if module.startswith("torch") and hasattr(dev, "type"):
-        if dev.type == "cpu":
-            return ("cpu", None)
-        if dev.type == "cuda":
-            return ("cuda", dev.index)
-        raise InvalidValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
+        return parse_device("cpu" if dev.type == "cpu" else str(dev))  # 'cuda:N', 'meta'...
     if module.startswith("cupy") and hasattr(dev, "id"):
         return ("cuda", int(dev.id))
     raise InvalidTypeError(
@@ -228,8 +222,7 @@ def dlpack_device(x: Any, func: str) -> tuple[bool, int]:
 def import_foreign(
     x: Any, func: str, context: Callable[[int], AbstractContextManager[Any]] | None = None
 ) -> Any:
-    """A NumPy or CuPy array sharing a foreign producer's memory, or the error;
-    CUDA DLPack data is imported inside ``context(its device)`` (default: CuPy's device)."""
+    """NumPy or CuPy sharing a foreign producer's memory (CUDA data inside ``context``)."""
     dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
     if not dlpack and not hasattr(x, "__cuda_array_interface__"):
         raise not_an_array(func, x)
@@ -287,8 +280,7 @@ def array_source(x: Any, func: str) -> Source:
 
 
 def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = None) -> None:
-    """Refuse a host ``out`` for ``src`` before anything is written: it must be a
-    writable NumPy array of its shape and dtype (``cast``), apart from it."""
+    """Refuse a host ``out`` for ``src`` but a writable, separate array of its shape and dtype."""
     if not isinstance(out, np.ndarray):
         raise InvalidTypeError(
             f"{func} expected out to be a writable NumPy array (numpy.memmap included) (got "

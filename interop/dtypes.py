@@ -1,7 +1,5 @@
-"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy, and
-the zero-copy views that read host values through it: ``bfloat16``/``float8`` cross
-between PyTorch and NumPy as same-sized integer views, which never copy.
-"""
+"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy, and the
+zero-copy views through it (``bfloat16``/``float8`` cross as same-sized integer views)."""
 
 from __future__ import annotations
 
@@ -60,8 +58,7 @@ def is_ml_dtype(dtype: Any) -> bool:
 
 @functools.cache
 def int_view_of_numpy(dtype: Any) -> np.dtype:
-    """A same-sized integer dtype for ``dtype``'s bits (itself for standard
-    dtypes), in ``dtype``'s byte order (``'>i2'`` for a big-endian bfloat16)."""
+    """A same-sized integer dtype, in its byte order, for ``dtype``'s bits (standard: itself)."""
     dtype = np.dtype(dtype)
     entry = _ML_NUMPY.get(dtype.newbyteorder("="))
     return dtype if entry is None else entry[1].newbyteorder(dtype.byteorder)

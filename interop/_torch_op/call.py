@@ -90,10 +90,8 @@ class Call:
         # a mutated argument is handed over without a copy or refused: a copy's writes are lost
         self.copies = tuple(False if p.name in mutated else None for p in self.arrays)
         # the common case, answered first: every array parameter required and positional
-        plain = all(p.kind == ARRAY and p.position is not None for p in self.arrays)
-        self.positions = tuple(p.position for p in self.arrays if p.position is not None)
-        if not plain:
-            self.positions = ()
+        plain = [p.position for p in self.arrays if p.kind == ARRAY and p.position is not None]
+        self.positions = tuple(plain) if len(plain) == len(self.arrays) else ()
         self.needed = max(self.positions, default=-1) + 1
         self.default_stream: int | None = None  # CuPy's handle of PyTorch's, once CUDA is checked
 

@@ -1,8 +1,5 @@
-"""Zero-copy exchange between NumPy, PyTorch and CuPy (the rules: docs/exchange.md).
-
-Each function checks its arguments, then hands ``x`` to the module of its source
-library, found by ``type(x)`` in ``_SOURCES`` (else ``_foreign``).
-"""
+"""Zero-copy exchange between NumPy, PyTorch and CuPy (the rules: docs/exchange.md): each
+function checks its arguments, then hands ``x`` to its source library's module."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["to_cupy", "to_numpy", "to_torch"]
 
-# (library, its array type) -> the module that exchanges its arrays, with
-# to_numpy(x, copy), to_torch(x, target, copy) and to_cupy(x, target, copy);
-# anything else goes to _foreign. Found through sys.modules: nothing is imported.
+# (library, array type) -> the module with to_numpy(x, copy), to_torch(x, target, copy) and
+# to_cupy(x, target, copy) of its arrays (else _foreign), through sys.modules: no imports
 _SOURCES: dict[tuple[str, str], ModuleType] = {
     ("numpy", "ndarray"): _numpy,
     ("torch", "Tensor"): _torch,

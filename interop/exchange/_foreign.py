@@ -1,6 +1,5 @@
-"""Objects of other libraries as the source of an exchange: ``__dlpack__``
-producers and ``__cuda_array_interface__`` objects, imported zero-copy as a NumPy
-or CuPy array, then exchanged as one."""
+"""``__dlpack__`` and ``__cuda_array_interface__`` objects as the source of an exchange:
+imported zero-copy as a NumPy or CuPy array, then exchanged as one."""
 
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ def _module(a: Any) -> ModuleType:
 
 @contextlib.contextmanager
 def _on_torch_stream(index: int) -> Iterator[None]:
-    """Device ``index`` current, CuPy on PyTorch's current stream there (the producer
-    orders its export after its work, for PyTorch)."""
+    """Device ``index`` current, CuPy on PyTorch's current stream there (the consumer)."""
     with cuda_context(index), streams.cupy_stream(streams.torch_stream_handle(index), index):
         yield

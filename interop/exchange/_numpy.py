@@ -22,15 +22,12 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
-# The common case of to_torch, answered before the general rules (which give
-# the same result): a writable, aligned, C-contiguous array of a dtype
-# PyTorch shares as it is.
+# to_torch's common case, answered before the general rules (which give the same result)
 _SHAREABLE: dict[np.dtype, bool] = {}  # native dtypes torch.from_numpy takes as they are
 
 
 def plain_torch_view(a: np.ndarray) -> torch.Tensor | None:
-    """``torch.from_numpy(a)`` for a plain array that PyTorch shares as it is;
-    None for anything else."""
+    """``torch.from_numpy(a)`` for a plain array PyTorch shares as it is, else None."""
     dtype = a.dtype
     ok = _SHAREABLE.get(dtype)
     if ok is None:
@@ -57,14 +54,12 @@ def _shareable(dtype: np.dtype) -> bool:
 
 
 def to_numpy(a: np.ndarray, copy: bool | None) -> np.ndarray:
-    """``to_numpy`` of a NumPy array."""
     if copy:
         return a.copy(order="K")
     return _layout.readonly_if_broadcast(a)
 
 
 def to_torch(a: np.ndarray, target: Target | None, copy: bool | None) -> torch.Tensor:
-    """``to_torch`` of a NumPy array."""
     _backends.torch()  # BackendUnavailableError before any work
     if target is not None and target[0] == "cuda":
         if copy is False:
@@ -98,7 +93,6 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
             copied = True
     if copy and not copied:
         a = a.copy(order="K")
-        copied = True
     ml = dtypes.ml_view_of_numpy(a.dtype)
     src = a if ml is None else a.view(ml[1])
     if src.flags.writeable:
@@ -117,8 +111,7 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
 
 
 def torch_copy(x: Any, index: int | None) -> torch.Tensor:
-    """A new C-contiguous CUDA tensor on device ``index`` (None: the current one) holding
-    the values of ``x`` (NumPy, CuPy or a CPU tensor), by one copy ordered both ways."""
+    """A new CUDA tensor on device ``index`` (None: current) holding NumPy, CuPy or CPU ``x``."""
     # Through copy_to_device (for host data its pinned ring, bits applied chunk by
     # chunk) where CuPy can drive the copy, else Tensor.to (whole-tensor staging).
     th = _backends.require_torch_cuda()

@@ -26,8 +26,7 @@ __all__: list[str] = []
 
 
 def plain_numpy_view(t: torch.Tensor) -> np.ndarray | None:
-    """``t.numpy()`` for a plain CPU tensor (the common case of to_numpy, answered
-    before the general rules, which give the same result); else None."""
+    """``t.numpy()`` for a plain CPU tensor (to_numpy's common case, answered first), else None."""
     if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
         return None
     try:

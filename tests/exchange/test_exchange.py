@@ -416,6 +416,13 @@ def test_bad_devices(device, exc, pattern):
         interop.to_torch(np.arange(3.0), device=device)
 
 
+def test_torch_devices_say_where(torch):
+    a = np.arange(3.0)
+    assert interop.to_torch(a, device=torch.device("cpu", 0)).data_ptr() == a.ctypes.data
+    with pytest.raises(interop.InvalidValueError, match=r"\(got 'meta'\)"):
+        interop.to_torch(a, device=torch.device("meta"))
+
+
 def test_to_cupy_refuses_cpu_device():
     with pytest.raises(ValueError, match="to_cupy expected a CUDA device"):
         interop.to_cupy(np.arange(3.0), device="cpu")
