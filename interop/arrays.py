@@ -105,9 +105,6 @@ def target_str(target: Target) -> str:
     return kind if index is None else f"{kind}:{index}"
 
 
-# --------------------------------------------------------------------------- tensors
-
-
 def check_strided_tensor(t: torch.Tensor, func: str) -> None:
     """Refuse tensors interop cannot describe as strided CPU or CUDA memory."""
     th = _backends.torch()
@@ -147,9 +144,6 @@ def check_tensor_data(t: torch.Tensor, func: str) -> None:
             f"{func} expected a tensor with data (got a FakeTensor, from tracing); call it "
             "outside the traced code, or wrap the code with interop.torch_op"
         )
-
-
-# --------------------------------------------------------------------------- memory
 
 
 def raw_host_memory(x: Any) -> np.ndarray:
@@ -196,8 +190,6 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
         extent += stride * (n - 1)
 
 
-# --------------------------------------------------------------------------- foreign
-
 # The DLPack device types (dlpack.h, DLDeviceType) interop reads -> whether on the
 # host: CPU, CUDA, CUDA pinned host memory, CUDA managed memory.
 _DL_ON_HOST = {1: True, 2: False, 3: True, 13: False}
@@ -241,9 +233,6 @@ def import_foreign(
             f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert it "
             "with its own library first (e.g. numpy.asarray(x))"
         ) from exc
-
-
-# --------------------------------------------------------------------------- sources
 
 
 class Source(NamedTuple):

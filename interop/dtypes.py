@@ -182,9 +182,6 @@ def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
     return target
 
 
-# --------------------------------------------------------------------------- bit views
-
-
 def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:
     """Zero-copy NumPy view of a CPU tensor's memory, ignoring conj/neg bits."""
     ml = ml_view_of_torch(t.dtype)

@@ -58,25 +58,21 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     Parameters
     ----------
     x : array
-        A NumPy array or scalar, a PyTorch tensor (CPU, pinned or CUDA), a CuPy
-        array, or an object with ``__dlpack__`` or ``__cuda_array_interface__``.
+        A NumPy array or scalar, a PyTorch tensor, a CuPy array, or an object
+        with ``__dlpack__`` or ``__cuda_array_interface__``.
     copy : bool or None
-        ``None``: share memory where that gives the right values, else copy.
-        ``False``: share or raise. ``True``: always an independent copy.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``bfloat16``/``float8`` as the ``ml_dtypes`` dtype of that name; read-only
-        for broadcast views and read-only sources.
+        ``None``: share where the values stay right, else copy. ``False``: share
+        or raise. ``True``: always an independent copy.
 
     Notes
     -----
-    Copy semantics: CPU data is shared (a tensor's conjugate/negative bit is
-    applied into a copy); device data is copied by :func:`interop.copy_to_host`,
-    ordered after the producer's current stream and complete on return. In all
-    three functions a shared result keeps ``x``'s memory alive, and a
-    ``requires_grad`` tensor gives its detached data.
+    Copy semantics: CPU data is shared, read-only for broadcast views and
+    read-only sources; device data and a conjugate/negative bit are copied.
+    ``bfloat16``/``float8`` give the ``ml_dtypes`` dtype of that name. In all three
+    functions a shared result keeps ``x``'s memory alive, and a ``requires_grad``
+    tensor gives its detached data.
+    Stream order: device data is copied by :func:`interop.copy_to_host`, after
+    the producer's current stream, complete on return.
 
     Raises
     ------
@@ -87,8 +83,8 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     InvalidTypeError
         ``x`` is not an array (or a nested or sparse tensor); ``copy`` not None/bool.
     InvalidValueError
-        A meta tensor, a device other than CPU or CUDA, a tensor without data
-        (FakeTensor, inside ``torch.func``), or a foreign export that fails.
+        A meta or data-less tensor (FakeTensor, inside ``torch.func``), a device
+        other than CPU or CUDA, or a foreign export that fails.
     """
     tensor = _TENSOR[0]
     if tensor is None:
@@ -115,13 +111,11 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
 
     Notes
     -----
-    Stream order: CUDA data is exported on PyTorch's current stream of its
-    device (usable there at once; the host is not blocked); a copy of CuPy
-    data runs on that stream after CuPy's current stream.
-    Copy semantics: what PyTorch cannot share as it is (negative or odd
-    strides, a misaligned start, non-native byte order) is copied. A
-    read-only NumPy array is shared with an :class:`interop.ReadOnlyWarning`;
-    ``ml_dtypes`` arrays give the torch dtype of that name.
+    Copy semantics: what PyTorch cannot share as it is (negative or odd strides,
+    a misaligned start, non-native byte order) is copied; a read-only NumPy
+    array is shared with an :class:`interop.ReadOnlyWarning`.
+    Stream order: CUDA data is exported (or copied) on PyTorch's current stream
+    of its device, after the producer's work; the host is not blocked.
 
     Raises
     ------
@@ -152,14 +146,13 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     x, copy
         See :func:`interop.to_numpy`.
     device : str, int, torch.device, cupy.cuda.Device or None
-        As for :func:`interop.to_torch` (host data goes to the current device);
-        ``'cpu'`` is refused.
+        As for :func:`interop.to_torch` (host data goes to the current device); not ``'cpu'``.
 
     Notes
     -----
+    Copy semantics: host data is always copied, on CuPy's current stream.
     Stream order: a CUDA tensor is exported on CuPy's current stream of its
-    device (usable there at once; the host is not blocked). Host data is
-    always copied, on CuPy's current stream.
+    device (usable there at once; the host is not blocked).
 
     Raises
     ------
@@ -167,14 +160,11 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
         ``copy=False`` where a copy is needed (host data, bits, another device).
     UnsupportedDtypeError
         CuPy cannot hold the dtype (``bfloat16`` before CuPy 14, ``float8``, ``complex32``).
-    BackendUnavailableError, NoDeviceError
-        As for :func:`interop.to_torch`, for CuPy.
-    InvalidTypeError, InvalidValueError
-        As for :func:`interop.to_torch`; ``device='cpu'``.
+    BackendUnavailableError, NoDeviceError, InvalidTypeError, InvalidValueError
+        As for :func:`interop.to_torch`, for CuPy; ``device='cpu'``.
     CaptureError
-        Inside CUDA graph capture: a copy whose result CuPy's own pool would
-        allocate (fine under :func:`interop.use_torch_allocator`), or an exchange
-        between two different current streams. Nothing is queued.
+        Inside CUDA graph capture: a copy CuPy's own pool would allocate (see
+        :func:`interop.use_torch_allocator`), or two different current streams.
     """
     x = _checked(x, copy)
     target = parse_device(device)

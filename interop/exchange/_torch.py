@@ -139,8 +139,6 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         return c
 
 
-# ----------------------------------------------------------- devices and streams
-
 ALREADY_CURRENT = contextlib.nullcontext()
 
 
