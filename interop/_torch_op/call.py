@@ -139,18 +139,12 @@ class Call:
 
     def device(self, values: list[Any]) -> int | None:
         """The CUDA device of the tensors (None: the CPU), or the error."""
-        present = [v for v in values if v is not None]
-        if not present:
-            return None  # nothing to tell: NumPy
-        first = present[0]
-        if first.is_cpu:
-            if all(v.is_cpu for v in present):
-                return None
-        elif first.is_cuda:
-            index = first.get_device()
-            if all(v.is_cuda and v.get_device() == index for v in present):
-                return index
         self.check_one_device(values)
+        first = next((v for v in values if v is not None), None)
+        if first is None or first.is_cpu:
+            return None  # no tensor: NumPy
+        if first.is_cuda:
+            return first.get_device()
         raise InvalidValueError(
             f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first"
         )

@@ -193,11 +193,6 @@ def torch_op(
             "digits and underscores, not starting with a digit: e.g. 'mylib::scale'"
         )
     th = _backends.torch()
-    if like is not None and not isinstance(like, int | str | tuple):
-        raise InvalidTypeError(
-            f"torch_op {name!r} expected like= to be a parameter's index or name, a tuple of "
-            f"them, or None (got {like!r})"
-        )
 
     def decorate(fn: Callable[..., Any]) -> Any:
         if not callable(fn):

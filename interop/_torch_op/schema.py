@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import _backends
-from ..arrays import describe, dlpack_device
+from ..arrays import dlpack_device, not_an_array
 from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Array", "array_namespace"]
@@ -55,10 +55,7 @@ def _namespace_of(x: Any) -> types.ModuleType:
         return np if on_host else _backends.cupy()
     if hasattr(x, "__cuda_array_interface__"):
         return _backends.cupy()
-    raise InvalidTypeError(
-        f"array_namespace expected a NumPy or CuPy array, a PyTorch tensor, or an object with "
-        f"__dlpack__ or __cuda_array_interface__ (got {describe(x)})"
-    )
+    raise not_an_array("array_namespace", x)
 
 
 def array_namespace(*arrays: object) -> types.ModuleType:
@@ -235,8 +232,8 @@ def like_positions(like: Any, params: list[Param], op: str) -> tuple[tuple[int, 
     for entry in entries:
         if isinstance(entry, bool) or not isinstance(entry, int | str):
             raise InvalidTypeError(
-                f"torch_op {op!r} expected like= to be a parameter's index or name, or a tuple "
-                f"of them (got {entry!r})"
+                f"torch_op {op!r} expected like= to be a parameter's index or name, a tuple of "
+                f"them, or None (got {entry!r})"
             )
         if isinstance(entry, str) and entry not in names:
             raise InvalidValueError(

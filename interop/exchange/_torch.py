@@ -103,8 +103,7 @@ def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.n
         index = t.get_device()
     elif copy is False:
         if t.is_cuda and target is not None:
-            where = arrays.target_str(target)
-            raise copy_required(f"moving a tensor from {t.device} to {where}")
+            raise copy_required(f"moving a tensor from {t.device} to {arrays.target_str(target)}")
         raise copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
     else:
         index = cupy_index(None if target is None else target[1])
