@@ -105,41 +105,34 @@ def target_str(target: Target) -> str:
     return kind if index is None else f"{kind}:{index}"
 
 
-def check_strided_tensor(t: torch.Tensor, func: str) -> None:
-    """Refuse tensors interop cannot describe as strided CPU or CUDA memory."""
+def check_tensor(t: torch.Tensor, func: str, *, data: bool = True) -> None:
+    """Refuse tensors that are not strided CPU or CUDA memory (``data``: of their own)."""
     th = _backends.torch()
     if t.is_nested:  # strided layout too, but its sizes and strides are per component
         raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got a nested tensor, layout "
             f"{t.layout}); pass torch.nested.to_padded_tensor(t, 0.0), or each of t.unbind()"
         )
-    if t.is_cpu and t.layout is th.strided:
-        return  # the common case
-    if t.layout != th.strided:
+    if t.layout is not th.strided:
         raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
             "call t.to_dense() first"
         )
-    if t.device.type == "meta":
+    if not (t.is_cpu or t.is_cuda) and t.device.type == "meta":
         raise InvalidValueError(
             f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has no data); "
             "make one with data first, e.g. torch.empty_like(t, device='cpu')"
         )
-    if t.device.type not in ("cpu", "cuda"):
+    if not (t.is_cpu or t.is_cuda):
         raise InvalidValueError(
             f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); use t.cpu()"
         )
-
-
-def check_tensor_data(t: torch.Tensor, func: str) -> None:
-    """Refuse a tensor with no data of its own (torch.func, FakeTensor)."""
-    th = _backends.torch()
-    if not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
+    if data and not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
         raise InvalidValueError(
             f"{func} expected a tensor with data (got one inside a torch.func transform); "
             f"call {func} outside the transform"
         )
-    if type(t) is not th.Tensor and t.untyped_storage().device.type == "meta":
+    if data and type(t) is not th.Tensor and t.untyped_storage().device.type == "meta":
         raise InvalidValueError(
             f"{func} expected a tensor with data (got a FakeTensor, from tracing); call it "
             "outside the traced code, or wrap the code with interop.torch_op"
@@ -262,7 +255,7 @@ def array_source(x: Any, func: str) -> Source:
             return Source(x, x.shape, x.dtype, False)
     if isinstance(x, cupy_array):
         return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))
-    check_strided_tensor(x, func)
+    check_tensor(x, func, data=False)
     cuda = x.device.index if x.device.type == "cuda" else None
     dtype = dtypes.numpy_dtype_of_torch(x.dtype)
     return Source(x.detach(), tuple(x.shape), dtype, cuda is not None, cuda)

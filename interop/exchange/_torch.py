@@ -48,8 +48,7 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 
 def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
     """``to_numpy`` of a tensor: CPU data shared, device data copied."""
-    arrays.check_strided_tensor(t, "to_numpy")
-    arrays.check_tensor_data(t, "to_numpy")
+    arrays.check_tensor(t, "to_numpy")
     if t.requires_grad:
         t = t.detach()
     if t.is_cuda:
@@ -65,7 +64,7 @@ def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
 
 def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch.Tensor:
     """``to_torch`` of a tensor: itself (detached), a clone, or a move."""
-    arrays.check_strided_tensor(t, "to_torch")
+    arrays.check_tensor(t, "to_torch", data=False)
     if t.is_cuda or (target is not None and target[0] == "cuda"):
         _backends.check_not_forked()  # PyTorch's own error would not say what to do
     t = t.detach() if t.requires_grad else t
@@ -92,8 +91,7 @@ def _same_device(t: torch.Tensor, target: Target) -> bool:
 
 def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.ndarray:
     """``to_cupy`` of a tensor: CUDA data shared on its device, anything else copied."""
-    arrays.check_strided_tensor(t, "to_cupy")  # before the device: a bad argument anywhere
-    arrays.check_tensor_data(t, "to_cupy")
+    arrays.check_tensor(t, "to_cupy")  # before the device: a bad argument anywhere
     _backends.require_cupy_device()
     dtypes.check_cupy_dtype(t.dtype)  # before DLPack, whose error would not say what to do
     t = t.detach() if t.requires_grad else t
