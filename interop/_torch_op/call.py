@@ -128,10 +128,7 @@ class Call:
 
     def tensors(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The tensor of each array parameter (None for an absent optional one)."""
-        if self.positions and len(args) >= self.needed:
-            values = [args[i] for i in self.positions]
-        else:
-            values = self._given(args, kwargs, None)
+        values = self._given(args, kwargs, None)
         for p, v in zip(self.arrays, values, strict=True):
             if v is None and p.kind == ARRAY:  # PyTorch passes None on for a Tensor
                 raise self._not_a_tensor(p, v)
