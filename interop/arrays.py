@@ -25,16 +25,13 @@ __all__: list[str] = []
 
 Target = tuple[Literal["cpu", "cuda"], "int | None"]
 
-# Array types of devices other than CUDA, each with the function that gives the
-# device (an interop.pipeline.backend.Backend) moving one of its arrays.
+# array types of devices other than CUDA -> the Backend (pipeline.backend) moving one
 _device_types: dict[type, Callable[[Any], Any]] = {}
 
 
 def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
-    """Make arrays of type ``cls`` device data, moved by the Backend ``backend_of(x)``."""
-    # How a device other than CUDA (the emulated one of interop.testing) plugs in;
-    # its arrays have ``shape`` and a NumPy ``dtype``.
-    _device_types[cls] = backend_of
+    """Make ``cls`` arrays (``shape``, NumPy ``dtype``) device data, moved by ``backend_of(x)``."""
+    _device_types[cls] = backend_of  # how the emulated device of interop.testing plugs in
 
 
 def describe(x: object) -> str:
@@ -183,8 +180,7 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
         extent += stride * (n - 1)
 
 
-# The DLPack device types (dlpack.h, DLDeviceType) interop reads -> whether on the
-# host: CPU, CUDA, CUDA pinned host memory, CUDA managed memory.
+# DLPack device types (dlpack.h) interop reads -> on the host: CPU, CUDA, pinned, managed
 _DL_ON_HOST = {1: True, 2: False, 3: True, 13: False}
 
 

@@ -18,8 +18,7 @@ __all__ = ["torch_op"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*")
 
-# name -> (op, options) of each operator torch_op registered: a name is taken for the
-# whole process, but the same function may register it again (a re-import)
+# name -> (op, options) of each operator made here (only a re-import may register it again)
 _REGISTERED: dict[str, tuple[Any, tuple[Any, ...]]] = {}
 
 
@@ -109,8 +108,7 @@ def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
 def _math_bits_to_kernel(th: Any, op: Any) -> None:
     """Send tensors with the conjugate or negative bit on to ``op``'s kernel."""
     # The kernel refuses them for a mutated argument (PyTorch's fallback for these bits
-    # fails there: "Expected Tensor but got None", or an internal assert) and resolves
-    # them into a copy for the others.
+    # fails there) and resolves them into a copy for the others.
     keys = th._C.DispatchKey
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -209,8 +207,7 @@ def torch_op(
         options = (mutates_args if isinstance(mutates_args, str) else frozenset(mutated), like)
         op = _registered(th, name, fn, options)
         if op is not None:
-            # Registering again would leave the first op object a dangling handle
-            # into PyTorch's dispatcher: the op runs the re-imported function instead.
+            # registering again would leave the first op object dangling: it runs fn instead
             op._interop_call.fn = fn
             return op
 

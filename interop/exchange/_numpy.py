@@ -112,8 +112,7 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
 
 def torch_copy(x: Any, index: int | None) -> torch.Tensor:
     """A new CUDA tensor on device ``index`` (None: current) holding NumPy, CuPy or CPU ``x``."""
-    # Through copy_to_device (for host data its pinned ring, bits applied chunk by
-    # chunk) where CuPy can drive the copy, else Tensor.to (whole-tensor staging).
+    # copy_to_device where CuPy can drive the copy (bits applied chunk by chunk), else Tensor.to
     th = _backends.require_torch_cuda()
     device = th.device("cuda", th.cuda.current_device() if index is None else index)
     try:

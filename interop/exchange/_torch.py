@@ -114,15 +114,13 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
     t, copied = _resolve_bits(t, copy)
     with export_context(index):
         cp = _backends.cupy()
-        # CuPy's null stream is the legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
-        # the per-thread one
+        # CuPy's null stream is the per-thread one under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
         current = cp.cuda.get_current_stream()
         handle = streams.cupy_consumer_handle(current)
         if not streams.same_stream(handle, streams.torch_stream_handle(index)):
             refuse_split_capture("to_cupy", current)
         if handle == streams.PER_THREAD_DEFAULT:
-            # PyTorch's __dlpack__ refuses the per-thread default stream: order it
-            # ourselves, on that stream itself (handle 2 names this thread's).
+            # PyTorch's __dlpack__ refuses the per-thread default stream: ordered here
             ready = cp.cuda.Event(disable_timing=True)
             ready.record(streams.cupy_stream(streams.torch_stream_handle(index), index))
             streams.cupy_stream(handle, index).wait_event(ready)
@@ -141,8 +139,7 @@ ALREADY_CURRENT = contextlib.nullcontext()
 
 def export_context(index: int) -> contextlib.AbstractContextManager[Any]:
     """Device ``index`` current for PyTorch and CuPy while one of its tensors is exported."""
-    # PyTorch's __dlpack__ refuses another device's tensor. Usually both are current
-    # already: then nothing is switched (that costs several microseconds)
+    # PyTorch's __dlpack__ refuses another device's tensor; a switch costs microseconds
     cp = _backends.cupy()
     if cp.cuda.runtime.getDevice() == index and _backends.torch().cuda.current_device() == index:
         return ALREADY_CURRENT
