@@ -37,8 +37,7 @@ def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
 def describe(x: object) -> str:
     """``module.Type: repr`` of ``x``, the repr cut to 60 characters."""
     text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
+    text = text if len(text) <= 60 else text[:57] + "..."
     return f"{type(x).__module__}.{type(x).__qualname__}: {text}"
 
 

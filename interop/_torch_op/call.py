@@ -9,18 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _backends, dtypes
+from .. import _backends, dtypes, streams
 from ..allocator import TorchAllocator, thread_setting, torch_storage_of
 from ..arrays import describe
 from ..errors import CopyRequiredError, InvalidTypeError, InvalidValueError
 from ..exchange import plain_torch_view, to_cupy, to_numpy, to_torch
-from ..streams import (
-    LEGACY_DEFAULT,
-    PER_THREAD_DEFAULT,
-    cupy_consumer_handle,
-    cupy_stream,
-    torch_stream_handle,
-)
 from .schema import ARRAY, OPTIONAL_ARRAY, VALUE, Param
 
 _graph_plans: list[Any] = []  # cuFFT plans first made in a graph capture: the graph replays them
@@ -184,8 +177,10 @@ class Call:
             cp = _backends.require_cupy_device()
             # PyTorch's default stream is the legacy one, which CuPy's null stream is
             # not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
-            per_thread = cupy_consumer_handle(cp.cuda.Stream.null) == PER_THREAD_DEFAULT
-            null = self.default_stream = LEGACY_DEFAULT if per_thread else 0
+            per_thread = (
+                streams.cupy_consumer_handle(cp.cuda.Stream.null) == streams.PER_THREAD_DEFAULT
+            )
+            null = self.default_stream = streams.LEGACY_DEFAULT if per_thread else 0
         cp, th = sys.modules["cupy"], sys.modules["torch"]
         previous_device = cp.cuda.runtime.getDevice()
         if previous_device != index:
@@ -194,7 +189,7 @@ class Call:
         if torch_device != index:
             th.cuda.set_device(index)
         try:
-            stream = cupy_stream(torch_stream_handle(index) or null, index)
+            stream = streams.cupy_stream(streams.torch_stream_handle(index) or null, index)
             get_allocator, set_allocator = thread_setting(cp)
             previous = get_allocator()
             maker = TorchAllocator((index, stream.ptr))

@@ -138,9 +138,8 @@ def torch_op(
     Parameters
     ----------
     name : str
-        ``"namespace::name"`` (``torch.ops.namespace.name``), each part ASCII
-        letters, digits and underscores; taken for the whole process, except
-        by the same function re-imported, which gets the op made the first time.
+        ``"namespace::name"`` (``torch.ops.namespace.name``) of two identifiers,
+        taken for the whole process (only the same function, re-imported, may reuse it).
     mutates_args : sequence of str or "unknown"
         The array parameters the function writes into, as in
         ``torch.library.custom_op``: handed over without a copy, or refused.
@@ -157,24 +156,20 @@ def torch_op(
 
     Notes
     -----
-    Copy semantics: inputs arrive without a copy, as :func:`interop.to_cupy`
-    and :func:`interop.to_numpy` give them; outputs become tensors without a
-    copy, except one that is not C-contiguous or shares memory with an input
-    or an earlier output, which is copied.
-    Stream order: a CUDA call runs on PyTorch's current stream of the inputs'
-    device, CuPy allocating from PyTorch's caching allocator there; nothing is
-    synchronised (CUDA graph capture works).
+    Copy semantics: inputs arrive as :func:`interop.to_cupy` and :func:`interop.to_numpy`
+    give them, without a copy; outputs become tensors without a copy unless not
+    C-contiguous or sharing memory with an input or an earlier output.
+    Stream order: a CUDA call runs on PyTorch's current stream and caching allocator
+    of the inputs' device; nothing is synchronised (CUDA graph capture works).
 
     Raises
     ------
     InvalidTypeError
-        At decoration: a ``name`` not a ``str``, a signature or return
-        annotation PyTorch's schema cannot hold, a ``like`` naming no array
-        parameter. At a call: a non-tensor argument or a wrong return.
+        A ``name`` not a ``str``, a signature PyTorch's schema cannot hold, a ``like``
+        naming no array parameter; at a call, a non-tensor argument or a wrong return.
     InvalidValueError
-        A bad or taken ``name``. At a call: tensors on different devices, an
-        expanded view for a mutated argument, an output unlike ``like`` or on
-        another device.
+        A bad or taken ``name``; at a call, tensors on different devices, an expanded
+        view for a mutated argument, an output unlike ``like`` or on another device.
     CopyRequiredError
         At a call: a conjugate or negative bit on a mutated argument.
     StreamMismatchError

@@ -71,8 +71,7 @@ def array_namespace(*arrays: object) -> types.ModuleType:
     Returns
     -------
     module
-        ``numpy`` or ``cupy`` (imported for device data only). Nothing is
-        copied or synchronised.
+        ``numpy`` or ``cupy`` (imported for device data only); nothing is copied.
 
     Raises
     ------

@@ -49,8 +49,7 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
     """``to_numpy`` of a tensor: CPU data shared, device data copied."""
     arrays.check_tensor(t, "to_numpy")
-    if t.requires_grad:
-        t = t.detach()
+    t = t.detach() if t.requires_grad else t
     if t.is_cuda:
         if copy is False:
             raise copy_required(f"a tensor on {t.device} (to_numpy returns host memory)")
