@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import _backends, streams
+from .. import _backends
 from ..arrays import target_str
 from ..transfer import copy_to_device, copy_to_host
 from ._layout import copy_required, unshareable
 from ._numpy import share_with_torch, torch_copy
-from ._torch import ALREADY_CURRENT, cupy_index, refuse_split_capture
+from ._torch import ALREADY_CURRENT, cupy_index, cupy_stream_handle
 
 if TYPE_CHECKING:
     import cupy
@@ -61,10 +61,7 @@ def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     with ALREADY_CURRENT if here else cp.cuda.Device(index):
         if c.size == 0 and (copy or unshareable(c)):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
-        current = cp.cuda.get_current_stream()
-        consumer = streams.torch_stream_handle(index)
-        if not streams.same_stream(streams.cupy_consumer_handle(current), consumer):
-            refuse_split_capture("to_torch", current)
+        cupy_stream_handle("to_torch", index)  # PyTorch's is the consumer named to __dlpack__
         return th.from_dlpack(c)
 
 

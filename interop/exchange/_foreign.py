@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,30 +24,26 @@ __all__: list[str] = []
 
 def to_numpy(x: Any, copy: bool | None) -> np.ndarray:
     a = arrays.import_foreign(x, "to_numpy")
-    return _module(a).to_numpy(a, copy)
+    return (_numpy if isinstance(a, np.ndarray) else _cupy).to_numpy(a, copy)
 
 
 def to_torch(x: Any, target: Target | None, copy: bool | None) -> torch.Tensor:
     _check_array(x, "to_torch")
     _backends.torch()  # BackendUnavailableError before any work
     a = arrays.import_foreign(x, "to_torch", _on_torch_stream)
-    return _module(a).to_torch(a, target, copy)
+    return (_numpy if isinstance(a, np.ndarray) else _cupy).to_torch(a, target, copy)
 
 
 def to_cupy(x: Any, target: Target | None, copy: bool | None) -> cupy.ndarray:
     _check_array(x, "to_cupy")
     _backends.require_cupy_device()
     a = arrays.import_foreign(x, "to_cupy")
-    return _module(a).to_cupy(a, target, copy)
+    return (_numpy if isinstance(a, np.ndarray) else _cupy).to_cupy(a, target, copy)
 
 
 def _check_array(x: Any, func: str) -> None:
     if not arrays.is_array(x):  # a TypeError before any library is asked for
         raise arrays.not_an_array(func, x)
-
-
-def _module(a: Any) -> ModuleType:
-    return _numpy if isinstance(a, np.ndarray) else _cupy
 
 
 @contextlib.contextmanager

@@ -113,11 +113,7 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
     t, copied = _resolve_bits(t, copy)
     with export_context(index):
         cp = _backends.cupy()
-        # CuPy's null stream is the per-thread one under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
-        current = cp.cuda.get_current_stream()
-        handle = streams.cupy_consumer_handle(current)
-        if not streams.same_stream(handle, streams.torch_stream_handle(index)):
-            refuse_split_capture("to_cupy", current)
+        handle = cupy_stream_handle("to_cupy", index)
         if handle == streams.PER_THREAD_DEFAULT:
             # PyTorch's __dlpack__ refuses the per-thread default stream: ordered here
             ready = cp.cuda.Event(disable_timing=True)
@@ -155,16 +151,22 @@ def cuda_context(index: int) -> Iterator[None]:
         yield
 
 
-def refuse_split_capture(func: str, cupy_current: Any) -> None:
-    """Refuse an exchange between two different current streams while either is captured."""
+def cupy_stream_handle(func: str, index: int) -> int:
+    """CuPy's current stream's handle on the current device ``index``; refuses a split capture."""
+    current = _backends.cupy().cuda.get_current_stream()
+    # CuPy's null stream is the per-thread one under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+    handle = streams.cupy_consumer_handle(current)
+    if streams.same_stream(handle, streams.torch_stream_handle(index)):
+        return handle
     # ordering one after the other would break the capture; called before anything is queued
     th, capturing = _backends.torch(), streams.capturing
-    if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
+    if capturing(current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
             "two different current streams); run the block under `with interop.stream(s):`, "
             "s the capturing stream"
         )
+    return handle
 
 
 def cupy_index(index: int | None) -> int:
