@@ -80,12 +80,9 @@ def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch
 
 def _same_device(t: torch.Tensor, target: Target) -> bool:
     kind, index = target
-    if t.device.type != kind:
-        return False
-    if kind == "cpu":
-        return True
-    current = _backends.torch().cuda.current_device() if index is None else index
-    return t.device.index == current
+    if t.device.type != kind or kind == "cpu":
+        return t.device.type == kind
+    return t.device.index == (_backends.torch().cuda.current_device() if index is None else index)
 
 
 def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.ndarray:
