@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
     from ..arrays import Target
 
-__all__: list[str] = []
-
 
 def to_numpy(c: cupy.ndarray, copy: bool | None) -> np.ndarray:
     """``to_numpy`` of a CuPy array: always a host copy."""

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
     from ..arrays import Target
 
-__all__: list[str] = []
-
 
 def to_numpy(x: Any, copy: bool | None) -> np.ndarray:
     a = arrays.import_foreign(x, "to_numpy")

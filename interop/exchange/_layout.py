@@ -11,8 +11,6 @@ import numpy as np
 from .. import dtypes
 from ..errors import CopyRequiredError
 
-__all__: list[str] = []
-
 
 def copy_required(what: str) -> CopyRequiredError:
     """The error for ``copy=False`` where ``what`` needs a copy."""

@@ -11,16 +11,13 @@ from .. import _backends, dtypes
 from ..arrays import target_str
 from ..errors import BackendUnavailableError, NoDeviceError, ReadOnlyWarning
 from ..transfer import copy_to_device
-from . import _layout
-from ._layout import copy_required
+from ._layout import copy_required, normalise_strides, readonly_if_broadcast, unshareable
 
 if TYPE_CHECKING:
     import cupy
     import torch
 
     from ..arrays import Target
-
-__all__: list[str] = []
 
 # to_torch's common case, answered before the general rules (which give the same result)
 _SHAREABLE: dict[np.dtype, bool] = {}  # native dtypes torch.from_numpy takes as they are
@@ -56,7 +53,7 @@ def _shareable(dtype: np.dtype) -> bool:
 def to_numpy(a: np.ndarray, copy: bool | None) -> np.ndarray:
     if copy:
         return a.copy(order="K")
-    return _layout.readonly_if_broadcast(a)
+    return readonly_if_broadcast(a)
 
 
 def to_torch(a: np.ndarray, target: Target | None, copy: bool | None) -> torch.Tensor:
@@ -83,9 +80,9 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
         else:
             a = a.astype(native)
             copied = True
-    if _layout.unshareable(a):  # rare: checked once in the common case
-        a = _layout.normalise_strides(a)
-        problem = _layout.unshareable(a)
+    if unshareable(a):  # rare: checked once in the common case
+        a = normalise_strides(a)
+        problem = unshareable(a)
         if problem:
             if copy is False:
                 raise copy_required(f"an array with {problem}")

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
     from ..arrays import Target
 
-__all__: list[str] = []
-
 
 def plain_numpy_view(t: torch.Tensor) -> np.ndarray | None:
     """``t.numpy()`` for a plain CPU tensor (to_numpy's common case, answered first), else None."""
