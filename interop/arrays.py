@@ -49,16 +49,6 @@ def not_an_array(func: str, x: object) -> InvalidTypeError:
     )
 
 
-def is_array(x: object) -> bool:
-    """True for anything interop can take as an array (never imports a library)."""
-    return (
-        isinstance(x, (np.ndarray, np.generic, *_backends.array_types()))
-        or type(x) in _device_types
-        or hasattr(x, "__dlpack__")
-        or hasattr(x, "__cuda_array_interface__")
-    )
-
-
 def is_device_array(x: object) -> bool:
     """True for a CuPy array, a CUDA tensor or an array of a registered device."""
     if _backends.is_cupy_array(x) or type(x) in _device_types:
@@ -200,12 +190,18 @@ def dlpack_device(x: Any, func: str) -> tuple[bool, int]:
 
 
 def import_foreign(
-    x: Any, func: str, context: Callable[[int], AbstractContextManager[Any]] | None = None
+    x: Any,
+    func: str,
+    require: Callable[[], Any] | None = None,
+    context: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> Any:
-    """NumPy or CuPy sharing a foreign producer's memory (CUDA data inside ``context``)."""
+    """NumPy or CuPy sharing a foreign producer's memory, once it is one and ``require()``
+    passed (the library the caller needs); CUDA data imported inside ``context``."""
     dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
     if not dlpack and not hasattr(x, "__cuda_array_interface__"):
         raise not_an_array(func, x)
+    if require is not None:
+        require()  # BackendUnavailableError or NoDeviceError before any work
     on_host, index = dlpack_device(x, func) if dlpack else (False, None)
     cp = None if on_host else _backends.require_cupy_device()
     try:

@@ -41,8 +41,6 @@ def _torch_name(dtype: Any) -> str:
 
 
 # dtypes are hashable, and the cached answers below are on every exchange's path
-
-
 @functools.cache
 def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
     """``(ml_dtypes dtype, torch integer view dtype)`` for bfloat16/float8, else None."""
@@ -131,13 +129,12 @@ def check_cupy_dtype(dtype: Any) -> None:
                 f"expected a CuPy that supports bfloat16 (got CuPy {_backends.cupy().__version__}"
                 "); pip install -U 'cupy-cuda12x>=14' (or 'cupy-cuda13x>=14') with NumPy >= 2.1.2"
             )
-        return
-    if name.startswith("float8") or name == "complex32":
+    elif name.startswith("float8") or name == "complex32":
         raise UnsupportedDtypeError(
             f"expected a dtype CuPy can hold (got {name}); CuPy has no {name} arrays: "
             "view it as uint8 or convert it first"
         )
-    if not is_numpy:
+    elif not is_numpy:
         numpy_dtype_of_torch(dtype)  # quantized, sub-byte, float4: no NumPy/CuPy type
     elif not is_standard(dtype):
         raise UnsupportedDtypeError(

@@ -193,9 +193,8 @@ def torch_op(
         params, ret = parameters(fn, name)
         positions, single = (None, True) if like is None else like_positions(like, params, name)
         outputs = output_count(ret, positions, single, name)
-        if isinstance(mutates_args, str):
-            arrays = {p.name for p in params if p.kind != VALUE}
-            mutated = arrays if mutates_args == "unknown" else set()
+        if isinstance(mutates_args, str):  # "unknown": every array parameter
+            mutated = {p.name for p in params if p.kind != VALUE and mutates_args == "unknown"}
         else:
             mutated = set(mutates_args)
         call = Call(fn, name, params, outputs, positions, mutated)

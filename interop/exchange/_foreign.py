@@ -26,22 +26,13 @@ def to_numpy(x: Any, copy: bool | None) -> np.ndarray:
 
 
 def to_torch(x: Any, target: Target | None, copy: bool | None) -> torch.Tensor:
-    _check_array(x, "to_torch")
-    _backends.torch()  # BackendUnavailableError before any work
-    a = arrays.import_foreign(x, "to_torch", _on_torch_stream)
+    a = arrays.import_foreign(x, "to_torch", _backends.torch, _on_torch_stream)
     return (_numpy if isinstance(a, np.ndarray) else _cupy).to_torch(a, target, copy)
 
 
 def to_cupy(x: Any, target: Target | None, copy: bool | None) -> cupy.ndarray:
-    _check_array(x, "to_cupy")
-    _backends.require_cupy_device()
-    a = arrays.import_foreign(x, "to_cupy")
+    a = arrays.import_foreign(x, "to_cupy", _backends.require_cupy_device)
     return (_numpy if isinstance(a, np.ndarray) else _cupy).to_cupy(a, target, copy)
-
-
-def _check_array(x: Any, func: str) -> None:
-    if not arrays.is_array(x):  # a TypeError before any library is asked for
-        raise arrays.not_an_array(func, x)
 
 
 @contextlib.contextmanager
