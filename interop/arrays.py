@@ -99,17 +99,19 @@ def check_tensor(t: torch.Tensor, func: str, *, data: bool = True) -> None:
             f"{func} expected a dense (strided) tensor (got a nested tensor, layout "
             f"{t.layout}); pass torch.nested.to_padded_tensor(t, 0.0), or each of t.unbind()"
         )
-    if t.layout is not th.strided:
+    if t.is_cpu and t.layout is th.strided:
+        pass  # the common case
+    elif t.layout is not th.strided:
         raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
             "call t.to_dense() first"
         )
-    if not (t.is_cpu or t.is_cuda) and t.device.type == "meta":
+    elif t.device.type == "meta":
         raise InvalidValueError(
             f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has no data); "
             "make one with data first, e.g. torch.empty_like(t, device='cpu')"
         )
-    if not (t.is_cpu or t.is_cuda):
+    elif not t.is_cuda:
         raise InvalidValueError(
             f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); use t.cpu()"
         )
