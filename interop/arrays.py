@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
@@ -206,19 +206,21 @@ def import_foreign(
         require()  # BackendUnavailableError or NoDeviceError before any work
     on_host, index = dlpack_device(x, func) if dlpack else (False, None)
     cp = None if on_host else _backends.require_cupy_device()
-    try:
-        if cp is None:
-            return np.from_dlpack(x)
-        if index is None:
-            return cp.asarray(x)  # __cuda_array_interface__: zero-copy
-        with cp.cuda.Device(index) if context is None else context(index):
-            return cp.from_dlpack(x)  # on CuPy's current stream there
-    except Exception as exc:
-        raise InvalidValueError(
-            f"{func} expected an object whose DLPack export holds its data (got "
-            f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert it "
-            "with its own library first (e.g. numpy.asarray(x))"
-        ) from exc
+    # CUDA DLPack data in ``context``, entered outside the try: its errors are not the producer's
+    with context(index) if context and cp and index is not None else nullcontext():
+        try:
+            if cp is None:
+                return np.from_dlpack(x)
+            if index is None:
+                return cp.asarray(x)  # __cuda_array_interface__: zero-copy
+            with cp.cuda.Device(index):
+                return cp.from_dlpack(x)  # on CuPy's current stream there
+        except Exception as exc:
+            raise InvalidValueError(
+                f"{func} expected an object whose DLPack export holds its data (got "
+                f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert "
+                "it with its own library first (e.g. numpy.asarray(x))"
+            ) from exc
 
 
 class Source(NamedTuple):
