@@ -1,15 +1,11 @@
-"""What an array is to interop: its kind, device and memory.
-
-The exchange functions and the transfer pipeline both start here, so the
-questions "is this an array?", "where does it live?" and "do these two arrays
-overlap?" have one answer each (which dtype holds its values, and the views
-that read them: :mod:`interop.dtypes`). Nothing here moves data between devices.
-"""
+"""What an array is to interop: is it one, where it lives, whether two overlap (asked
+by exchange, transfers and io alike); nothing here moves data."""
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
@@ -27,28 +23,21 @@ if TYPE_CHECKING:
 
 __all__: list[str] = []
 
-# DLPack device types (dlpack.h, DLDeviceType).
-DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
-
 Target = tuple[Literal["cpu", "cuda"], "int | None"]
 
-# Array types of devices other than CUDA, each with the function that gives the
-# device (an interop.pipeline.backend.Backend) moving one of its arrays.
+# array types of devices other than CUDA -> the Backend (pipeline.backend) moving one
 _device_types: dict[type, Callable[[Any], Any]] = {}
 
 
 def register_device_type(cls: type, backend_of: Callable[[Any], Any]) -> None:
-    """Make arrays of type ``cls`` device data, moved by the Backend ``backend_of(x)``."""
-    # How a device other than CUDA (the emulated one of interop.testing) plugs in;
-    # its arrays have ``shape`` and a NumPy ``dtype``.
-    _device_types[cls] = backend_of
+    """Make ``cls`` arrays (``shape``, NumPy ``dtype``) device data, moved by ``backend_of(x)``."""
+    _device_types[cls] = backend_of  # how the emulated device of interop.testing plugs in
 
 
 def describe(x: object) -> str:
     """``module.Type: repr`` of ``x``, the repr cut to 60 characters."""
     text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
+    text = text if len(text) <= 60 else text[:57] + "..."
     return f"{type(x).__module__}.{type(x).__qualname__}: {text}"
 
 
@@ -57,16 +46,6 @@ def not_an_array(func: str, x: object) -> InvalidTypeError:
     return InvalidTypeError(
         f"{func} expected a NumPy array (or scalar), a PyTorch tensor, a CuPy array, or an "
         f"object with __dlpack__ or __cuda_array_interface__ (got {describe(x)})"
-    )
-
-
-def is_array(x: object) -> bool:
-    """True for anything interop can take as an array (never imports a library)."""
-    return (
-        isinstance(x, (np.ndarray, np.generic, *_backends.array_types()))
-        or type(x) in _device_types
-        or hasattr(x, "__dlpack__")
-        or hasattr(x, "__cuda_array_interface__")
     )
 
 
@@ -97,11 +76,7 @@ def parse_device(device: object) -> Target | None:
     module = type(device).__module__
     dev: Any = device
     if module.startswith("torch") and hasattr(dev, "type"):
-        if dev.type == "cpu":
-            return ("cpu", None)
-        if dev.type == "cuda":
-            return ("cuda", dev.index)
-        raise InvalidValueError(f"expected a 'cpu' or 'cuda' device (got {device!r})")
+        return parse_device("cpu" if dev.type == "cpu" else str(dev))  # 'cuda:N', 'meta'...
     if module.startswith("cupy") and hasattr(dev, "id"):
         return ("cuda", int(dev.id))
     raise InvalidTypeError(
@@ -116,57 +91,40 @@ def target_str(target: Target) -> str:
     return kind if index is None else f"{kind}:{index}"
 
 
-# --------------------------------------------------------------------------- tensors
-
-
-def check_strided_tensor(t: torch.Tensor, func: str) -> None:
-    """Refuse tensors interop cannot describe as strided CPU or CUDA memory."""
+def check_tensor(t: torch.Tensor, func: str, *, data: bool = True) -> None:
+    """Refuse tensors that are not strided CPU or CUDA memory (``data``: of their own)."""
     th = _backends.torch()
     if t.is_nested:  # strided layout too, but its sizes and strides are per component
         raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got a nested tensor, layout "
-            f"{t.layout}); pad it into one with torch.nested.to_padded_tensor(t, 0.0), "
-            "or pass its components (t.unbind()) one by one"
+            f"{t.layout}); pass torch.nested.to_padded_tensor(t, 0.0), or each of t.unbind()"
         )
     if t.is_cpu and t.layout is th.strided:
-        return  # the common case
-    if t.layout != th.strided:
+        pass  # the common case
+    elif t.layout is not th.strided:
         raise InvalidTypeError(
             f"{func} expected a dense (strided) tensor (got layout {t.layout}); "
             "call t.to_dense() first"
         )
-    if t.device.type == "meta":
+    elif t.device.type == "meta":
         raise InvalidValueError(
-            f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has a shape and "
-            "a dtype but no data); make one with data first, e.g. "
-            "torch.empty_like(t, device='cpu') or module.to_empty(device='cpu')"
+            f"{func} expected a CPU or CUDA tensor (got a meta tensor, which has no data); "
+            "make one with data first, e.g. torch.empty_like(t, device='cpu')"
         )
-    if t.device.type not in ("cpu", "cuda"):
+    elif not t.is_cuda:
         raise InvalidValueError(
-            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); "
-            "move it with t.cpu() first"
+            f"{func} expected a CPU or CUDA tensor (got device {str(t.device)!r}); use t.cpu()"
         )
-
-
-def check_tensor_data(t: torch.Tensor, func: str) -> None:
-    """Refuse a tensor with no data of its own (torch.func, FakeTensor)."""
-    th = _backends.torch()
-    if not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
+    if data and not th._C._has_storage(t):  # a functorch wrapper: its data is the transform's
         raise InvalidValueError(
-            f"{func} expected a tensor with data (got one inside a torch.func transform, "
-            f"such as grad or vmap, which holds none of its own); call {func} outside the "
-            "transform, on the tensors it takes or returns"
+            f"{func} expected a tensor with data (got one inside a torch.func transform); "
+            f"call {func} outside the transform"
         )
-    if type(t) is not th.Tensor and t.untyped_storage().device.type == "meta":
+    if data and type(t) is not th.Tensor and t.untyped_storage().device.type == "meta":
         raise InvalidValueError(
-            f"{func} expected a tensor with data (got a FakeTensor, from FakeTensorMode or "
-            "torch.compile/torch.export tracing, which has a shape and a dtype but no data); "
-            "call it outside the traced code, or wrap the NumPy code with interop.torch_op "
-            "and like= so it can be traced"
+            f"{func} expected a tensor with data (got a FakeTensor, from tracing); call it "
+            "outside the traced code, or wrap the code with interop.torch_op"
         )
-
-
-# --------------------------------------------------------------------------- memory
 
 
 def raw_host_memory(x: Any) -> np.ndarray:
@@ -201,82 +159,68 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
     shape = tuple(out.shape)
     if 0 in shape:
         return
-    # Apart for certain: sorted by stride, each axis steps past the extent of the
-    # axes inside it, as in every view NumPy, PyTorch and CuPy make but a
-    # broadcast (a stride of 0) or an as_strided one; the rare other layouts
-    # whose elements happen to be apart are refused as well.
+    # Apart for certain: sorted by stride, each axis steps past the extent of the axes
+    # inside it (every view but broadcast or as_strided ones; rarer layouts are refused)
     extent = itemsize
     for stride, n in sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1):
         if stride < extent:
             raise InvalidValueError(
                 f"{func} expected an out{where} whose elements are apart (got shape {shape} "
-                f"with strides {strides}, whose elements may share memory: each write would "
-                "overwrite others and the values come out wrong); pass an array of its own, "
-                "e.g. numpy.empty(shape, dtype)"
+                f"with strides {strides}, whose elements may share memory); pass a new array"
             )
         extent += stride * (n - 1)
 
 
-# --------------------------------------------------------------------------- foreign
+# DLPack device types (dlpack.h) interop reads -> on the host: CPU, CUDA, pinned, managed
+_DL_ON_HOST = {1: True, 2: False, 3: True, 13: False}
 
 
-def dlpack_device(x: Any, func: str) -> tuple[int, int]:
-    """``x.__dlpack_device__()`` as ``(device type, index)`` ints, or InvalidValueError."""
+def dlpack_device(x: Any, func: str) -> tuple[bool, int]:
+    """``(on the host, device index)`` of a DLPack producer, or InvalidValueError."""
     try:
         kind, index = x.__dlpack_device__()
-        return operator.index(kind), operator.index(index)
+        kind, index = operator.index(kind), operator.index(index)
     except Exception as exc:
         raise InvalidValueError(
             f"{func} expected __dlpack_device__() to return (device type, device index) ints "
-            f"(got {type(exc).__name__}: {exc} from {describe(x)}); convert it to a NumPy "
-            "array, a tensor or a CuPy array with its own library first"
+            f"(got {type(exc).__name__}: {exc} from {describe(x)}); convert it first"
         ) from exc
-
-
-def _foreign_failed(func: str, x: Any, exc: Exception) -> InvalidValueError:
-    return InvalidValueError(
-        f"{func} expected an object whose DLPack export holds its data (got {describe(x)}, "
-        f"whose export failed: {type(exc).__name__}: {exc}); convert it to a NumPy array, a "
-        "tensor or a CuPy array with its own library first (e.g. numpy.asarray(x))"
-    )
-
-
-def host_from_dlpack(x: Any, func: str) -> np.ndarray:
-    """A NumPy array sharing a foreign CPU DLPack producer's memory."""
-    try:
-        return np.from_dlpack(x)
-    except Exception as exc:
-        raise _foreign_failed(func, x, exc) from exc
-
-
-def cupy_from_dlpack(x: Any, index: int | None, func: str) -> Any:
-    """A CuPy array sharing a foreign CUDA producer's memory (``index`` None: by
-    ``__cuda_array_interface__``), made on CuPy's current stream of ``index``."""
-    cp = _backends.require_cupy_device()
-    try:
-        if index is None:
-            return cp.asarray(x)  # __cuda_array_interface__: zero-copy
-        with cp.cuda.Device(index):
-            return cp.from_dlpack(x)
-    except Exception as exc:
-        raise _foreign_failed(func, x, exc) from exc
-
-
-def import_foreign(x: Any, func: str) -> Any:
-    """A NumPy or CuPy array sharing a foreign producer's memory, or the error."""
-    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        kind, index = dlpack_device(x, func)
-        if kind in (DL_CPU, DL_CUDA_HOST):
-            return host_from_dlpack(x, func)
-        if kind in (DL_CUDA, DL_CUDA_MANAGED):
-            return cupy_from_dlpack(x, index, func)
+    on_host = _DL_ON_HOST.get(kind)
+    if on_host is None:
         raise InvalidValueError(f"{func} expected CPU or CUDA data (got DLPack device {kind!r})")
-    if hasattr(x, "__cuda_array_interface__"):
-        return cupy_from_dlpack(x, None, func)
-    raise not_an_array(func, x)
+    return on_host, index
 
 
-# --------------------------------------------------------------------------- sources
+def import_foreign(
+    x: Any,
+    func: str,
+    require: Callable[[], Any] | None = None,
+    context: Callable[[int], AbstractContextManager[Any]] | None = None,
+) -> Any:
+    """NumPy or CuPy sharing a foreign producer's memory, once it is one and ``require()``
+    passed (the library the caller needs); CUDA data imported inside ``context``."""
+    dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
+    if not dlpack and not hasattr(x, "__cuda_array_interface__"):
+        raise not_an_array(func, x)
+    if require is not None:
+        require()  # BackendUnavailableError or NoDeviceError before any work
+    on_host, index = dlpack_device(x, func) if dlpack else (False, None)
+    cp = None if on_host else _backends.require_cupy_device()
+    # CUDA DLPack data in ``context``, entered outside the try: its errors are not the producer's
+    with context(index) if context and cp and index is not None else nullcontext():
+        try:
+            if cp is None:
+                return np.from_dlpack(x)
+            if index is None:
+                return cp.asarray(x)  # __cuda_array_interface__: zero-copy
+            with cp.cuda.Device(index):
+                return cp.from_dlpack(x)  # on CuPy's current stream there
+        except Exception as exc:
+            raise InvalidValueError(
+                f"{func} expected an object whose DLPack export holds its data (got "
+                f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert "
+                "it with its own library first (e.g. numpy.asarray(x))"
+            ) from exc
 
 
 class Source(NamedTuple):
@@ -306,20 +250,18 @@ def array_source(x: Any, func: str) -> Source:
             return Source(x, x.shape, x.dtype, False)
     if isinstance(x, cupy_array):
         return Source(x, tuple(x.shape), np.dtype(x.dtype), True, int(x.device.id))
-    check_strided_tensor(x, func)
+    check_tensor(x, func, data=False)
     cuda = x.device.index if x.device.type == "cuda" else None
     dtype = dtypes.numpy_dtype_of_torch(x.dtype)
     return Source(x.detach(), tuple(x.shape), dtype, cuda is not None, cuda)
 
 
 def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = None) -> None:
-    """Refuse a host ``out`` for ``src`` before anything is written: it must be a
-    writable NumPy array of its shape and dtype (``cast``), apart from it."""
+    """Refuse a host ``out`` for ``src`` but a writable, separate array of its shape and dtype."""
     if not isinstance(out, np.ndarray):
         raise InvalidTypeError(
-            f"{func} expected out to be a writable NumPy array (numpy.memmap included) "
-            f"(got {type(out).__module__}.{type(out).__qualname__}); use interop.copy_to_device "
-            "for device destinations"
+            f"{func} expected out to be a writable NumPy array (numpy.memmap included) (got "
+            f"{type(out).__module__}.{type(out).__qualname__}); use copy_to_device for devices"
         )
     if out.shape != tuple(src.shape):
         raise InvalidValueError(
@@ -330,8 +272,7 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
     check_elements_apart(out, func)
     if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
         raise InvalidValueError(
-            f"{func} expected out not to overlap the source (got overlapping memory); copy "
-            "into a separate array"
+            f"{func} expected out not to overlap the source (got overlapping memory)"
         )
     want = src.dtype if cast is None else cast
     if out.dtype != want:

@@ -1,11 +1,5 @@
-"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy,
-and the zero-copy views that read a host array's values through it.
-
-NumPy has no ``bfloat16`` or ``float8`` types of its own; ``ml_dtypes`` provides
-them as NumPy dtypes. PyTorch's ``Tensor.numpy()`` and ``torch.from_numpy`` do
-not know them, so interop moves such data by reinterpreting the bits through a
-same-sized integer view on both sides, which never copies.
-"""
+"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy, and the
+zero-copy views through it (``bfloat16``/``float8`` cross as same-sized integer views)."""
 
 from __future__ import annotations
 
@@ -46,24 +40,12 @@ def _torch_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# dtypes are hashable, and the cached answers below are on every exchange's path
 @functools.cache
-def _torch_ml_table() -> dict[Any, tuple[np.dtype, Any]]:
-    """torch dtype -> (ml_dtypes numpy dtype, torch integer view dtype)."""
-    th = _backends.torch()
-    table = {}
-    for name, (ml, view) in _ML_NAMES.items():
-        tdt = getattr(th, name, None)
-        if tdt is not None:
-            table[tdt] = (np.dtype(ml), getattr(th, view))
-    return table
-
-
 def ml_view_of_torch(dtype: Any) -> tuple[np.dtype, Any] | None:
     """``(ml_dtypes dtype, torch integer view dtype)`` for bfloat16/float8, else None."""
-    return _torch_ml_table().get(dtype)
-
-
-# dtypes are hashable, and the cached answers below are on every exchange's path
+    entry = _ML_NAMES.get(_torch_name(dtype))
+    return None if entry is None else (np.dtype(entry[0]), getattr(_backends.torch(), entry[1]))
 
 
 @functools.cache
@@ -74,8 +56,7 @@ def is_ml_dtype(dtype: Any) -> bool:
 
 @functools.cache
 def int_view_of_numpy(dtype: Any) -> np.dtype:
-    """A same-sized integer dtype for ``dtype``'s bits (itself for standard
-    dtypes), in ``dtype``'s byte order (``'>i2'`` for a big-endian bfloat16)."""
+    """A same-sized integer dtype, in its byte order, for ``dtype``'s bits (standard: itself)."""
     dtype = np.dtype(dtype)
     entry = _ML_NUMPY.get(dtype.newbyteorder("="))
     return dtype if entry is None else entry[1].newbyteorder(dtype.byteorder)
@@ -145,17 +126,15 @@ def check_cupy_dtype(dtype: Any) -> None:
     if name == "bfloat16":
         if not _backends.cupy_supports_bfloat16():
             raise UnsupportedDtypeError(
-                "expected a CuPy that supports bfloat16 (got CuPy "
-                f"{_backends.cupy().__version__}); install CuPy >= 14 "
-                "(pip install -U 'cupy-cuda12x>=14' or 'cupy-cuda13x>=14') with NumPy >= 2.1.2"
+                f"expected a CuPy that supports bfloat16 (got CuPy {_backends.cupy().__version__}"
+                "); pip install -U 'cupy-cuda12x>=14' (or 'cupy-cuda13x>=14') with NumPy >= 2.1.2"
             )
-        return
-    if name.startswith("float8") or name == "complex32":
+    elif name.startswith("float8") or name == "complex32":
         raise UnsupportedDtypeError(
             f"expected a dtype CuPy can hold (got {name}); CuPy has no {name} arrays: "
-            "keep the data in PyTorch, or view it as uint8/convert it first"
+            "view it as uint8 or convert it first"
         )
-    if not is_numpy:
+    elif not is_numpy:
         numpy_dtype_of_torch(dtype)  # quantized, sub-byte, float4: no NumPy/CuPy type
     elif not is_standard(dtype):
         raise UnsupportedDtypeError(
@@ -194,14 +173,10 @@ def check_cast(have: np.dtype, want: Any, func: str) -> np.dtype | None:
         return None
     if not (_floating(have) and _floating(target)):
         raise InvalidValueError(
-            f"{func} expected a cast between floating dtypes (got {have} to {target}); cast "
-            "on the way is for floating data, e.g. bfloat16 to float32: for other dtypes copy "
-            "first and call .astype() on the result"
+            f"{func} expected a cast between floating dtypes (got {have} to {target}); for "
+            "other dtypes copy first and call .astype() on the result"
         )
     return target
-
-
-# --------------------------------------------------------------------------- bit views
 
 
 def numpy_view_of_cpu_tensor(t: torch.Tensor) -> np.ndarray:

@@ -1,8 +1,5 @@
-"""CuPy and NumPy functions as PyTorch operators: ``interop.torch_op``.
-
-A package of its own, not ``interop/torch_op/``: that path would shadow the
-decorator ``interop.torch_op`` for tools that read the source (mkdocstrings).
-"""
+"""``interop.torch_op``: CuPy and NumPy functions as PyTorch operators (named
+``_torch_op``: ``interop/torch_op/`` would shadow the decorator for mkdocstrings)."""
 
 from .register import torch_op
 from .schema import Array, array_namespace

@@ -1,6 +1,5 @@
-"""One call of a :func:`~interop.torch_op`: tensors in as arrays of their own
-library without a copy, the function run (on a GPU on PyTorch's current stream,
-CuPy allocating from PyTorch's caching allocator), arrays out as tensors."""
+"""One call of a :func:`~interop.torch_op`: tensors in as arrays, the function run
+(on a GPU: on PyTorch's current stream and pool), arrays out as tensors."""
 
 from __future__ import annotations
 
@@ -10,18 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _backends, dtypes
+from .. import _backends, dtypes, streams
 from ..allocator import TorchAllocator, thread_setting, torch_storage_of
 from ..arrays import describe
 from ..errors import CopyRequiredError, InvalidTypeError, InvalidValueError
 from ..exchange import plain_torch_view, to_cupy, to_numpy, to_torch
-from ..streams import (
-    LEGACY_DEFAULT,
-    PER_THREAD_DEFAULT,
-    cupy_consumer_handle,
-    cupy_stream,
-    torch_stream_handle,
-)
 from .schema import ARRAY, OPTIONAL_ARRAY, VALUE, Param
 
 _graph_plans: list[Any] = []  # cuFFT plans first made in a graph capture: the graph replays them
@@ -91,10 +83,8 @@ class Call:
         # a mutated argument is handed over without a copy or refused: a copy's writes are lost
         self.copies = tuple(False if p.name in mutated else None for p in self.arrays)
         # the common case, answered first: every array parameter required and positional
-        plain = all(p.kind == ARRAY and p.position is not None for p in self.arrays)
-        self.positions = tuple(p.position for p in self.arrays if p.position is not None)
-        if not plain:
-            self.positions = ()
+        plain = [p.position for p in self.arrays if p.kind == ARRAY and p.position is not None]
+        self.positions = tuple(plain) if len(plain) == len(self.arrays) else ()
         self.needed = max(self.positions, default=-1) + 1
         self.default_stream: int | None = None  # CuPy's handle of PyTorch's, once CUDA is checked
 
@@ -131,10 +121,7 @@ class Call:
 
     def tensors(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """The tensor of each array parameter (None for an absent optional one)."""
-        if self.positions and len(args) >= self.needed:
-            values = [args[i] for i in self.positions]
-        else:
-            values = self._given(args, kwargs, None)
+        values = self._given(args, kwargs, None)
         for p, v in zip(self.arrays, values, strict=True):
             if v is None and p.kind == ARRAY:  # PyTorch passes None on for a Tensor
                 raise self._not_a_tensor(p, v)
@@ -142,21 +129,14 @@ class Call:
 
     def device(self, values: list[Any]) -> int | None:
         """The CUDA device of the tensors (None: the CPU), or the error."""
-        present = [v for v in values if v is not None]
-        if not present:
-            return None  # nothing to tell: NumPy
-        first = present[0]
-        if first.is_cpu:
-            if all(v.is_cpu for v in present):
-                return None
-        elif first.is_cuda:
-            index = first.get_device()
-            if all(v.is_cuda and v.get_device() == index for v in present):
-                return index
         self.check_one_device(values)
+        first = next((v for v in values if v is not None), None)
+        if first is None or first.is_cpu:
+            return None  # no tensor: NumPy
+        if first.is_cuda:
+            return first.get_device()
         raise InvalidValueError(
-            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first "
-            "with t.cpu() or t.cuda()"
+            f"{self.name} expected CPU or CUDA tensors (got {first.device}); move them first"
         )
 
     def check_one_device(self, values: list[Any]) -> None:
@@ -174,9 +154,8 @@ class Call:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The operator's kernel: tensors in, tensors out."""
         if self.positions and len(args) >= self.needed:
-            # the common case first, without tensors()'s checks: every array
-            # parameter given positionally, every tensor on the CPU (a per-call
-            # cost: about 1 us of 17 on a 2-core CPU)
+            # the common case first, without tensors()'s checks: every array parameter
+            # positional, every tensor on the CPU (saves about 1 us of 17)
             values = [args[i] for i in self.positions]
             for v in values:
                 if v is None or not v.is_cpu:
@@ -198,8 +177,10 @@ class Call:
             cp = _backends.require_cupy_device()
             # PyTorch's default stream is the legacy one, which CuPy's null stream is
             # not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
-            per_thread = cupy_consumer_handle(cp.cuda.Stream.null) == PER_THREAD_DEFAULT
-            null = self.default_stream = LEGACY_DEFAULT if per_thread else 0
+            per_thread = (
+                streams.cupy_consumer_handle(cp.cuda.Stream.null) == streams.PER_THREAD_DEFAULT
+            )
+            null = self.default_stream = streams.LEGACY_DEFAULT if per_thread else 0
         cp, th = sys.modules["cupy"], sys.modules["torch"]
         previous_device = cp.cuda.runtime.getDevice()
         if previous_device != index:
@@ -208,7 +189,7 @@ class Call:
         if torch_device != index:
             th.cuda.set_device(index)
         try:
-            stream = cupy_stream(torch_stream_handle(index) or null, index)
+            stream = streams.cupy_stream(streams.torch_stream_handle(index) or null, index)
             get_allocator, set_allocator = thread_setting(cp)
             previous = get_allocator()
             maker = TorchAllocator((index, stream.ptr))
@@ -273,17 +254,15 @@ class Call:
         if v.is_conj() or v.is_neg():
             bit, fix = ("conjugate", "resolve_conj") if v.is_conj() else ("negative", "resolve_neg")
             raise CopyRequiredError(
-                f"{self.name} expected parameter {p.name!r}, which it writes into (mutates_args), "
-                f"without a copy (got a tensor with the {bit} bit set: its memory holds other "
-                f"values); writes into a copy would be lost: pass t = {p.name}.{fix}() and read "
-                "the results from t"
+                f"{self.name} expected parameter {p.name!r}, which it writes into, without a "
+                f"copy (got a tensor with the {bit} bit set); pass t = {p.name}.{fix}() and "
+                "read the results from t"
             )
         if any(n > 1 and s == 0 for n, s in zip(v.shape, v.stride(), strict=True)):
             raise InvalidValueError(
-                f"{self.name} expected parameter {p.name!r}, which it writes into (mutates_args), "
-                f"with memory of its own for each element (got a tensor of shape "
-                f"{tuple(v.shape)} and strides {v.stride()}: an expanded view, whose elements "
-                f"share memory); pass t = {p.name}.clone() and read the results from t"
+                f"{self.name} expected parameter {p.name!r}, which it writes into, with memory "
+                f"of its own for each element (got a tensor of shape {tuple(v.shape)} and "
+                f"strides {v.stride()}: an expanded view); pass t = {p.name}.clone()"
             )
 
     def _output(
@@ -331,8 +310,7 @@ class Call:
             got = "a NumPy array" if where is None else f"a CuPy array on cuda:{where}"
             raise InvalidValueError(
                 f"{self.name} expected {which} on its inputs' device, {want} (got {got}); "
-                "compute with xp = interop.array_namespace(x) so the arrays stay where the "
-                "inputs are"
+                "compute with xp = interop.array_namespace(x)"
             )
         return r
 
@@ -370,6 +348,5 @@ class Call:
         return InvalidValueError(
             f"{self.name} expected output {i} to have the shape and dtype of input "
             f"{self.arrays[self.like[i]].name!r} ({shown(like)}), as like= says (got "
-            f"{shown(r)}); return arrays of that shape and dtype, or drop like= and register "
-            "the fake implementation with .register_fake"
+            f"{shown(r)}); or drop like= and use .register_fake"
         )

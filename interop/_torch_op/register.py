@@ -1,6 +1,4 @@
-"""The decorator :func:`torch_op`: the operator registered with PyTorch (each name
-once per process, or again by the same function re-imported) and its fake
-implementation (from ``like=``, or one that raises :class:`MissingFakeError`)."""
+"""The decorator :func:`torch_op`: the operator registered with PyTorch, and its fake."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ __all__ = ["torch_op"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*")
 
-# name -> (op, options) of each operator torch_op registered: a name is taken for the
-# whole process, but the same function may register it again (a re-import)
+# name -> (op, options) of each operator made here (only a re-import may register it again)
 _REGISTERED: dict[str, tuple[Any, tuple[Any, ...]]] = {}
 
 
@@ -65,10 +62,8 @@ def _like_fake(call: Call, single: bool) -> Callable[..., Any]:
 def _missing_fake(name: str, fn_name: str) -> Callable[..., Any]:
     def fake(*args: Any, **kwargs: Any) -> Any:
         raise MissingFakeError(
-            f"{name} has no fake implementation, which torch.compile, torch.export and "
-            "opcheck need to know its outputs' shapes and dtypes without running it; pass "
-            "like= to interop.torch_op (outputs shaped like an input), or register one with "
-            f"@{fn_name}.register_fake"
+            f"{name} has no fake implementation, which tracing needs; pass like= to "
+            f"interop.torch_op, or register one with @{fn_name}.register_fake"
         )
 
     return fake
@@ -105,18 +100,15 @@ def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
         where = f"{getattr(made, '__module__', '?')}.{getattr(made, '__qualname__', made)}"
         got = f"the name of the operator interop.torch_op made from {where}"
     raise InvalidValueError(
-        f"torch_op {name!r} expected a name no operator has yet (got {got}); an operator "
-        "is registered for the whole process and another function would take it over from "
-        "the first op object: choose another name (the same function, re-imported, may "
-        "register again)"
+        f"torch_op {name!r} expected a name no operator has yet (got {got}); choose another "
+        "name (only the same function, re-imported, may register it again)"
     )
 
 
 def _math_bits_to_kernel(th: Any, op: Any) -> None:
     """Send tensors with the conjugate or negative bit on to ``op``'s kernel."""
     # The kernel refuses them for a mutated argument (PyTorch's fallback for these bits
-    # fails there: "Expected Tensor but got None", or an internal assert) and resolves
-    # them into a copy for the others.
+    # fails there) and resolves them into a copy for the others.
     keys = th._C.DispatchKey
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -143,80 +135,49 @@ def torch_op(
             xp = interop.array_namespace(x)  # cupy for CUDA tensors, numpy for CPU
             return xp.multiply(x, factor)
 
-        y = scale(torch.ones(3, device="cuda"))  # a tensor
-
     Parameters
     ----------
     name : str
-        ``"namespace::name"`` (``torch.ops.namespace.name``), each part ASCII
-        letters, digits and underscores. An operator is registered for the
-        whole process: each name once, except that the same function
-        re-imported (same module, qualified name, code, signature, closure
-        and options) gets the op made the first time, which then runs it.
+        ``"namespace::name"`` (``torch.ops.namespace.name``) of two identifiers,
+        taken for the whole process (only the same function, re-imported, may reuse it).
     mutates_args : sequence of str or "unknown"
         The array parameters the function writes into, as in
-        ``torch.library.custom_op``: handed over without a copy, or refused
-        before the function runs (a copy would lose the writes).
+        ``torch.library.custom_op``: handed over without a copy, or refused.
     like : int, str, tuple of them, or None
-        The fake implementation: output ``k`` has the shape, dtype and
-        device of the input that ``like[k]`` names (a parameter's index or
-        name; one entry for a function that returns one array), and each
-        call checks that it does. ``None``: register one yourself with
-        ``op.register_fake`` before tracing the op.
+        The fake implementation: output ``k`` has the shape, dtype and device
+        of the input ``like[k]`` names (an index or a name), checked at each
+        call. ``None``: register one with ``op.register_fake``.
 
     Returns
     -------
     callable
-        A decorator returning the ``torch.library.custom_op`` object itself
-        (a ``CustomOpDef``): call it with tensors; ``.register_autograd``,
-        ``.register_fake``, ``.register_kernel`` and ``opcheck`` work as with
-        any custom op. Which parameters are tensors, which pass through,
-        and what the function returns: see :class:`interop.Array`.
+        A decorator returning the ``torch.library.custom_op`` object itself.
+        Parameters and returns: see :class:`interop.Array`.
 
     Notes
     -----
-    Copy semantics: inputs reach the function without a copy, as
-    :func:`interop.to_cupy` (CUDA tensors) and :func:`interop.to_numpy` (CPU
-    tensors) give them (``bfloat16`` as ``ml_dtypes.bfloat16`` in NumPy,
-    non-contiguous tensors as strided views). Returned arrays become tensors
-    without a copy, as :func:`interop.to_torch` gives them, except that an
-    output sharing memory with an input or an earlier output, or not
-    C-contiguous, is copied into a new C-contiguous array: PyTorch forbids
-    outputs that alias, and compiled code relies on the (contiguous) layout
-    of the fake implementation.
-
-    Stream order: a CUDA call runs on PyTorch's current stream of the
-    inputs' device, which is CuPy's current stream (and device) for the
-    call, CuPy allocating from PyTorch's caching allocator on it. Nothing is
-    synchronised, so the op works inside ``torch.cuda.graph`` capture and
-    ``torch.compile(mode="reduce-overhead")``. The function must not switch
-    CuPy's stream or device.
+    Copy semantics: inputs arrive as :func:`interop.to_cupy` and :func:`interop.to_numpy`
+    give them, without a copy; outputs become tensors without a copy unless not
+    C-contiguous or sharing memory with an input or an earlier output.
+    Stream order: a CUDA call runs on PyTorch's current stream and caching allocator
+    of the inputs' device; nothing is synchronised (CUDA graph capture works).
 
     Raises
     ------
     InvalidTypeError
-        At decoration: a name that is not a ``str``; a parameter annotation
-        PyTorch's schema cannot hold, a list parameter with a list default,
-        ``*args``/``**kwargs``, a keyword-only array parameter, a return
-        annotation other than arrays, a ``like`` naming no array parameter.
-        At a call: a non-tensor for an array parameter; a function returning
-        other than an array (or the annotated number of them).
+        A ``name`` not a ``str``, a signature PyTorch's schema cannot hold, a ``like``
+        naming no array parameter; at a call, a non-tensor argument or a wrong return.
     InvalidValueError
-        A name not ``"namespace::name"``, or one another operator (or
-        function) already has. At a call: tensors on different devices; an
-        expanded view (a stride of 0) for a mutated argument; an output on
-        another device than the inputs, or whose shape or dtype (byte order
-        aside) differs from what ``like`` says.
+        A bad or taken ``name``; at a call, tensors on different devices, an expanded
+        view for a mutated argument, an output unlike ``like`` or on another device.
     CopyRequiredError
-        At a call: the conjugate or negative bit set on a mutated argument.
+        At a call: a conjugate or negative bit on a mutated argument.
     StreamMismatchError
         At a call: the function allocated on another CuPy stream or device.
     MissingFakeError
-        Tracing an op without ``like`` and without a registered fake
-        implementation (``torch.export``, meta tensors; ``torch.compile`` and
-        ``opcheck`` raise their own error with it as the cause).
+        Tracing an op that has no fake implementation.
     BackendUnavailableError
-        No PyTorch (at decoration), or no CuPy and a CUDA tensor is passed.
+        No PyTorch (at decoration), or no CuPy for a CUDA tensor.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         error = InvalidValueError if isinstance(name, str) else InvalidTypeError
@@ -225,11 +186,6 @@ def torch_op(
             "digits and underscores, not starting with a digit: e.g. 'mylib::scale'"
         )
     th = _backends.torch()
-    if like is not None and not isinstance(like, int | str | tuple):
-        raise InvalidTypeError(
-            f"torch_op {name!r} expected like= to be a parameter's index or name, a tuple of "
-            f"them, or None (got {like!r})"
-        )
 
     def decorate(fn: Callable[..., Any]) -> Any:
         if not callable(fn):
@@ -237,17 +193,15 @@ def torch_op(
         params, ret = parameters(fn, name)
         positions, single = (None, True) if like is None else like_positions(like, params, name)
         outputs = output_count(ret, positions, single, name)
-        if isinstance(mutates_args, str):
-            arrays = {p.name for p in params if p.kind != VALUE}
-            mutated = arrays if mutates_args == "unknown" else set()
+        if isinstance(mutates_args, str):  # "unknown": every array parameter
+            mutated = {p.name for p in params if p.kind != VALUE and mutates_args == "unknown"}
         else:
             mutated = set(mutates_args)
         call = Call(fn, name, params, outputs, positions, mutated)
         options = (mutates_args if isinstance(mutates_args, str) else frozenset(mutated), like)
         op = _registered(th, name, fn, options)
         if op is not None:
-            # Registering again would leave the first op object a dangling handle
-            # into PyTorch's dispatcher: the op runs the re-imported function instead.
+            # registering again would leave the first op object dangling: it runs fn instead
             op._interop_call.fn = fn
             return op
 

@@ -1,5 +1,5 @@
-"""A :func:`~interop.torch_op`'s schema, read from its function's annotations,
-and :func:`array_namespace`, which the function calls to find its library."""
+"""A :func:`~interop.torch_op`'s schema, from its function's annotations, and
+:func:`array_namespace`."""
 
 from __future__ import annotations
 
@@ -13,34 +13,28 @@ from typing import Any
 import numpy as np
 
 from .. import _backends
-from ..arrays import DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, describe, dlpack_device
+from ..arrays import dlpack_device, not_an_array
 from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Array", "array_namespace"]
 
 
 class Array:
-    """Annotation marker: an array parameter (or return value) of a
-    :func:`torch_op`.
+    """Annotation marker (no instances): an array parameter or return of a :func:`torch_op`.
 
-    A parameter annotated ``interop.Array`` (or not annotated at all) is a
-    ``Tensor`` in the operator's schema; the function receives it as an array
-    of the tensor's own library: ``cupy.ndarray`` for a CUDA tensor,
-    ``numpy.ndarray`` for a CPU tensor. ``Optional[interop.Array]`` (or a
-    default of ``None``) is an optional tensor (``None`` passes through).
-    Parameters annotated ``int``, ``float``, ``bool``, ``str``, ``list[int]``,
-    ``list[float]``, ``list[bool]`` or ``Optional`` of those pass through. A
-    return annotation, if given, is ``interop.Array``, a ``tuple`` of them, or
-    ``None``; without one the function returns one array, or as many as
-    ``like`` has entries when it is a tuple.
-
-    The class has no instances: it only marks annotations.
+    A parameter annotated ``interop.Array``, or not at all, is a ``Tensor`` in the
+    schema, received as a ``cupy.ndarray`` (CUDA) or ``numpy.ndarray`` (CPU);
+    ``Optional[interop.Array]`` or a default of ``None`` makes it optional.
+    ``int``, ``float``, ``bool``, ``str``, ``list`` of the first three, and
+    ``Optional`` of those pass through. A return annotation is ``interop.Array``,
+    a ``tuple`` of them, or ``None``; without one the function returns one
+    array (or one per ``like`` entry when ``like`` is a tuple).
     """
 
     def __new__(cls, *args: object, **kwargs: object) -> Array:
         raise InvalidTypeError(
-            "expected interop.Array in an annotation (got a call interop.Array(...)); it marks "
-            "array parameters of an interop.torch_op and has no instances"
+            "expected interop.Array in an annotation (got a call interop.Array(...)); it "
+            "has no instances"
         )
 
 
@@ -54,53 +48,39 @@ def _namespace_of(x: Any) -> types.ModuleType:
             return np if x.device.type == "cpu" else _backends.cupy()
         raise InvalidValueError(
             f"array_namespace expected a CPU or CUDA tensor (got a tensor on {x.device}); "
-            "move it first with t.cpu() or t.cuda()"
+            "move it with t.cpu() or t.cuda()"
         )
     if hasattr(x, "__dlpack_device__") and hasattr(x, "__dlpack__"):
-        kind, _ = dlpack_device(x, "array_namespace")
-        if kind in (DL_CPU, DL_CUDA_HOST, DL_CUDA, DL_CUDA_MANAGED):
-            return np if kind in (DL_CPU, DL_CUDA_HOST) else _backends.cupy()
-        raise InvalidValueError(
-            f"array_namespace expected CPU or CUDA data (got DLPack device {kind!r})"
-        )
+        on_host, _ = dlpack_device(x, "array_namespace")
+        return np if on_host else _backends.cupy()
     if hasattr(x, "__cuda_array_interface__"):
         return _backends.cupy()
-    raise InvalidTypeError(
-        f"array_namespace expected a NumPy or CuPy array, a PyTorch tensor, or an object with "
-        f"__dlpack__ or __cuda_array_interface__ (got {describe(x)})"
-    )
+    raise not_an_array("array_namespace", x)
 
 
 def array_namespace(*arrays: object) -> types.ModuleType:
-    """The array library of ``arrays``: ``cupy`` or ``numpy``.
-
-    Inside a :func:`torch_op`, ``xp = interop.array_namespace(x)`` gives
-    ``cupy`` for the arrays of a CUDA tensor and ``numpy`` for those of a CPU
-    tensor, so one body serves both devices.
+    """The array library of ``arrays``, ``cupy`` or ``numpy``, so that one
+    :func:`torch_op` body serves both devices (``xp = interop.array_namespace(x)``).
 
     Parameters
     ----------
     *arrays : array
-        One or more NumPy or CuPy arrays, PyTorch tensors (a CPU tensor's
-        library is NumPy, a CUDA tensor's CuPy), or objects with
-        ``__dlpack__`` or ``__cuda_array_interface__``.
+        NumPy or CuPy arrays, PyTorch tensors (CPU: NumPy, CUDA: CuPy), or
+        objects with ``__dlpack__`` or ``__cuda_array_interface__``.
 
     Returns
     -------
     module
-        The ``numpy`` or the ``cupy`` module itself. CuPy is imported only
-        for device data; nothing is imported for a NumPy array or a CuPy
-        array. Nothing is copied or synchronised.
+        ``numpy`` or ``cupy`` (imported for device data only); nothing is copied.
 
     Raises
     ------
     InvalidTypeError
-        No argument, or an argument that is not an array (a ``TypeError``).
+        No argument, or one that is not an array.
     InvalidValueError
-        Arrays of both libraries (a ``ValueError``), or a tensor on a device
-        other than CPU or CUDA.
+        Arrays of both libraries, or a tensor on a device other than CPU or CUDA.
     BackendUnavailableError
-        A CUDA tensor or device object, and CuPy is not installed.
+        Device data, and CuPy is not installed.
     """
     if not arrays:
         raise InvalidTypeError("array_namespace expected at least one array (got none)")
@@ -171,7 +151,7 @@ def parameters(fn: Callable[..., Any], op: str) -> tuple[list[Param], Any]:
             what = names.get(p.kind, "'/'")
             raise InvalidTypeError(
                 f"torch_op {op!r} expected named parameters (got {what} in the signature of "
-                f"{fn.__qualname__}); a PyTorch operator has a fixed list of parameters"
+                f"{fn.__qualname__}); name each parameter"
             )
         hint = hints.get(name, p.empty)
         inner = _is_optional(hint)
@@ -188,8 +168,7 @@ def parameters(fn: Callable[..., Any], op: str) -> tuple[list[Param], Any]:
             if p.kind == p.KEYWORD_ONLY:
                 raise InvalidTypeError(
                     f"torch_op {op!r} expected array parameter {name!r} before any '*' (got it "
-                    "keyword-only); PyTorch's custom operators take tensors as positional "
-                    "parameters"
+                    "keyword-only); move it before the '*'"
                 )
         elif (value := _value_type(hint if inner is None else inner)) is not None:
             kind, torch_type = VALUE, value if inner is None else typing.Optional[value]  # noqa: UP045
@@ -198,17 +177,14 @@ def parameters(fn: Callable[..., Any], op: str) -> tuple[list[Param], Any]:
             if default is not p.empty and default is not None and not isinstance(default, _SCALARS):
                 raise InvalidTypeError(
                     f"torch_op {op!r} expected parameter {name!r} to have no default or None "
-                    f"(got {default!r}); PyTorch's schema holds no list defaults: declare "
-                    f"{name}: Optional[{_type_name(hint if inner is None else inner)}] = None "
-                    f"and begin the function with {name} = {default!r} if {name} is None else "
-                    f"{name}"
+                    f"(got {default!r}); declare {name}: Optional[{_type_name(value)}] = None "
+                    f"and begin with {name} = {default!r} if {name} is None else {name}"
                 )
         else:
             raise InvalidTypeError(
                 f"torch_op {op!r} expected parameter {name!r} to be annotated interop.Array (or "
-                "no annotation), Optional[interop.Array], int, float, bool, str, list[int], "
-                f"list[float], list[bool], or Optional of those (got {_type_name(hint)}); "
-                "PyTorch's schema has no such type: pass such values as tensors or scalars"
+                "no annotation), int, float, bool, str, list[int], list[float], list[bool], or "
+                f"Optional of those (got {_type_name(hint)}); pass other values as tensors"
             )
         keyword_only = p.kind == p.KEYWORD_ONLY
         params.append(Param(name, kind, None if keyword_only else position, torch_type, hint))
@@ -237,7 +213,7 @@ def output_count(ret: Any, like: tuple[int, ...] | None, single: bool, op: str) 
         wanted = f"like={like[0]!r}" if single else f"like= of {len(like)} entries"
         raise InvalidTypeError(
             f"torch_op {op!r} expected like= to describe each output (got {wanted} for a "
-            f"function annotated to return {said}); give one entry per output"
+            f"function annotated to return {said})"
         )
     return count
 
@@ -255,8 +231,8 @@ def like_positions(like: Any, params: list[Param], op: str) -> tuple[tuple[int, 
     for entry in entries:
         if isinstance(entry, bool) or not isinstance(entry, int | str):
             raise InvalidTypeError(
-                f"torch_op {op!r} expected like= to be a parameter's index or name, or a tuple "
-                f"of them (got {entry!r})"
+                f"torch_op {op!r} expected like= to be a parameter's index or name, a tuple of "
+                f"them, or None (got {entry!r})"
             )
         if isinstance(entry, str) and entry not in names:
             raise InvalidValueError(
@@ -272,8 +248,7 @@ def like_positions(like: Any, params: list[Param], op: str) -> tuple[tuple[int, 
         if params[index].kind != ARRAY:
             raise InvalidTypeError(
                 f"torch_op {op!r} expected like={entry!r} to name an array parameter (got "
-                f"{params[index].name!r}, {_type_name(params[index].annotation)}); outputs "
-                "take the shape, dtype and device of a tensor input"
+                f"{params[index].name!r}, {_type_name(params[index].annotation)})"
             )
         found.append(index)
     return tuple(found), single

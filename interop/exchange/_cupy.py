@@ -6,20 +6,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import _backends, dtypes, streams
+from .. import _backends
 from ..arrays import target_str
 from ..transfer import copy_to_device, copy_to_host
 from ._layout import copy_required, unshareable
-from ._numpy import share_with_torch
-from ._torch import ALREADY_CURRENT, cupy_index, refuse_split_capture
+from ._numpy import share_with_torch, torch_copy
+from ._torch import ALREADY_CURRENT, cupy_index, cupy_stream_handle
 
 if TYPE_CHECKING:
     import cupy
     import torch
 
     from ..arrays import Target
-
-__all__: list[str] = []
 
 
 def to_numpy(c: cupy.ndarray, copy: bool | None) -> np.ndarray:
@@ -38,8 +36,7 @@ def to_torch(c: cupy.ndarray, target: Target | None, copy: bool | None) -> torch
         raise copy_required(f"moving a CuPy array to {target_str(target)}")
     if target[0] == "cpu":
         return share_with_torch(copy_to_host(c), None)
-    th = _backends.require_torch_cuda()
-    return _torch_copy_of(c, th.cuda.current_device() if target[1] is None else target[1])
+    return torch_copy(c, target[1])
 
 
 def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
@@ -54,32 +51,16 @@ def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     if problem and copy is False:
         raise copy_required(f"an array with {problem}")
     if problem or (copy and c.size > 0):
-        return _torch_copy_of(c, index)  # a C-contiguous, aligned result
+        return torch_copy(c, index)
     cp = _backends.cupy()
-    # CuPy's device only: torch.from_dlpack names the array's device itself
-    # (so PyTorch's current stream there is the consumer it names to
-    # __dlpack__), and CuPy's __dlpack__ orders that stream after CuPy's
-    # current stream (the producer's) of the current device. Usually that
-    # device is current already: then nothing is switched.
+    # CuPy's device only (torch.from_dlpack names the array's device itself): CuPy's
+    # __dlpack__ orders PyTorch's current stream there after CuPy's current stream
     here = cp.cuda.runtime.getDevice() == index
     with ALREADY_CURRENT if here else cp.cuda.Device(index):
         if c.size == 0 and (copy or unshareable(c)):
             c = cp.empty(c.shape, c.dtype)  # nothing to share: no strides to export
-        current = cp.cuda.get_current_stream()
-        consumer = streams.torch_stream_handle(index)
-        if not streams.same_stream(streams.cupy_consumer_handle(current), consumer):
-            refuse_split_capture("to_torch", current)
+        cupy_stream_handle("to_torch", index)  # PyTorch's is the consumer named to __dlpack__
         return th.from_dlpack(c)
-
-
-def _torch_copy_of(c: cupy.ndarray, index: int) -> torch.Tensor:
-    """A new C-contiguous CUDA tensor on device ``index`` holding ``c``'s values."""
-    # Allocated on PyTorch's current stream there, filled by one copy ordered both
-    # ways with CuPy's current stream: c may be dropped at once.
-    th = _backends.torch()
-    dtype = dtypes.torch_dtype_of_numpy(c.dtype)
-    out = th.empty(tuple(c.shape), dtype=dtype, device=th.device("cuda", index))
-    return copy_to_device(c, out)
 
 
 def to_cupy(c: cupy.ndarray, target: Target | None, copy: bool | None) -> cupy.ndarray:
@@ -92,6 +73,5 @@ def to_cupy(c: cupy.ndarray, target: Target | None, copy: bool | None) -> cupy.n
         index = cupy_index(target[1])
     elif not copy:
         return c
-    # allocated on CuPy's current stream there (refused inside a capture that
-    # forbids it), filled by one copy ordered both ways, across devices a peer copy
+    # on CuPy's current stream there, one copy ordered both ways (a peer copy across devices)
     return copy_to_device(c, device=index)

@@ -1,12 +1,6 @@
-"""The layout rules of the exchange: which memory PyTorch can share as it is.
-
-PyTorch counts strides in elements, has no negative strides
-(``torch.from_dlpack`` aborts the process on them) and needs each element at
-a multiple of its itemsize (its kernels crash the interpreter, or fault the
-GPU, on other memory); NumPy and CuPy allow all three. A stride on an axis
-of length 1 is never used. A broadcast (zero-stride) view is read-only, as
-``numpy.broadcast_to`` makes it.
-"""
+"""The layout rules of the exchange: which memory PyTorch can share as it is (strides
+in elements, none negative, elements aligned to their itemsize: its kernels crash on
+other memory), and read-only broadcast views, as ``numpy.broadcast_to`` makes them."""
 
 from __future__ import annotations
 
@@ -17,8 +11,6 @@ import numpy as np
 from .. import dtypes
 from ..errors import CopyRequiredError
 
-__all__: list[str] = []
-
 
 def copy_required(what: str) -> CopyRequiredError:
     """The error for ``copy=False`` where ``what`` needs a copy."""
@@ -26,8 +18,7 @@ def copy_required(what: str) -> CopyRequiredError:
 
 
 def unshareable(a: Any) -> str | None:
-    """What keeps PyTorch from sharing the NumPy or CuPy array ``a`` as it is,
-    in words for a message; None where nothing does."""
+    """What keeps PyTorch from sharing NumPy or CuPy ``a`` as it is, in words; or None."""
     strides, itemsize = a.strides, a.dtype.itemsize
     if strides and min(strides) < 0:
         return f"negative strides {strides} (PyTorch has none)"
@@ -52,8 +43,7 @@ def unshareable(a: Any) -> str | None:
 
 
 def normalise_strides(a: np.ndarray) -> np.ndarray:
-    """A zero-copy view of ``a`` whose size-1 axes have stride 0; a fresh empty
-    array for a zero-size one (there is no data to share)."""
+    """A zero-copy view of ``a`` whose size-1 axes have stride 0 (zero-size: a new array)."""
     if a.size == 0:
         return np.empty(a.shape, a.dtype)
     fixed = tuple(0 if n == 1 else st for st, n in zip(a.strides, a.shape, strict=True))

@@ -11,8 +11,7 @@ from .. import _backends, dtypes
 from ..arrays import target_str
 from ..errors import BackendUnavailableError, NoDeviceError, ReadOnlyWarning
 from ..transfer import copy_to_device
-from . import _layout
-from ._layout import copy_required
+from ._layout import copy_required, normalise_strides, readonly_if_broadcast, unshareable
 
 if TYPE_CHECKING:
     import cupy
@@ -20,17 +19,12 @@ if TYPE_CHECKING:
 
     from ..arrays import Target
 
-__all__: list[str] = []
-
-# The common case of to_torch, answered before the general rules (which give
-# the same result): a writable, aligned, C-contiguous array of a dtype
-# PyTorch shares as it is.
+# to_torch's common case, answered before the general rules (which give the same result)
 _SHAREABLE: dict[np.dtype, bool] = {}  # native dtypes torch.from_numpy takes as they are
 
 
 def plain_torch_view(a: np.ndarray) -> torch.Tensor | None:
-    """``torch.from_numpy(a)`` for a plain array that PyTorch shares as it is;
-    None for anything else."""
+    """``torch.from_numpy(a)`` for a plain array PyTorch shares as it is, else None."""
     dtype = a.dtype
     ok = _SHAREABLE.get(dtype)
     if ok is None:
@@ -57,19 +51,17 @@ def _shareable(dtype: np.dtype) -> bool:
 
 
 def to_numpy(a: np.ndarray, copy: bool | None) -> np.ndarray:
-    """``to_numpy`` of a NumPy array."""
     if copy:
         return a.copy(order="K")
-    return _layout.readonly_if_broadcast(a)
+    return readonly_if_broadcast(a)
 
 
 def to_torch(a: np.ndarray, target: Target | None, copy: bool | None) -> torch.Tensor:
-    """``to_torch`` of a NumPy array."""
     _backends.torch()  # BackendUnavailableError before any work
     if target is not None and target[0] == "cuda":
         if copy is False:
             raise copy_required(f"moving a NumPy array to {target_str(target)}")
-        return host_to_torch(a, target[1])
+        return torch_copy(a, target[1])
     return share_with_torch(a, copy)
 
 
@@ -88,9 +80,9 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
         else:
             a = a.astype(native)
             copied = True
-    if _layout.unshareable(a):  # rare: checked once in the common case
-        a = _layout.normalise_strides(a)
-        problem = _layout.unshareable(a)
+    if unshareable(a):  # rare: checked once in the common case
+        a = normalise_strides(a)
+        problem = unshareable(a)
         if problem:
             if copy is False:
                 raise copy_required(f"an array with {problem}")
@@ -98,16 +90,14 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
             copied = True
     if copy and not copied:
         a = a.copy(order="K")
-        copied = True
     ml = dtypes.ml_view_of_numpy(a.dtype)
     src = a if ml is None else a.view(ml[1])
     if src.flags.writeable:
         t = th.from_numpy(src)
     else:
         warnings.warn(
-            "to_torch shares a read-only NumPy array; PyTorch cannot mark tensors "
-            "read-only, so writing to the result writes into memory NumPy marked "
-            "read-only. Pass copy=True for a writable copy.",
+            "to_torch shares a read-only NumPy array, which PyTorch cannot mark read-only; "
+            "pass copy=True for a writable copy",
             ReadOnlyWarning,
             stacklevel=4,  # the caller of interop.to_torch
         )
@@ -117,21 +107,19 @@ def share_with_torch(a: np.ndarray, copy: bool | None) -> torch.Tensor:
     return t if ml is None else t.view(ml[0])
 
 
-def host_to_torch(t: Any, index: int | None) -> torch.Tensor:
-    """A new CUDA tensor holding host data's values (a NumPy array or CPU tensor)."""
-    # Through copy_to_device's pinned ring where CuPy can drive the copy (bits
-    # applied chunk by chunk), else Tensor.to (whole-tensor pinned staging).
+def torch_copy(x: Any, index: int | None) -> torch.Tensor:
+    """A new CUDA tensor on device ``index`` (None: current) holding NumPy, CuPy or CPU ``x``."""
+    # copy_to_device where CuPy can drive the copy (bits applied chunk by chunk), else Tensor.to
     th = _backends.require_torch_cuda()
     device = th.device("cuda", th.cuda.current_device() if index is None else index)
     try:
         _backends.require_cupy_device()
-    except (BackendUnavailableError, NoDeviceError):
-        if isinstance(t, np.ndarray):
-            t = share_with_torch(t, True)  # a private copy: no read-only warning
-        return t.resolve_conj().resolve_neg().to(device)
-    dtype = dtypes.torch_dtype_of_numpy(t.dtype) if isinstance(t, np.ndarray) else t.dtype
-    out = th.empty(tuple(t.shape), dtype=dtype, device=device)
-    return copy_to_device(t, out)
+    except (BackendUnavailableError, NoDeviceError):  # host data only: CuPy data has a device
+        if isinstance(x, np.ndarray):
+            x = share_with_torch(x, True)  # a private copy: no read-only warning
+        return x.resolve_conj().resolve_neg().to(device)
+    dtype = x.dtype if _backends.is_torch_tensor(x) else dtypes.torch_dtype_of_numpy(x.dtype)
+    return copy_to_device(x, th.empty(tuple(x.shape), dtype=dtype, device=device))
 
 
 def to_cupy(a: np.ndarray, target: Target | None, copy: bool | None) -> cupy.ndarray:

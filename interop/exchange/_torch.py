@@ -1,5 +1,5 @@
-"""PyTorch tensors (CPU, pinned or CUDA) as the source of an exchange, and the
-device and stream rules that CUDA exchanges between PyTorch and CuPy follow."""
+"""PyTorch tensors as the source of an exchange, and the device and stream rules of
+CUDA exchanges between PyTorch and CuPy."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .. import _backends, arrays, dtypes, streams
 from ..errors import CaptureError
 from ..transfer import copy_to_device, copy_to_host
 from ._layout import copy_required, readonly_if_broadcast
-from ._numpy import host_to_torch, share_with_torch
+from ._numpy import share_with_torch, torch_copy
 
 if TYPE_CHECKING:
     import cupy
@@ -22,12 +22,9 @@ if TYPE_CHECKING:
 
     from ..arrays import Target
 
-__all__: list[str] = []
-
 
 def plain_numpy_view(t: torch.Tensor) -> np.ndarray | None:
-    """``t.numpy()`` for a plain CPU tensor (the common case of to_numpy, answered
-    before the general rules, which give the same result); else None."""
+    """``t.numpy()`` for a plain CPU tensor (to_numpy's common case, answered first), else None."""
     if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_cpu:
         return None
     try:
@@ -49,10 +46,8 @@ def _resolve_bits(t: torch.Tensor, copy: bool | None) -> tuple[torch.Tensor, boo
 
 def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
     """``to_numpy`` of a tensor: CPU data shared, device data copied."""
-    arrays.check_strided_tensor(t, "to_numpy")
-    arrays.check_tensor_data(t, "to_numpy")
-    if t.requires_grad:
-        t = t.detach()
+    arrays.check_tensor(t, "to_numpy")
+    t = t.detach() if t.requires_grad else t
     if t.is_cuda:
         if copy is False:
             raise copy_required(f"a tensor on {t.device} (to_numpy returns host memory)")
@@ -66,7 +61,7 @@ def to_numpy(t: torch.Tensor, copy: bool | None) -> np.ndarray:
 
 def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch.Tensor:
     """``to_torch`` of a tensor: itself (detached), a clone, or a move."""
-    arrays.check_strided_tensor(t, "to_torch")
+    arrays.check_tensor(t, "to_torch", data=False)
     if t.is_cuda or (target is not None and target[0] == "cuda"):
         _backends.check_not_forked()  # PyTorch's own error would not say what to do
     t = t.detach() if t.requires_grad else t
@@ -77,24 +72,20 @@ def to_torch(t: torch.Tensor, target: Target | None, copy: bool | None) -> torch
     if target[0] == "cpu":  # bits are applied chunk by chunk by copy_to_host
         return share_with_torch(copy_to_host(t), None)
     if t.device.type == "cpu":
-        return host_to_torch(t, target[1])
+        return torch_copy(t, target[1])
     return t.to(_backends.torch().device("cuda", target[1]))
 
 
 def _same_device(t: torch.Tensor, target: Target) -> bool:
     kind, index = target
-    if t.device.type != kind:
-        return False
-    if kind == "cpu":
-        return True
-    current = _backends.torch().cuda.current_device() if index is None else index
-    return t.device.index == current
+    if t.device.type != kind or kind == "cpu":
+        return t.device.type == kind
+    return t.device.index == (_backends.torch().cuda.current_device() if index is None else index)
 
 
 def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.ndarray:
     """``to_cupy`` of a tensor: CUDA data shared on its device, anything else copied."""
-    arrays.check_strided_tensor(t, "to_cupy")  # before the device: a bad argument anywhere
-    arrays.check_tensor_data(t, "to_cupy")
+    arrays.check_tensor(t, "to_cupy")  # before the device: a bad argument anywhere
     _backends.require_cupy_device()
     dtypes.check_cupy_dtype(t.dtype)  # before DLPack, whose error would not say what to do
     t = t.detach() if t.requires_grad else t
@@ -104,8 +95,7 @@ def to_cupy(t: torch.Tensor, target: Target | None, copy: bool | None) -> cupy.n
         index = t.get_device()
     elif copy is False:
         if t.is_cuda and target is not None:
-            where = arrays.target_str(target)
-            raise copy_required(f"moving a tensor from {t.device} to {where}")
+            raise copy_required(f"moving a tensor from {t.device} to {arrays.target_str(target)}")
         raise copy_required(f"a tensor on {t.device} (to_cupy returns device memory)")
     else:
         index = cupy_index(None if target is None else target[1])
@@ -117,18 +107,10 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
     index = t.get_device()
     t, copied = _resolve_bits(t, copy)
     with export_context(index):
-        # Inside the device context: torch's __dlpack__ refuses tensors of
-        # another device, and both libraries' current streams are this device's.
         cp = _backends.cupy()
-        # The stream CuPy works on and names to producers: its null stream is the
-        # legacy or (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) the per-thread one.
-        current = cp.cuda.get_current_stream()
-        handle = streams.cupy_consumer_handle(current)
-        if not streams.same_stream(handle, streams.torch_stream_handle(index)):
-            refuse_split_capture("to_cupy", current)
+        handle = cupy_stream_handle("to_cupy", index)
         if handle == streams.PER_THREAD_DEFAULT:
-            # PyTorch's __dlpack__ refuses the per-thread default stream: order it
-            # ourselves, on that stream itself (handle 2 names this thread's).
+            # PyTorch's __dlpack__ refuses the per-thread default stream: ordered here
             ready = cp.cuda.Event(disable_timing=True)
             ready.record(streams.cupy_stream(streams.torch_stream_handle(index), index))
             streams.cupy_stream(handle, index).wait_event(ready)
@@ -136,24 +118,18 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         else:
             c = cp.from_dlpack(t)
         if copied:
-            # The resolved copy goes back to PyTorch's pool when CuPy drops it:
-            # not for reuse before the work CuPy queued on it is done. (Under
-            # the per-thread default stream this is the stream of the thread
-            # that frees it: drop such arrays in the thread that made them.)
+            # the resolved copy goes back to PyTorch's pool when CuPy drops it: not for
+            # reuse before the work CuPy queued on it is done
             t.record_stream(streams.torch_stream(handle, index))
         return c
 
-
-# ----------------------------------------------------------- devices and streams
 
 ALREADY_CURRENT = contextlib.nullcontext()
 
 
 def export_context(index: int) -> contextlib.AbstractContextManager[Any]:
     """Device ``index`` current for PyTorch and CuPy while one of its tensors is exported."""
-    # PyTorch's __dlpack__ refuses another device's tensor, and each library names
-    # its current device's stream. Usually both are current already: then nothing
-    # is switched (switching there and back costs several microseconds).
+    # PyTorch's __dlpack__ refuses another device's tensor; a switch costs microseconds
     cp = _backends.cupy()
     if cp.cuda.runtime.getDevice() == index and _backends.torch().cuda.current_device() == index:
         return ALREADY_CURRENT
@@ -170,18 +146,22 @@ def cuda_context(index: int) -> Iterator[None]:
         yield
 
 
-def refuse_split_capture(func: str, cupy_current: Any) -> None:
-    """Refuse an exchange between two different current streams while either is captured."""
-    # Ordering one after the other would wait across the capture's boundary and
-    # invalidate it; called in the data's device context, before anything is queued.
+def cupy_stream_handle(func: str, index: int) -> int:
+    """CuPy's current stream's handle on the current device ``index``; refuses a split capture."""
+    current = _backends.cupy().cuda.get_current_stream()
+    # CuPy's null stream is the per-thread one under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+    handle = streams.cupy_consumer_handle(current)
+    if streams.same_stream(handle, streams.torch_stream_handle(index)):
+        return handle
+    # ordering one after the other would break the capture; called before anything is queued
     th, capturing = _backends.torch(), streams.capturing
-    if capturing(cupy_current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
+    if capturing(current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
-            "two different current streams; ordering one after the other would break the "
-            "capture); run the block under `with interop.stream(s):` with s the capturing "
-            "stream (torch.cuda.current_stream() inside torch.cuda.graph). Nothing was queued"
+            "two different current streams); run the block under `with interop.stream(s):`, "
+            "s the capturing stream"
         )
+    return handle
 
 
 def cupy_index(index: int | None) -> int:

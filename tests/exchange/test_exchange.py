@@ -416,6 +416,13 @@ def test_bad_devices(device, exc, pattern):
         interop.to_torch(np.arange(3.0), device=device)
 
 
+def test_torch_devices_say_where(torch):
+    a = np.arange(3.0)
+    assert interop.to_torch(a, device=torch.device("cpu", 0)).data_ptr() == a.ctypes.data
+    with pytest.raises(interop.InvalidValueError, match=r"\(got 'meta'\)"):
+        interop.to_torch(a, device=torch.device("meta"))
+
+
 def test_to_cupy_refuses_cpu_device():
     with pytest.raises(ValueError, match="to_cupy expected a CUDA device"):
         interop.to_cupy(np.arange(3.0), device="cpu")
@@ -429,6 +436,22 @@ def test_to_cupy_refuses_cpu_device():
 def test_unsupported_objects(func, value):
     with pytest.raises(TypeError, match=rf"{func.__name__} expected a NumPy array.*\(got builtins"):
         func(value)
+
+
+@pytest.mark.parametrize("func", [interop.to_numpy, interop.to_torch, interop.to_cupy])
+def test_an_emulated_device_array_is_refused_as_not_an_array(func):
+    """The emulated device's arrays move with copy_to_host/copy_to_device only;
+    each exchange function refuses them alike, before asking for a library."""
+    from interop.testing import EmulatedDevice
+
+    device = EmulatedDevice(delay=0.0)
+    try:
+        x = device.asarray(np.arange(3.0))
+        with pytest.raises(interop.InvalidTypeError, match=r"expected a NumPy array.*DeviceArray"):
+            func(x)
+        assert interop.copy_to_host(x).tolist() == [0.0, 1.0, 2.0]  # nothing lost
+    finally:
+        device.close()
 
 
 SCALARS = [np.float64(2.5), np.float32(-1.5), np.int16(-3), np.bool_(True), np.complex64(1 + 2j)]
