@@ -34,9 +34,6 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------- checks
-
-
 def _host_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
     """The host source's memory where it holds exactly the bytes the device gets."""
     obj = src.obj
@@ -61,9 +58,6 @@ def _device_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, func: str) ->
         raise InvalidValueError(dtypes.mismatch_message(func, dtype, dst.dtype))
     check_elements_apart(out, func)
     return dst
-
-
-# ----------------------------------------------------------------- copy_to_host
 
 
 def copy_to_host_async(
@@ -224,9 +218,6 @@ def _copy_to_host(
             inline=inline,
         )
     return start(request)
-
-
-# ----------------------------------------------------------------- copy_to_device
 
 
 def copy_to_device_async(

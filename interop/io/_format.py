@@ -45,9 +45,6 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------- header
-
-
 @dataclass(frozen=True)
 class NpyHeader:
     """What a ``.npy`` header says, checked against the file's size."""
@@ -210,9 +207,6 @@ def refuse_masked(x: Any, expected: str, filled: str) -> None:
         )
 
 
-# ----------------------------------------------------------------------- where the bytes lie
-
-
 @dataclass(frozen=True)
 class Runs:
     """Where a block lies: its C-order byte ``b`` at ``offsets[b // nbytes] + b % nbytes``."""
@@ -266,9 +260,6 @@ class Layout:
         for a in range(axis):
             offsets = np.add.outer(offsets, np.arange(shape[a], dtype=np.int64) * strides[a])
         return Runs(offsets.reshape(-1), int(run))
-
-
-# ----------------------------------------------------------------------- moving them
 
 
 def write_all(fd: int, view: memoryview, offset: int | None) -> None:

@@ -101,9 +101,6 @@ def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tupl
     return origin, shape, f"{func}: block {index} of {layout.path!r} on {where}"
 
 
-# ------------------------------------------------------------------ save
-
-
 def _still_saving(fd: int, what: str) -> None:
     """Raise if the caller gave the save up (it removed the temporary file)."""
     if os.fstat(fd).st_nlink == 0:
@@ -388,9 +385,6 @@ def save_npy(
         _abandon(destination)  # returns once no block task writes the file any more
         raise
     return path
-
-
-# ------------------------------------------------------------------ load
 
 
 @dataclass(frozen=True)

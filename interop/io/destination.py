@@ -206,9 +206,6 @@ def _temporary_name(target: Path) -> Path:
     return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
 
 
-# ----------------------------------------------------------------------- the checks
-
-
 def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
     """Check where ``path`` leads and how a file written there must be made, creating
     nothing; raise what :func:`interop.save_npy` lists for a refused ``path``."""

@@ -52,9 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["NpyHeader", "load_npy", "read_npy_header", "save_npy"]
 
 
-# ----------------------------------------------------------------------- save
-
-
 def save_npy(
     x: Any,
     path: str | os.PathLike[str],
@@ -166,9 +163,6 @@ def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None)
     )
 
 
-# ----------------------------------------------------------------------- load
-
-
 def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[Any, bool]:
     """Validate or allocate the destination; return (destination, is_host)."""
     where = f"for {str(header.path)!r}"
@@ -230,9 +224,6 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         out = dst.obj if isinstance(out, np.ndarray) else numpy_view_of_cpu_tensor(out)
         _refuse_a_map_of_the_file(header, out)
     return out, host
-
-
-# ----------------------------------------------------------------------- an out that maps the file
 
 
 def _may_map_a_file(a: np.ndarray) -> bool:

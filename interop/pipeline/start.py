@@ -163,9 +163,6 @@ def _pinned_addresses(
     return address
 
 
-# ----------------------------------------------------------------- device to device
-
-
 def device_to_device(src: Source, dst: Source) -> None:
     """Queue ``dst[...] = src`` on ``dst``'s current stream, ordered both ways with ``src``'s.
 
