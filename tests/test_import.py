@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -124,3 +125,43 @@ def test_the_installed_distribution_is_this_checkout():
     assert dist.metadata["Name"] == "torch-cupy-interop"
     assert dist.version == interop.__version__
     assert (dist.read_text("top_level.txt") or "").split() == ["interop"]
+
+
+def _documented_names() -> list[str]:
+    """Every ``::: name`` of the API reference, every ``interop.<module>`` import the
+    pages, the README and the examples show, and the module paths the pages name."""
+    pages = [
+        *REPO_ROOT.glob("docs/*.md"),
+        REPO_ROOT / "README.md",
+        *REPO_ROOT.glob("examples/*.py"),
+    ]
+    text = "\n".join(p.read_text() for p in pages)
+    names = set(re.findall(r"^::: (interop[\w.]*)", (REPO_ROOT / "docs/api.md").read_text(), re.M))
+    for module, imported in re.findall(r"^\s*from (interop[\w.]*) import ([\w, ]+)$", text, re.M):
+        names |= {f"{module}.{name.strip()}" for name in imported.split(",")}
+    names |= set(re.findall(r"^\s*import (interop[\w.]*)$", text, re.M))
+    names |= set(re.findall(r"`(interop\.(?:dask|testing|safetensors))[`.]", text))
+    return sorted(names)
+
+
+def _resolve(name: str) -> object:
+    """Import the longest module prefix of ``name``, then take the rest as attributes."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(name)
+
+
+def test_every_documented_name_and_module_path_imports():
+    """What the API reference and the pages tell users to import (interop.dask and
+    interop.testing among them) still imports after the package was rearranged."""
+    names = _documented_names()
+    assert {"interop.to_cupy", "interop.dask.save_npy", "interop.testing"} <= set(names)
+    for name in names:
+        assert _resolve(name) is not None, name
