@@ -272,7 +272,10 @@ def host_fresh(ctx: BenchContext) -> Fields:
                 check = expect_equal(t.numpy(), ours)
                 cases = {ours: Case(partial(interop.copy_to_host, t), t.nbytes, check)}
                 cases[anchor] = Case(partial(_numpy_copy, t), t.nbytes)
-                got |= measure(cases, 3 * ctx.sizes.repeats, release=gc.collect)
+                # as many rounds as fit in the largest size's time: a copy of a few ms on a
+                # busy machine is preempted or not by chance, so few medians of it swing 10x
+                rounds = max(3 * ctx.sizes.repeats, 4 * ctx.sizes.host_bytes // t.nbytes)
+                got |= measure(cases, rounds, release=gc.collect)
     gbps = {label: m.gbps for label, m in got.items()}
     figure = list(pairs)[len(tensors) - 1]
     return {
