@@ -15,15 +15,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
+import os
 import sys
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.targets import RunJudge
-from interop.bench.rows import ROWS, RowSpec
+from interop.bench import write_json
+from interop.bench.rows import ROWS, RowSpec, busy_machine
 from interop.bench.run import figure_text, format_table, memory_text, ratio_text, run_bench
 from interop.pipeline import trace
 
@@ -83,6 +87,8 @@ def main(
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--rows", type=_names, metavar="LIST", help="only these rows, in order")
+    busy = "run every row with a process per CPU spinning: what a busy machine gives"
+    parser.add_argument("--busy", action="store_true", help=busy)
     args = parser.parse_args(argv)
     named = {spec.name: spec for spec in rows}
     unknown = [name for name in args.rows or () if name not in named]
@@ -90,9 +96,15 @@ def main(
         print(f"{prog}: expected rows among {sorted(named)} (got {unknown!r})", file=sys.stderr)
         return 2
     chosen = [named[name] for name in args.rows] if args.rows else list(rows)
-    return run_bench(
-        args.quick, args.json, chosen, judge=RunJudge(), report=format_report, command=prog
-    )
+    spinners, load = (os.cpu_count() or 1) * args.busy, os.getloadavg()
+    with busy_machine(spinners):
+        status = run_bench(
+            args.quick, args.json, chosen, judge=RunJudge(), report=format_report, command=prog
+        )
+    if args.json and status != 2:  # the machine's state, beside the run's header
+        results = json.loads(Path(args.json).read_text())
+        write_json(results | {"busy_processes": spinners, "load_average": load}, args.json)
+    return status
 
 
 # ------------------------------------------------------------------ diagnoses
