@@ -285,15 +285,15 @@ def format_table(
     not_run: dict[tuple[str, str], list[str]] = {}
     for row in results["rows"]:
         if row["status"] != "ok":
-            not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
+            not_run.setdefault((row["status"], row["reason"]), []).append(row["what"])
             continue
         first, *more = lines_of(row)
         lines.append(f"{row['name']:<{width}} {first}".rstrip())
         lines += [" " * (width + 1) + line for line in more]
-    lines += [
-        f"{status} ({len(names)} row{'s' * (len(names) > 1)}: {', '.join(names)}): {reason}"
-        for (status, reason), names in not_run.items()
-    ]
+    if results["device"] == "no CUDA device":
+        lines.append("Measured on the CPU only: the GPU rows below need a CUDA device.")
+    for (status, reason), whats in not_run.items():
+        lines += [f"{status} ({reason}):", *(f"  {what}" for what in whats)]
     if results.get("notes", {}).get("pinned_pages_in_rss") is False:
         lines.append("note: this driver does not count pinned pages in RSS")
     return "\n".join(lines)

@@ -358,13 +358,32 @@ def test_gpu_rows_say_why_they_did_not_run(quick_run):
             assert row["reason"].startswith("no CUDA device")
             assert "gbps" not in row
             assert "ratios" not in row
-            assert row["name"] in proc.stdout
-    # one line for the group, its reason once
+    # one plain sentence for what ran, then the rows that did not, in words, their reason once
+    assert "Measured on the CPU only: the GPU rows below need a CUDA device." in proc.stdout
     reason = next(r["reason"] for r in data["rows"] if r["name"] == "d2h_limit")
     assert proc.stdout.count(reason) == 1
-    skipped = [r["name"] for r in data["rows"] if r["status"] == "skipped"]
-    assert skipped[:2] == ["d2h_limit", "d2h_prealloc"]
-    assert f"skipped ({len(skipped)} rows: {', '.join(skipped)})" in proc.stdout
+    skipped = [r["what"] for r in data["rows"] if r["status"] == "skipped"]
+    listed = proc.stdout.split(f"skipped ({reason}):\n", 1)[1].split("\nwrote ")[0]
+    assert listed.splitlines() == [f"  {what}" for what in skipped]
+    assert not any(name in proc.stdout for name in GPU_ROWS - {"save_npy"})  # no row ids
+
+
+def test_without_gpu_cupy_is_suggested_only_where_a_gpu_is(monkeypatch, tmp_path):
+    """CuPy missing: its install line helps where a GPU is there, and misleads where none is."""
+    from interop import _backends
+    from interop.bench import measure as measure_mod
+    from interop.errors import BackendUnavailableError
+
+    def no_cupy():
+        raise BackendUnavailableError("this call needs cupy; install it with: pip install x")
+
+    monkeypatch.setattr(_backends, "require_cupy_device", no_cupy)
+    driver = str(tmp_path)  # as /proc/driver/nvidia/gpus: an entry per GPU, none here
+    assert measure_mod.gpu_unavailable(driver) == "no CUDA device: the driver lists no GPU"
+    (tmp_path / "0000:01:00.0").mkdir()
+    assert measure_mod.gpu_unavailable(driver) == (
+        "no CUDA device usable: this call needs cupy; install it with: pip install x"
+    )
 
 
 def test_the_table_shows_figures_anchors_and_directions(quick_run):
