@@ -520,7 +520,8 @@ def test_wrong_data_makes_an_error_row(capsys):
     assert row["status"] == "error"
     assert "differs" in row["reason"]
     assert "WrongResultError" in capsys.readouterr().err
-    assert "error (1 row: broken): WrongResultError" in format_table(data)
+    why = "WrongResultError: copy_to_host returned data that differs from the source"
+    assert f"error ({why}):\n  a row that fails" in format_table(data)  # the row in words
 
 
 def test_a_row_lacking_an_optional_library_is_not_available():
