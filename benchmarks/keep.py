@@ -1,11 +1,9 @@
 """Keep a GPU run: ``python -m benchmarks keep OUTDIR [--branch main] > report.md``
 
-Checks that what ``scripts/gpu-check OUTDIR`` wrote (``bench.json``, ``sweep.json``,
-``steps.tsv``, the JUnit files) is one full run on a CUDA device at a commit of the branch
-without uncommitted changes; keeps it whole as ``benchmarks/results/<date>-<device>.json``
-(then ``...-<commit>``, ``...-<commit>-<time>``: a kept run is never replaced) with its plot
-``docs/img/throughput-<name>.png``; prints in Markdown what docs/benchmarks.md takes. Exit
-status 0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
+Checks that ``scripts/gpu-check OUTDIR`` left one full CUDA run at a clean commit of the
+branch, keeps it whole under ``benchmarks/results/`` with its plot under ``docs/img/`` (never
+replacing a kept run) and prints its report; docs/benchmark-method.md says more. Exit status
+0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -19,14 +17,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lab import stages_text, trace_text
-from benchmarks.sweep import plot_results, suggest_defaults
+from benchmarks.sweep import plot_results
+from benchmarks.tables import judged
 from interop.bench import write_json
-from interop.bench.run import ratio_text
 from interop.errors import BackendUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
-VERDICT = {True: "met", False: "**missed**", None: "reference"}
 
 
 class NotKept(Exception):
@@ -90,10 +86,9 @@ def _gpu_check(outdir: Path) -> dict[str, Any]:
 
 
 def report(kept: dict[str, Any], name: str) -> str:
-    """The Markdown to paste into docs/benchmarks.md for one kept run."""
-    bench, sweep = kept["bench"], kept.get("sweep")
-    commit = kept["commit"][:8]
-    lines = [f"## {kept['device']}, {kept['date'][:10]}, commit `{commit}`", ""]
+    """A kept run in Markdown: its tests and steps, its judged ratios as the pages show them,
+    and how the pages take it (gpu-check.log has its diagnoses and the sweep's summary)."""
+    lines = [f"## {kept['device']}, {kept['date'][:10]}, commit `{kept['commit'][:8]}`", ""]
     tests, steps = kept["gpu_check"]["tests"], kept["gpu_check"]["steps"]
     if tests is not None:
         lines.append(
@@ -104,38 +99,11 @@ def report(kept: dict[str, Any], name: str) -> str:
         lines.append(
             "gpu-check steps: " + ", ".join(f"{s['step']} {s['status']}" for s in steps) + "."
         )
-    lines += ["", "| row | measured | target | met |", "|---|---|---|---|"]
-    for row in bench["rows"]:
-        if row["status"] != "ok":
-            lines.append(f"| `{row['name']}` | {row['status']}: {row.get('reason', '')} | | |")
-        for r in (r for r in row.get("ratios", []) if r.get("target")):
-            lines.append(
-                f"| `{row['name']}` | {ratio_text(r)} | {r['target']} | {VERDICT[r['met']]} |"
-            )
-    missed = [row for row in bench["rows"] if row["status"] == "ok" and row["met"] is False]
-    lines += ["", "Where the time went in the missed rows:", ""] if missed else []
-    for row in missed:
-        detail = [f"ring stages alone: {stages_text(row['stages'])}"] if row.get("stages") else []
-        detail += [f"traced: {trace_text(row['trace'])}"] if row.get("trace") else []
-        lines.append(f"- `{row['name']}`: " + ("; ".join(detail) or "no trace for this row"))
-    suggested = suggest_defaults(sweep) if sweep is not None else None
-    if suggested is None:
-        lines += ["", "Sweep: no point measured in every transfer row; no defaults suggested."]
-    else:
-        s = suggested["settings"]
-        at = ", ".join(
-            f"`{row}` {v['gbps']:.2f} GB/s ({v['gbps'] / v['best_gbps']:.0%} of its best, "
-            f"{v['best_gbps']:.2f} GB/s)"
-            for row, v in suggested["rows"].items()
-        )
-        lines += [
-            "",
-            f"Suggested defaults: chunk_bytes {s['chunk_bytes'] >> 20} MiB, host_threads "
-            f"{s['host_threads']}, num_buffers {s['num_buffers']} on {kept['cpu_count']} cores: "
-            f"{at}. Rule: {suggested['rule']}.",
-        ]
-    lines += ["", f"Kept: `benchmarks/results/{name}.json`, plot `docs/img/throughput-{name}.png`."]
-    return "\n".join(lines)
+    return "\n".join(lines) + (
+        f"\n\n{judged(kept)}\n\nKept: `benchmarks/results/{name}.json`, plot "
+        f"`docs/img/throughput-{name}.png`. To show it, name `{name}` in the pages' "
+        "`<!-- table:... -->` markers, then run `python -m benchmarks tables`."
+    )
 
 
 def _free_name(name: str, bench: dict[str, Any], into: Path) -> str:

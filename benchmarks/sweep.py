@@ -1,12 +1,8 @@
 """Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``
 
-Transfer throughput over ``chunk_bytes`` x ``host_threads`` x ``num_buffers``: each point sets
-them with ``interop.config.set`` and times the row's call interleaved with its reference (the
-pinned link for ``d2h_prealloc`` and ``h2d_pageable`` on a GPU, one ``numpy.copyto`` for
-``host_copy``, which has no ring, so ``num_buffers`` is not swept there), its first call
-checked. The anchors users compare with do not depend on the settings: measured once per
-row. It ends with the defaults it suggests (:func:`suggest_defaults`). ``python -m
-benchmarks plot PNG JSON...`` (:func:`plot_main`) draws bench and sweep results.
+Transfer throughput over ``chunk_bytes`` x ``host_threads`` x ``num_buffers`` against each
+row's reference, the anchors timed once per row, and the defaults it suggests; ``python -m
+benchmarks plot PNG JSON...`` draws bench and sweep results. docs/benchmark-method.md.
 """
 
 from __future__ import annotations
@@ -183,6 +179,7 @@ def sweep_row(
         anchors = measure(subject.anchors, repeats, sync=subject.sync) if subject.anchors else {}
         record |= {"size": subject.size, "call": subject.call, "reference": subject.reference}
         record["anchors"] = {f"{label} GB/s": m.gbps for label, m in anchors.items()}
+        record["samples"] = {label: m.record() for label, m in anchors.items()}
         for b, c, t in itertools.product(buffers, grid["chunk_bytes"], grid["host_threads"]):
             if deadline is not None and time.monotonic() >= deadline:
                 record["points_not_run"] += 1

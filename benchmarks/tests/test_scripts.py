@@ -158,7 +158,7 @@ def test_the_lab_runs_each_row_once_in_the_order_the_judge_needs():
         (["benchmarks", "sweep", "--rows", "d2h_fresh"], "expected rows among"),
         (["benchmarks", "sweep", "--chunk-mib", "0,4"], "positive integers"),
         (["benchmarks", "plot", "{tmp}/x.png", "{tmp}/afile"], "expected bench or sweep JSON"),
-        (["benchmarks", "bench"], "usage: python -m benchmarks {run,sweep,plot,keep}"),
+        (["benchmarks", "bench"], "usage: python -m benchmarks {run,sweep,plot,keep,tables}"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(args, message, tmp_path):
