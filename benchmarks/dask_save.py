@@ -1,13 +1,9 @@
 """How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
 
-``dask_save_npy``: NumPy blocks (16 of whole 4 KiB rows, half the ``save_npy_rss`` size)
-persisted on a ``distributed.LocalCluster`` of 2 one-thread worker processes, saved by
-``interop.dask.save_npy``, ``da.to_npy_stack`` and ``da.store`` into an ``open_memmap`` file,
-alternated, with each call's peak RSS growth on every worker. ``dask_save_npy_cupy`` (GPU):
-the GPU rows' CuPy array as 16 blocks on the threaded scheduler (2 threads), against
-``numpy.save`` of each block's ``cupy.asnumpy`` copy. Both are judged on a tmpfs
-(``/dev/shm`` where it has room), so that the disk's writeback does not decide the ratios,
-with interop's save into ``INTEROP_BENCH_DIR`` beside; both need the ``dask`` extra.
+``dask_save_npy`` (NumPy blocks on a 2-worker ``distributed.LocalCluster``, against
+``da.to_npy_stack`` and ``da.store`` into an ``open_memmap`` file) and ``dask_save_npy_cupy``
+(CuPy blocks on 2 threads, against ``numpy.save`` of each block's ``cupy.asnumpy``), judged
+on a tmpfs, with interop's save into ``INTEROP_BENCH_DIR`` beside; docs/benchmark-method.md.
 """
 
 from __future__ import annotations

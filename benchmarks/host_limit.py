@@ -1,16 +1,9 @@
 """What bounds the staging ring? ``python -m benchmarks.host_limit [--quick] [--json PATH]``
 
-A transfer through the ring is bounded by its DMA (the link) and by its host threads
-copying chunks between pinned slots and the caller's pageable memory. ``host_limit``
-measures the second as the pipeline does it, one whole chunk per thread at a time, each
-thread with its own pinned slot: pinned->pageable (the D2H side) and pageable->pinned
-(H2D) by 1-16 threads, alone and while a second stream keeps the link busy in the same
-direction (the ring's real ceiling: both share the memory bus), and the rate of
-``cudaHostRegister`` + unregister of a pageable array, whole and by chunks from N threads.
-Its figure is the best D2H-side rate with the link busy; without a GPU it measures
-pageable->pageable copies and says why not the rest. ``emulated_overlap`` measures, on any
-machine, how well the pipeline overlaps its DMAs with its host copies, through the emulated
-device's 2 GB/s link. :func:`ring_stages` measures a GPU row's two stages each alone.
+``host_limit``: the host threads' copies between pinned slots and pageable memory, alone and
+with the link busy, and ``cudaHostRegister`` rates (without a GPU: pageable copies);
+``emulated_overlap``: the pipeline's overlap through the emulated device's 2 GB/s link;
+:func:`ring_stages`: a GPU row's two stages each alone. docs/benchmark-method.md says more.
 """
 
 from __future__ import annotations

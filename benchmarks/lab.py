@@ -36,21 +36,13 @@ from interop.pipeline import trace
 SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save")
 
 EPILOG = """\
-environment variables:
-  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1). At
-                        scale 1 the GPU rows move 1 GiB float32 arrays, host_copy
-                        copies 256 MiB, save_npy_rss saves 768 MiB and the dask rows
-                        384 MiB (the CuPy one 1 GiB); --quick uses a quarter or less.
-  INTEROP_BENCH_DIR     where the file rows write (default: the system temporary
-                        directory); point it at the disk you use.
-  INTEROP_CHUNK_BYTES, INTEROP_NUM_BUFFERS, INTEROP_HOST_THREADS
-                        interop's transfer settings, used and reported (the sweep
-                        varies them itself)
+environment variables (docs/benchmark-method.md says more):
+  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1)
+  INTEROP_BENCH_DIR     where the file rows write (default: the temporary directory)
+  INTEROP_CHUNK_BYTES, INTEROP_NUM_BUFFERS, INTEROP_HOST_THREADS: the settings, reported
 
-exit status: 0 when every row ran or was skipped for a stated reason (a missed target
-is a result, not a failure); 1 when a row raised or returned wrong data (traceback on
-stderr); 2 for bad arguments, a bad INTEROP_BENCH_SCALE or a --json PATH that cannot
-be written."""
+exit status: 0 when every row ran or was skipped for a stated reason (a missed target is
+a result); 1 when a row raised or returned wrong data; 2 for bad arguments."""
 
 
 def package_row(name: str) -> RowSpec:

@@ -1,12 +1,9 @@
 """What does a call cost? ``python -m benchmarks.torch_op [--quick] [--json PATH]``
 
-Per-call overhead, 16 floats, against the plain calls: the package's exchange rows
-(``to_numpy``, ``to_torch`` on the host, ``to_cupy``/``to_torch`` on the device, the latter
-with a profile of where a call's time goes), and ``torch_op_us``: ``x + y`` as an
-``interop.torch_op`` against a hand-written ``torch.library.custom_op`` doing its own
-exchange (``numpy``/``cupy.from_dlpack`` in, ``torch.from_dlpack`` out). Both go through
-PyTorch's dispatcher and custom-op machinery, which dominate a call; the ratio is interop's
-cost on top. Timed in interleaved blocks of calls, on CUDA where usable, else the CPU.
+The exchange rows per call (``to_cupy``/``to_torch`` on the device with a profile), and
+``torch_op_us``: ``x + y`` as an ``interop.torch_op`` against a hand-written
+``torch.library.custom_op`` doing its own exchange, in interleaved blocks of calls, on CUDA
+where usable, else the CPU; docs/benchmark-method.md says more.
 """
 
 from __future__ import annotations
