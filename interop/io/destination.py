@@ -240,13 +240,16 @@ def _temporary_name(target: Path) -> Path:
 # ----------------------------------------------------------------------- the checks
 
 
-def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
+def prepare_destination(
+    path: str | os.PathLike[str], func: str = "save_npy", suffix: str | None = _SUFFIX
+) -> Destination:
     """Check where ``path`` leads and how a file written there must be made
     (the module's steps; ``func`` names the caller in messages). Nothing is
     created: a refused destination costs nothing. Raises the interop
     ``PathError`` subclasses (``PermissionError``, ``IsADirectoryError``...),
-    ``TypeError`` and ``ValueError`` that :func:`interop.save_npy` lists."""
-    dest = _file_name(path, func)
+    ``TypeError`` and ``ValueError`` that :func:`interop.save_npy` lists.
+    ``suffix``: appended to a name without one (None: the name is kept)."""
+    dest = _file_name(path, func, suffix)
     st, streaming = _kind(dest, func)
     if streaming:
         real = _follow_links(dest)
@@ -277,7 +280,7 @@ def checked_path(path: object, func: str) -> str:
     return given
 
 
-def _file_name(path: object, func: str) -> Path:
+def _file_name(path: object, func: str, suffix: str | None = _SUFFIX) -> Path:
     """Step 1: the path, ``.npy`` appended to a name without a suffix (not
     to an existing FIFO or character device's)."""
     given = checked_path(path, func)
@@ -291,13 +294,13 @@ def _file_name(path: object, func: str) -> Path:
             given,
         )
     name = Path(given)
-    if name.suffix or name.name.endswith(_SUFFIX):
+    if suffix is None or name.suffix or name.name.endswith(suffix):
         return name
     try:
         st = os.stat(name)
     except OSError:
-        return Path(given + _SUFFIX)
-    return name if _streams(st) else Path(given + _SUFFIX)
+        return Path(given + suffix)
+    return name if _streams(st) else Path(given + suffix)
 
 
 def _streams(st: os.stat_result) -> bool:
