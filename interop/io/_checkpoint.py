@@ -7,6 +7,8 @@ through :func:`~interop.io._format.read_into`).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import mmap
 import os
@@ -37,6 +39,7 @@ from ..errors import (
     path_error,
 )
 from ..pipeline.hostcopy import CopyIn
+from ..pipeline.plan import Plan, split_bytes
 from ..pipeline.progress import Progress
 from ..pipeline.request import TransferRequest
 from ..pipeline.start import empty_device, start
@@ -194,9 +197,12 @@ def nbytes_of_source(src: Source) -> int:
     return math.prod(src.shape) * src.dtype.itemsize
 
 
-def _as_bytes(obj: Any, dtype: np.dtype) -> np.ndarray | None:
+def _as_bytes(src: Source, dtype: np.dtype) -> np.ndarray | None:
     """A host array's memory as the file's bytes, zero-copy, where it holds them
     (C order, little-endian, no lazy conjugate/negative bit); else None."""
+    obj = src.obj
+    if src.on_device:
+        return None
     if _backends.is_torch_tensor(obj):
         if obj.is_conj() or obj.is_neg():
             return None
@@ -206,25 +212,60 @@ def _as_bytes(obj: Any, dtype: np.dtype) -> np.ndarray | None:
     return obj.reshape(-1).view(np.uint8)
 
 
+def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """Write ``views`` back to back at ``offset``, in as few calls as the system takes."""
+    while views:
+        n = os.pwritev(fd, views[:1024], offset)  # IOV_MAX
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views.pop(0))
+        if n:
+            views[0] = views[0][n:]
+
+
+class _HostBytes:
+    """A host stage writing host arrays' bytes as they are (``parts``: file
+    offset, bytes), as one stretch: each piece's bytes of one run of the file
+    gathered into one positioned write; a failed write added to ``failed``."""
+
+    def __init__(self, fd: int, parts: list[tuple[int, np.ndarray]], failed: list[OSError]):
+        self.fd, self.parts, self.failed = fd, [p for p in parts if p[1].nbytes], failed
+        self.starts = list(itertools.accumulate((p.nbytes for _, p in self.parts), initial=0))
+
+    def pieces(self, plan: Plan, i: int, threads: int) -> list[tuple[int, int]]:
+        return split_bytes(plan.sizes[i], threads)
+
+    def run(self, plan: Plan, i: int, piece: tuple[int, int], buf: np.ndarray | None) -> None:
+        lo, hi = plan.starts[i] + piece[0], plan.starts[i] + piece[1]
+        k = bisect.bisect_right(self.starts, lo) - 1
+        runs: list[tuple[int, list[memoryview]]] = []  # (file offset, buffers)
+        while lo < hi:
+            offset, data = self.parts[k]
+            a, b = lo - self.starts[k], min(hi, self.starts[k + 1]) - self.starts[k]
+            if runs and runs[-1][0] + sum(len(v) for v in runs[-1][1]) == offset + a:
+                runs[-1][1].append(data[a:b].data)
+            else:
+                runs.append((offset + a, [data[a:b].data]))
+            lo, k = self.starts[k] + b, k + 1
+        try:
+            for offset, views in runs:
+                _pwritev_all(self.fd, views, offset)
+        except OSError as exc:
+            self.failed.append(exc)
+            raise
+
+
 def _write_tensor(
     fd: int, entry: Entry, src: Source, dest: Destination, progress: Any, failed: list[OSError]
 ) -> None:
     """Write ``src`` at its entry's place: device data through the ring, host
-    data from its own memory (or chunk by chunk, converted, where it must be)."""
-    func, shown = dest.func, repr(str(dest.path))
+    data chunk by chunk, converted (a FIFO's or device's: in order)."""
     runs = None if dest.streaming else Runs(np.array([entry.start], np.int64), entry.nbytes)
-    options = {"progress": progress, "threads": 1 if dest.streaming else 0}
+    writer = FileWriter(fd, runs, repr(str(dest.path)), src.obj, dtype=entry.dtype)
+    writer.failed = failed  # one list for every tensor: a failed write is told from the rest
     order = f"the bytes of tensor {entry.name!r}"
-    raw = None if src.on_device else _as_bytes(src.obj, entry.dtype)
-    if raw is None:
-        writer = FileWriter(fd, runs, shown, src.obj, dtype=entry.dtype)
-        writer.failed = failed  # one list for every tensor: a failed write is told from the rest
-        write_from(src, writer, func, order, **options)
-        return
-    writer = FileWriter(fd, runs, shown, raw)  # the bytes as they are, by the host threads
-    writer.failed = failed
-    request = TransferRequest(func, "h2h", None, writer, shape=raw.shape, order=order, **options)
-    start(request).result()
+    threads = 1 if dest.streaming else 0
+    write_from(src, writer, dest.func, order, progress=progress, threads=threads)
 
 
 def _left(dest: Destination) -> str:
@@ -268,8 +309,24 @@ def write_file(
         with dest.open() if commit else open(dest.create(), "wb") as f:
             f.write(header)
             f.flush()
-            for entry in entries:
-                _write_tensor(f.fileno(), entry, sources[entry.name], dest, overall.part(), failed)
+            fd, rest = f.fileno(), entries
+            if not dest.streaming:  # sized first, as the package does
+                os.ftruncate(fd, len(header) + sum(e.nbytes for e in entries))
+                # the host tensors that hold the file's bytes: written from their memory at once
+                plain = {e.name: _as_bytes(sources[e.name], e.dtype) for e in entries}
+                parts = [(e.start, b) for e in entries if (b := plain[e.name]) is not None]
+                if parts:
+                    stage = _HostBytes(fd, parts, failed)
+                    order = "the bytes of the host tensors, in file order"
+                    shape = (sum(b.nbytes for _, b in parts),)
+                    request = TransferRequest(
+                        func, "h2h", None, stage, shape=shape, progress=overall.part(),
+                        order=order, inline=True,
+                    )  # fmt: skip
+                    start(request).result()
+                rest = [e for e in entries if plain[e.name] is None]
+            for entry in rest:
+                _write_tensor(fd, entry, sources[entry.name], dest, overall.part(), failed)
     except BaseException as exc:
         if not commit:
             dest.discard()

@@ -173,6 +173,37 @@ def test_a_strided_source_is_written_a_chunk_at_a_time(tmp_path):
     np.testing.assert_array_equal(loaded["be"].numpy(), a)
 
 
+def test_host_tensors_are_gathered_into_positioned_writes_at_their_offsets(tmp_path, monkeypatch):
+    """Host tensors holding the file's bytes go out from their memory, many per write,
+    split across chunks and threads, between tensors written otherwise; a write the
+    system cuts short is continued."""
+    tensors = {f"small{i}": torch.full((i,), float(i)) for i in range(40)}  # 0-d to 156 bytes
+    tensors |= {
+        "big": torch.arange(50_000.0),
+        "strided": torch.arange(20_000.0).reshape(100, 200).T,
+    }
+    tensors |= {"i8": torch.arange(3000, dtype=torch.int8), "empty": torch.zeros(0)}
+    short = os.pwritev
+    calls = []
+
+    def pwritev(fd, views, offset):  # at most 1000 bytes a call, as a signal could cut it
+        calls.append(len(views))
+        room, taken = 1000, []
+        for v in views:
+            if room <= 0:
+                break
+            taken.append(memoryview(v)[:room])
+            room -= len(taken[-1])
+        return short(fd, taken, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    with interop.config.set(chunk_bytes=64 << 10, host_threads=3):
+        path = ist.save_file(tensors, tmp_path / "ours.safetensors")
+    st.save_file({k: v.contiguous() for k, v in tensors.items()}, tmp_path / "theirs.safetensors")
+    assert path.read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+    assert max(calls) > 1  # adjacent tensors went out in one call
+
+
 # ----------------------------------------------------------------------- load
 
 
