@@ -166,14 +166,30 @@ def refuse_shared(items: list[tuple[str, Source, str]], func: str) -> None:
 
 
 class Overall:
-    """One progress (a tqdm bar or a callback) over several tensors' transfers."""
+    """One progress (a tqdm bar or a callback) over several tensors' transfers, for
+    a ``with`` block: the callback's error comes out of it as itself, with the
+    note of the bytes done in all (not the one its transfer adds)."""
 
     def __init__(self, progress: Any, total: int, func: str) -> None:
         self.progress = Progress(progress, total, func) if progress else None
+        self.notes: list[str] = []
+
+    def __enter__(self) -> Overall:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            if exc is not None and exc is self.progress.raised:
+                exc.__notes__ = self.notes  # type: ignore[attr-defined]
 
     def add(self, n: int) -> None:
         if self.progress is not None and n:
-            self.progress.add(n)
+            try:
+                self.progress.add(n)
+            except BaseException as exc:
+                self.notes = list(getattr(exc, "__notes__", []))
+                raise
 
     def part(self) -> Any:
         """A transfer's ``progress`` callback, counting into the whole."""
@@ -187,10 +203,6 @@ class Overall:
             seen = done
 
         return add
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.close()
 
 
 def nbytes_of_source(src: Source) -> int:
@@ -539,11 +551,8 @@ def fill(
             f"written (got {len(wrong)} that it cannot: {'; '.join(wrong[:8])})"
         )
     total = sum(e.nbytes for pairs in work.values() for e, _ in pairs)
-    overall = Overall(progress, total, func)
-    try:
+    with Overall(progress, total, func) as overall:
         for header in headers:
             if header.path in work:
                 Reader(header, "np", ("cpu", None), True, func).read(work[header.path], overall)
-    finally:
-        overall.close()
     return missing, unexpected

@@ -120,11 +120,9 @@ def save_file(
     metadata = checked_metadata(metadata, "save_file")
     refuse_shared(items, "save_file")
     dest = prepare_destination(filename, "save_file", suffix=None)
-    overall = Overall(progress, sum(nbytes_of_source(src) for _, src, _ in items), "save_file")
-    try:
+    total = sum(nbytes_of_source(src) for _, src, _ in items)
+    with Overall(progress, total, "save_file") as overall:
         write_file(dest, items, metadata, overall, "save_file")
-    finally:
-        overall.close()
     return dest.path
 
 
@@ -258,19 +256,17 @@ def save_sharded(
         why = f"{func} cannot make the directory {str(directory)!r}: {exc.strerror}"
         raise path_error(exc.errno, why, str(directory)) from exc
     dests: list[Destination] = []
-    overall = Overall(progress, sum(nbytes_of_source(src) for _, src, _ in items), func)
+    total = sum(nbytes_of_source(src) for _, src, _ in items)
     try:
-        dests = [prepare_destination(directory / name, func, suffix=None) for name in names]
-        shard_meta = {"format": "pt"} | (meta if n == 1 else {})
-        for dest, shard in zip(dests, shards, strict=True):
-            write_file(dest, shard, shard_meta, overall, func, commit=False)
-        for dest in dests:
+        with Overall(progress, total, func) as overall:
+            dests = [prepare_destination(directory / name, func, suffix=None) for name in names]
+            shard_meta = {"format": "pt"} | (meta if n == 1 else {})
+            for dest, shard in zip(dests, shards, strict=True):
+                write_file(dest, shard, shard_meta, overall, func, commit=False)
+        for dest in dests:  # the old checkpoint replaced once every shard is complete
             dest.commit()
         if n > 1:
-            total = sum(nbytes_of_source(src) for _, src, _ in items)
-            weights = {
-                item[0]: name for name, shard in zip(names, shards, strict=True) for item in shard
-            }
+            weights = {i[0]: name for name, shard in zip(names, shards, strict=True) for i in shard}
             index = {"metadata": {"total_size": total, **meta}, "weight_map": weights}
             with prepare_destination(directory / INDEX, func, suffix=None).open() as f:
                 f.write(json.dumps(index, indent=2).encode())
@@ -281,8 +277,6 @@ def save_sharded(
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
-    finally:
-        overall.close()
     kept = {*names, INDEX} if n > 1 else set(names)
     for old in os.listdir(directory):
         if _SHARD.fullmatch(old) and old not in kept:
@@ -432,14 +426,11 @@ def load_file(
     check_options(None, progress)
     headers = read_checkpoint(filename, "load_file")
     total = sum(e.nbytes for h in headers for e in h.entries.values())
-    overall = Overall(progress, total, "load_file")
     out: dict[str, Any] = {}
-    try:
+    with Overall(progress, total, "load_file") as overall:
         for header in headers:
             reader = Reader(header, framework, place, pread, "load_file")
             out |= reader.tensors(list(header.entries), overall)
-    finally:
-        overall.close()
     return out
 
 

@@ -279,6 +279,32 @@ def test_progress_counts_every_byte_of_every_call(tmp_path):
         assert seen[-1][0] == total
 
 
+def test_a_progress_callbacks_error_comes_back_as_itself(tmp_path):
+    tensors = {"a": torch.zeros(1 << 16), "b": np.zeros((1 << 15, 2)).T}  # 256 KiB each
+    path = ist.save_file(tensors, tmp_path / "a.safetensors")
+
+    def mine(done, total):
+        if done > 1 << 18:
+            raise KeyError("mine")
+
+    with interop.config.set(chunk_bytes=64 << 10):
+        for func, call in (
+            (
+                "save_file",
+                lambda: ist.save_file(tensors, tmp_path / "b.safetensors", progress=mine),
+            ),
+            ("load_file", lambda: ist.load_file(path, backend="pread", progress=mine)),
+            ("load_into", lambda: ist.load_into(path, dict(tensors), progress=mine)),
+        ):
+            with pytest.raises(KeyError, match="mine") as info:
+                call()
+            assert info.value.__notes__ == [  # one note, of the bytes done in all
+                f"raised by the progress callback of {func}; bytes [0, {(1 << 18) + (64 << 10)}) "
+                f"of {3 << 18} were complete when it raised"
+            ]
+    assert not (tmp_path / "b.safetensors").exists()
+
+
 def test_progress_true_shows_a_bar(tmp_path, capsys):
     ist.save_file({"w": torch.zeros(1000)}, tmp_path / "a.safetensors", progress=True)
     assert "save_file" in capsys.readouterr().err
