@@ -104,6 +104,7 @@ def described(tensors: Any, func: str) -> list[tuple[str, Source, str]]:
 
 
 def checked_metadata(metadata: Any, func: str) -> dict[str, str] | None:
+    """``metadata`` as a new dict of str to str (None stays None), or the error."""
     if metadata is None:
         return None
     if not isinstance(metadata, Mapping):
@@ -155,6 +156,7 @@ def shared_groups(named: list[tuple[str, Any]]) -> list[list[str]]:
 
 
 def refuse_shared(items: list[tuple[str, Source, str]], func: str) -> None:
+    """Raise :class:`SharedTensorsError` naming the tensors to save that share memory."""
     groups = shared_groups([(name, src.obj) for name, src, _ in items])
     if groups:
         raise SharedTensorsError(
@@ -184,6 +186,7 @@ class Overall:
                 exc.__notes__ = self.notes  # type: ignore[attr-defined]
 
     def add(self, n: int) -> None:
+        """Count ``n`` more bytes done (its callback's error remembered with its note)."""
         if self.progress is not None and n:
             try:
                 self.progress.add(n)
@@ -432,7 +435,12 @@ class Reader:
         a = np.frombuffer(self._map, entry.dtype, count, entry.start).reshape(entry.shape)
         return a if entry.start % entry.dtype.itemsize == 0 else a.copy()  # aligned for torch
 
+    def close(self) -> None:
+        """Let go of the map (the tensors made from it keep it alive)."""
+        self._map = None
+
     def wrap(self, host: np.ndarray) -> Any:
+        """A host array as the framework's (a CPU tensor for "pt", zero-copy)."""
         return host if self.framework == "np" else _torch_view(host)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
@@ -458,6 +466,7 @@ class Reader:
             os.close(fd)
 
     def tensors(self, names: list[str], overall: Overall) -> dict[str, Any]:
+        """The tensors ``names``: mapped, or read into new host or device memory."""
         entries = [self.header.entries[name] for name in names]
         if self.place[0] == "cpu" and not self.pread:
             out = {}

@@ -338,7 +338,7 @@ class safe_open:  # the safetensors package's name
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._reader._map = None  # the tensors made from the map keep it alive
+        self._reader.close()
 
     def keys(self) -> list[str]:
         return sorted(self._reader.header.entries)
