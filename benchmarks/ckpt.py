@@ -25,9 +25,8 @@ import numpy as np
 from benchmarks import lab
 from benchmarks.dask_save import tmpfs_directory
 from benchmarks.targets import CKPT_LOAD, CKPT_SAVE, RING
-from interop.bench import BenchContext, Measured, Ratio, RowSpec, WrongResultError
-from interop.bench.measure import GiB, PeakRss, measure
-from interop.bench.rows import ring_bytes
+from interop.bench.measure import GiB, Measured, PeakRss, Ratio, WrongResultError, measure
+from interop.bench.rows import BenchContext, RowSpec, ring_bytes
 from interop.info import install_command
 
 TENSORS = 64
