@@ -33,7 +33,7 @@ from interop.pipeline import trace
 
 #: The scripts whose rows ``python -m benchmarks run`` runs, in this order (host_limit first:
 #: the transfer rows are judged against its ceilings).
-SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save")
+SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save", "ckpt")
 
 EPILOG = """\
 environment variables (docs/benchmark-method.md says more):

@@ -23,6 +23,9 @@ D2H_BOUND = "min(d2h_limit, the ring's D2H ceiling)"
 H2D_BOUND = "min(h2d_limit, the ring's H2D ceiling)"
 PREALLOC = "copy_to_host(x, out) of d2h_prealloc"
 DASK = "interop.dask.save_npy"
+CKPT_SAVE = "min(sequential file write, d2h_limit)"
+CKPT_LOAD = "min(sequential file read, h2d_limit)"
+_SAVE, _LOAD = "interop.safetensors.save_file", "interop.safetensors.load_file"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +105,21 @@ TARGETS: dict[str, tuple[Target, ...]] = {
         _ge(DASK, "da.store(open_memmap)", 1.0),
         _ge(DASK, "da.to_npy_stack", 1.0),
         _le(f"peak extra RSS per worker of {DASK}", "the bound *", 1.0, "memory"),
+    ),
+    "ckpt_save_cpu": (
+        _ge(_SAVE, "safetensors.torch.save_file", 1.0),
+        _le(f"extra host RSS of {_SAVE}", RING, 1.0, "memory"),
+    ),
+    "ckpt_load_cpu": (_ge(f"{_LOAD} + touch", "safetensors.torch.load_file + touch", 1.0),),
+    "ckpt_save": (
+        _ge(_SAVE, CKPT_SAVE, 0.9),
+        _ge(_SAVE, "safetensors.torch.save_file", 3.0),
+        _le(f"extra host RSS of {_SAVE}", RING, 1.0, "memory"),
+    ),
+    "ckpt_load": (
+        _ge(f"{_LOAD}(device='cuda')", CKPT_LOAD, 0.9),
+        _ge(f"{_LOAD}(device='cuda')", "safetensors.torch.load_file(device='cuda')", 2.0),
+        _le(f"extra host RSS of {_LOAD}(device='cuda')", RING, 1.0, "memory"),
     ),
     "dask_save_npy_cupy": (
         _ge(DASK, "*+numpy.save per block", 1.0),

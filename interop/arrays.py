@@ -49,6 +49,16 @@ def not_an_array(func: str, x: object) -> InvalidTypeError:
     )
 
 
+def is_array(x: object) -> bool:
+    """True for anything interop can take as an array (never imports a library)."""
+    return (
+        isinstance(x, (np.ndarray, np.generic, *_backends.array_types()))
+        or type(x) in _device_types
+        or hasattr(x, "__dlpack__")
+        or hasattr(x, "__cuda_array_interface__")
+    )
+
+
 def is_device_array(x: object) -> bool:
     """True for a CuPy array, a CUDA tensor or an array of a registered device."""
     if _backends.is_cupy_array(x) or type(x) in _device_types:

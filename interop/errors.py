@@ -8,6 +8,8 @@ import errno as _errno
 __all__ = [
     "BackendUnavailableError",
     "CaptureError",
+    "CheckpointFormatError",
+    "CheckpointMismatchError",
     "CopyRequiredError",
     "CudaAfterForkError",
     "InteropError",
@@ -23,6 +25,7 @@ __all__ = [
     "PathNotFoundError",
     "PathPermissionError",
     "ReadOnlyWarning",
+    "SharedTensorsError",
     "TransferError",
     "TransferTimeoutError",
     "UnknownSettingError",
@@ -58,6 +61,23 @@ class UnsupportedDtypeError(InteropError, TypeError):
 
 class NpyFormatError(InteropError, ValueError):
     """A file that is not a ``.npy`` file interop can read (corrupt, truncated, objects)."""
+
+
+class CheckpointFormatError(InteropError, ValueError):
+    """A file that is not a safetensors checkpoint (or index) interop can read:
+    a header that lies about the file, corrupt or truncated, or an index that
+    disagrees with its shards. Refused before anything is allocated from it."""
+
+
+class CheckpointMismatchError(InteropError, ValueError, RuntimeError):
+    """A checkpoint whose tensors do not match the ones to fill (names, shapes,
+    dtypes); refused before a byte is written. Also a ``RuntimeError``, as
+    PyTorch's ``load_state_dict`` raises it."""
+
+
+class SharedTensorsError(InteropError, RuntimeError):
+    """Tensors that share memory (tied weights) where each must be saved or
+    filled on its own; a ``RuntimeError``, as the safetensors package raises."""
 
 
 class PathError(InteropError, OSError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import math
 import re
 import shutil
@@ -270,6 +271,24 @@ def test_getting_started_gpu_lines_run(tmp_path):
     assert proc.stdout.splitlines()[-1] == "18.0"
 
 
+def test_checkpoint_model(tmp_path, capsys):
+    module = _load("checkpoint_model")
+    seen = module.main(["--dir", str(tmp_path)])
+    assert seen["equal"] is True  # every tensor of the reloaded model is the trained one's
+    assert seen["in_place"] is True  # filled where it was: no second copy of the model
+    assert seen["device"] == ("cpu" if module._gpu_status() else "cuda")
+    assert seen["index"] == "model.safetensors.index.json"
+    assert len(seen["files"]) > 2  # shards of at most 1 MB, and the index
+    assert sorted(p.name for p in tmp_path.iterdir()) == seen["files"]
+    index = json.loads((tmp_path / seen["index"]).read_text())
+    assert index["metadata"]["total_size"] == seen["parameters"] * 4
+    assert seen["losses"][-1] < seen["losses"][0]
+    captured = capsys.readouterr()
+    assert "compared  equal" in captured.out
+    assert "save_sharded: 100%" in captured.err  # the progress bars
+    assert "load_into: 100%" in captured.err
+
+
 def test_dask_checkpoint(tmp_path, capsys):
     pytest.importorskip("distributed", reason="the example needs the 'dask' extra")
     module = _load("dask_checkpoint")
@@ -338,6 +357,7 @@ def test_an_example_whose_check_fails_exits_with_an_error(tmp_path):
 # that installs it (docs/examples.md lists the same). CuPy is left out: every
 # example runs without it, on the CPU.
 NEEDS = {
+    "checkpoint_model": {"torch": "examples"},
     "dask_checkpoint": {"dask": "dask", "distributed": "dask"},
     "exchange_tour": {"torch": "examples"},
     "mixed_pipeline": {"torch": "examples"},

@@ -19,8 +19,12 @@ from interop.bench import ROWS
 from interop.info import install_command
 from tests.helpers import NO_GPU, REPO_ROOT, child_env
 
-SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save")
-GPU_ROWS = {spec.name for spec in ROWS if spec.gpu} | {"dask_save_npy_cupy"}
+SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save", "ckpt")
+GPU_ROWS = {spec.name for spec in ROWS if spec.gpu} | {
+    "dask_save_npy_cupy",
+    "ckpt_save",
+    "ckpt_load",
+}
 HAVE_DASK = all(importlib.util.find_spec(name) for name in ("dask", "distributed"))
 
 

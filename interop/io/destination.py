@@ -206,10 +206,13 @@ def _temporary_name(target: Path) -> Path:
     return target.with_name(f".{target.name[:_NAME_CHARS]}.{secrets.token_hex(4)}.tmp")
 
 
-def prepare_destination(path: str | os.PathLike[str], func: str = "save_npy") -> Destination:
+def prepare_destination(
+    path: str | os.PathLike[str], func: str = "save_npy", suffix: str | None = _SUFFIX
+) -> Destination:
     """Check where ``path`` leads and how a file written there must be made, creating
-    nothing; raise what :func:`interop.save_npy` lists for a refused ``path``."""
-    dest = _file_name(path, func)
+    nothing; raise what :func:`interop.save_npy` lists for a refused ``path``.
+    ``suffix``: appended to a name without one (None: the name is kept)."""
+    dest = _file_name(path, func, suffix)
     st, streaming = _kind(dest, func)
     if streaming:
         real = _follow_links(dest)
@@ -238,8 +241,8 @@ def checked_path(path: object, func: str) -> str:
     return given
 
 
-def _file_name(path: object, func: str) -> Path:
-    """Step 1: ``.npy`` appended to a name without a suffix (not to a FIFO's or device's)."""
+def _file_name(path: object, func: str, suffix: str | None = _SUFFIX) -> Path:
+    """Step 1: ``suffix`` appended to a name without one (not to a FIFO's or device's)."""
     given = checked_path(path, func)
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
@@ -251,13 +254,13 @@ def _file_name(path: object, func: str) -> Path:
             given,
         )
     name = Path(given)
-    if name.suffix or name.name.endswith(_SUFFIX):
+    if suffix is None or name.suffix or name.name.endswith(suffix):
         return name
     try:
         st = os.stat(name)
     except OSError:
-        return Path(given + _SUFFIX)
-    return name if _streams(st) else Path(given + _SUFFIX)
+        return Path(given + suffix)
+    return name if _streams(st) else Path(given + suffix)
 
 
 def _streams(st: os.stat_result) -> bool:
