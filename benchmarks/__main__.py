@@ -8,10 +8,8 @@ USAGE = """\
 usage: python -m benchmarks {run,sweep,plot,keep,tables} [-h] ...
 
 interop's benchmark lab (run from the repository root).
-  run     the rows of every script (host_limit, d2h, h2d, npy, torch_op, dask_save,
-          ckpt) in one run, judged against their targets: [--quick] [--json PATH] [--rows LIST]
-  sweep   throughput over chunk_bytes x host_threads x num_buffers, and the defaults
-          it suggests
+  run     every script's rows in one run, judged: [--quick] [--json P] [--rows L] [--busy]
+  sweep   throughput over chunk_bytes x host_threads x num_buffers; the defaults it suggests
   plot    draw bench and sweep JSON files into a PNG (needs matplotlib)
   keep    keep a GPU runner's results (scripts/gpu-check OUTDIR) in the repository
   tables  write the README's and docs' figure tables from the kept runs: [--check]

@@ -1,12 +1,7 @@
 """How fast are interop.safetensors checkpoints? ``python -m benchmarks.ckpt [--quick] [--json P]``
 
-``ckpt_save_cpu`` / ``ckpt_load_cpu``: the GPU rows' size (1 GiB at scale 1) in 64 float32 CPU
-tensors saved and loaded on a tmpfs (``/dev/shm`` where it has room, so that the disk's noise
-does not decide), the load touching every tensor (a sum of each), against ``safetensors.torch``
-in the same run, alternated. ``ckpt_save`` / ``ckpt_load`` (GPU): 8 times that in 64 CUDA
-tensors, to and from ``INTEROP_BENCH_DIR``, against the package and against min(the disk's
-ceiling, the link): one plain write (read) of the same bytes from (into) host memory, one
-``cudaMemcpyAsync`` of the GPU rows' array. Every row: interop's peak extra RSS, to the ring.
+``ckpt_save_cpu``/``ckpt_load_cpu``: CPU tensors on a tmpfs against ``safetensors.torch``;
+``ckpt_save``/``ckpt_load`` (GPU): CUDA tensors, also against min(disk, link).
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ def _alternate(
     check: Callable[[str, Any], None],
     tidy: Callable[[Any], None] = lambda result: None,
 ) -> dict[str, Measured]:
-    """Each call once untimed (its peak extra RSS measured, its result checked), then
-    ``repeats`` timed rounds, alternated; ``tidy(result)`` untimed after every call."""
+    """Each call once untimed (RSS measured, result checked), then ``repeats`` timed rounds."""
     got = {}
     for label, call in calls.items():
         with PeakRss() as rss:
@@ -75,8 +69,7 @@ def _alternate(
 def _fields(
     got: dict[str, Measured], ours: str, size: str, rss: bool = True, **bound: float
 ) -> dict[str, Any]:
-    """``ours``'s GB/s, to each other call's and to ``bound`` (its name: GB/s), and (``rss``)
-    its extra RSS to the ring."""
+    """``ours``'s GB/s to each other call's and to ``bound``, and (``rss``) its RSS to the ring."""
     gbps = {label: m.gbps for label, m in got.items()}
     others = {k: v for k, v in gbps.items() if k != ours} | bound
     ratios = [Ratio.between(ours, "throughput", k, gbps[ours], v) for k, v in others.items()]

@@ -1,10 +1,6 @@
 """How fast is copy_to_host? ``python -m benchmarks.d2h [--quick] [--json PATH]``
 
-The package's device-to-host rows (into pageable, pinned and fresh memory, from transposed
-sources) and host rows (``host_copy``, ``host_fresh``: the host engine), judged against the
-ring's ceiling that ``host_limit`` measures in the same run. ``d2h_prealloc`` also carries
-its ring stages measured alone and a traced run; ``d2h_strided`` a traced run and the
-device memory each transposed copy takes, judged against the ring.
+The package's device-to-host and host rows, judged against the ring's ceiling from ``host_limit``.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from interop.bench.rows import RING, BenchContext, ring_bytes, strided
 
 
 def _strided(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:
-    """A traced ``copy_to_host(x.T, out)``, and the device memory each transposed source's
-    copy takes (its first call after the caches were emptied), against the ring."""
+    """A traced ``copy_to_host(x.T, out)`` and each transposed copy's extra device memory."""
     g = ctx.gpu()
     x_t, t_t, _, out = strided(g)
     where = lab.traced(lambda: interop.copy_to_host(x_t, out))

@@ -1,9 +1,6 @@
 """How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
 
-``dask_save_npy`` (NumPy blocks on a 2-worker ``distributed.LocalCluster``, against
-``da.to_npy_stack`` and ``da.store`` into an ``open_memmap`` file) and ``dask_save_npy_cupy``
-(CuPy blocks on 2 threads, against ``numpy.save`` of each block's ``cupy.asnumpy``), judged
-on a tmpfs, with interop's save into ``INTEROP_BENCH_DIR`` beside; docs/benchmark-method.md.
+NumPy blocks on a 2-worker cluster and CuPy blocks on 2 threads, judged on a tmpfs.
 """
 
 from __future__ import annotations
@@ -82,8 +79,7 @@ def tmpfs_directory(nbytes: int) -> Path | None:
 
 
 def reset_peak_rss() -> int | None:
-    """Reset this process's peak RSS (``VmHWM``) to its RSS and return that (run on each
-    worker by ``client.run``); None where the kernel refuses or has no ``/proc``."""
+    """Reset this process's ``VmHWM`` to its RSS and return that; None where refused."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -92,19 +88,13 @@ def reset_peak_rss() -> int | None:
     return status_bytes("VmRSS")
 
 
-def peak_rss() -> int | None:
-    """This process's peak RSS (``VmHWM``) in bytes; None without ``/proc``."""
-    return status_bytes("VmHWM")
-
-
 @contextlib.contextmanager
 def _worker_rss(client: Any) -> Iterator[dict[str, int | None]]:
-    """The largest peak RSS growth of any worker over the block (None if one was not
-    measured, or was replaced meanwhile)."""
+    """The largest peak RSS growth of any worker over the block (None if one is unknown)."""
     probe: dict[str, int | None] = {"host": None, "device": None}
     base = client.run(reset_peak_rss)
     yield probe
-    peaks = client.run(peak_rss)
+    peaks = client.run(status_bytes, "VmHWM")
     grown = [(b, peaks.get(worker)) for worker, b in base.items()]
     if grown and all(b is not None and peak is not None for b, peak in grown):
         probe["host"] = max(0, *(peak - b for b, peak in grown))
@@ -120,10 +110,7 @@ def _process_memory(growth: Callable[[], Any] | None) -> Iterator[dict[str, int 
 
 
 class MemmapOnWorker:
-    """A ``da.store`` target: each block's store maps the ``.npy`` file at ``path`` (made by
-    ``open_memmap`` on the caller) on its worker, assigns the block and unmaps it. A
-    ``numpy.memmap`` made on the caller would be pickled to the workers as a copy of its
-    data, and the file never written."""
+    """A ``da.store`` target mapping the ``.npy`` file on each worker (a memmap would pickle)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -151,8 +138,7 @@ def _block_in_stack(block: np.ndarray, directory: str, block_info: Any = None) -
 
 @dataclasses.dataclass
 class _Save:
-    """One way of saving the row's array: ``write(path)`` into ``output`` (a file or a
-    directory of the row's directory); ``check(path)`` raises WrongResultError if it differs."""
+    """One way of saving: ``write(path)`` into ``output``; ``check(path)`` raises if wrong."""
 
     label: str
     output: str
@@ -168,10 +154,7 @@ def _alternate(
     memory: Callable[[], Any],
     release: Callable[[], None] | None = None,
 ) -> dict[str, Measured]:
-    """Time ``saves`` alternated: each once untimed (after ``release``), its output checked,
-    then ``repeats`` timed rounds; every output removed after its call. Every call runs
-    inside ``memory()``; a save's memory is its largest over its calls (None if any was
-    not measured)."""
+    """Time ``saves`` alternated, each first checked, outputs removed; memory at its largest."""
     got = {s.label: Measured([], nbytes, checked=True) for s in saves}
     host: dict[str, list[int | None]] = {s.label: [] for s in saves}
     device: dict[str, list[int | None]] = {s.label: [] for s in saves}
@@ -200,8 +183,7 @@ def _alternate(
 def _judged_and_disk(
     ctx: BenchContext, saves: list[_Save], nbytes: int, memory: Callable[[], Any], **kw: Any
 ) -> tuple[dict[str, Measured], dict[str, Any]]:
-    """``saves`` alternated on a tmpfs (or, without one, in ``ctx.workdir``), then interop's
-    save alone in ``ctx.workdir``: the measured saves, and the fields that say where."""
+    """``saves`` alternated on a tmpfs, then interop's alone in ``ctx.workdir``; and where."""
     tmpfs = tmpfs_directory(nbytes)
     where: dict[str, Any] = {
         "directory": str(tmpfs or ctx.workdir),
@@ -220,8 +202,7 @@ def _judged_and_disk(
 def _fields(
     got: dict[str, Measured], anchors: list[str], size: str, who: str, bound: int, words: str
 ) -> dict[str, Any]:
-    """The row's figure, anchors and ratios (interop's throughput to each anchor's and to
-    its own on disk; every save's extra RSS to ``bound``), memory and samples."""
+    """The row's figure, anchors, ratios (throughput, and RSS to ``bound``), memory, samples."""
     ours = got[OURS].gbps
     others = [label for label in got if label != OURS]
     ratios = [Ratio.between(OURS, "throughput", a, ours, got[a].gbps) for a in anchors]
@@ -258,9 +239,7 @@ def _size(nbytes: int, block_bytes: int) -> str:
 
 
 def local_cluster(env: dict[str, str]) -> Any:
-    """:data:`WORKERS` one-thread worker processes, no dashboard; the scheduler's HTTP
-    server on a free port, not 8787, which another cluster may hold (distributed then
-    warns, an error where warnings are)."""
+    """:data:`WORKERS` one-thread worker processes; the dashboard on a free port, not 8787."""
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -274,8 +253,7 @@ def local_cluster(env: dict[str, str]) -> Any:
 
 
 def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
-    """The cluster row (see the module); interop's settings reach the workers in their
-    environment."""
+    """The cluster row; interop's settings reach the workers in their environment."""
     import dask.array as da
     from distributed import Client, wait
 
@@ -323,11 +301,8 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
         "one block + 2 x num_buffers x chunk_bytes",
     )  # fmt: skip
     fields["memory"] |= {"block_bytes": block_bytes, "rss_method": "VmHWM of each worker process"}
-    return (
-        fields
-        | where
-        | {"cluster": {"workers": workers, "threads_per_worker": 1, "processes": True}}
-    )
+    cluster_facts = {"workers": workers, "threads_per_worker": 1, "processes": True}
+    return fields | where | {"cluster": cluster_facts}
 
 
 def threaded_saves(
@@ -339,11 +314,7 @@ def threaded_saves(
     release: Callable[[], None] | None = None,
     growth: Callable[[], lab.DeviceGrowth] | None = None,
 ) -> dict[str, Any]:
-    """The CuPy row's body: ``interop.dask.save_npy`` of ``x`` (2-D, C-contiguous; CuPy on
-    a GPU) as :data:`BLOCKS` blocks of views, on the threaded scheduler, against the
-    ``recipe``: ``da.to_npy_stack`` of the blocks mapped through ``to_host``. Outputs are
-    checked against ``reference``; ``release`` empties caches before each first call and
-    ``growth`` measures device memory."""
+    """``save_npy`` of ``x`` in :data:`BLOCKS` blocks, threaded, against ``recipe``, checked."""
     import dask
     import dask.array as da
 
@@ -374,14 +345,8 @@ def threaded_saves(
         )
     block_bytes = block_rows * x.shape[1] * x.itemsize
     words = f"{WORKERS} threads x 2 x num_buffers x chunk_bytes"
-    fields = _fields(
-        got,
-        [recipe],
-        _size(int(x.nbytes), block_bytes),
-        "of the process",
-        WORKERS * 2 * ring_bytes(),
-        words,
-    )
+    size, bound = _size(int(x.nbytes), block_bytes), WORKERS * 2 * ring_bytes()
+    fields = _fields(got, [recipe], size, "of the process", bound, words)
     fields["memory"] |= {
         "block_bytes": block_bytes,
         "extra_device_bytes": got[OURS].extra_device_bytes,

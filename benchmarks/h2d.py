@@ -1,9 +1,6 @@
 """How fast is copy_to_device? ``python -m benchmarks.h2d [--quick] [--json PATH]``
 
-The package's host-to-device rows (from pageable and from pinned memory) against the link
-and the usual calls, ``h2d_pageable`` judged against the lower of the link and the ring's
-H2D ceiling that ``host_limit`` measures in the same run, with its ring stages measured
-alone and a traced run.
+The package's host-to-device rows, judged against min(link, the ring's H2D ceiling).
 """
 
 from __future__ import annotations

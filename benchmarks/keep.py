@@ -1,9 +1,6 @@
 """Keep a GPU run: ``python -m benchmarks keep OUTDIR [--branch main] > report.md``
 
-Checks that ``scripts/gpu-check OUTDIR`` left one full CUDA run at a clean commit of the
-branch, keeps it whole under ``benchmarks/results/`` with its plot under ``docs/img/`` (never
-replacing a kept run) and prints its report; docs/benchmark-method.md says more. Exit status
-0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
+Exit status 0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ def _check_commit(bench: dict[str, Any], branch: str) -> None:
 
 
 def _gpu_check(outdir: Path) -> dict[str, Any]:
-    """gpu-check's ``steps`` (``steps.tsv``) and ``tests``: counts summed over its JUnit files
-    (tests, failures, errors, skipped, passed), None without them."""
+    """gpu-check's ``steps`` and ``tests`` (JUnit counts summed; None without them)."""
     lines = (
         (outdir / "steps.tsv").read_text().splitlines() if (outdir / "steps.tsv").is_file() else []
     )
@@ -86,8 +82,7 @@ def _gpu_check(outdir: Path) -> dict[str, Any]:
 
 
 def report(kept: dict[str, Any], name: str) -> str:
-    """A kept run in Markdown: its tests and steps, its judged ratios as the pages show them,
-    and how the pages take it (gpu-check.log has its diagnoses and the sweep's summary)."""
+    """A kept run in Markdown: its tests, steps and judged ratios, and how to show it."""
     lines = [f"## {kept['device']}, {kept['date'][:10]}, commit `{kept['commit'][:8]}`", ""]
     tests, steps = kept["gpu_check"]["tests"], kept["gpu_check"]["steps"]
     if tests is not None:
@@ -107,8 +102,7 @@ def report(kept: dict[str, Any], name: str) -> str:
 
 
 def _free_name(name: str, bench: dict[str, Any], into: Path) -> str:
-    """The first of ``name``, ``name-<commit>``, ``name-<commit>-<time>`` that is free or holds
-    this same run (commit and date); NotKept when all three hold other runs."""
+    """The first of ``name``, ``-<commit>``, ``-<commit>-<time>`` free or holding this run."""
     time = re.sub(r"\D", "", bench["date"][11:19])  # HHMMSS of the run's start
     stem = f"{name}-{bench['commit'][:8]}"
     for candidate in (name, stem, f"{stem}-{time}"):
@@ -145,11 +139,8 @@ def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, P
         plot_results([bench] + ([sweep] if sweep else []), png)
     except (ValueError, BackendUnavailableError) as exc:
         raise NotKept(f"cannot plot the results: {exc}") from exc
-    return (
-        write_json(kept, into / "benchmarks" / "results" / f"{name}.json"),
-        png,
-        report(kept, name),
-    )
+    path = write_json(kept, into / "benchmarks" / "results" / f"{name}.json")
+    return path, png, report(kept, name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,15 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks keep", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("outdir", type=Path, help="the OUTDIR that scripts/gpu-check wrote")
-    parser.add_argument(
-        "--branch", default="main", help="the results' commit must be on it (default main)"
-    )
-    parser.add_argument(
-        "--into",
-        type=Path,
-        default=ROOT,
-        help="where benchmarks/results/ and docs/img/ are (default the repository)",
-    )
+    parser.add_argument("--branch", default="main", help="the results' commit must be on it")
+    parser.add_argument("--into", type=Path, default=ROOT, help="where results/ and img/ go")
     args = parser.parse_args(argv)
     try:
         path, png, text = keep(args.outdir, args.branch, args.into)

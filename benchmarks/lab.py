@@ -1,13 +1,7 @@
 """What the lab's scripts share: running rows with their targets, the report, diagnoses.
 
-A script lists its rows (:class:`interop.bench.RowSpec`: the package's own, or the lab's)
-as ``ROWS`` and ends with ``sys.exit(lab.main(ROWS, __spec__.name, __doc__))``: :func:`main`
-gives it the lab's command line and runs the rows through ``interop.bench``'s runner
-(checked first calls, partial JSON after every row), judged (:mod:`benchmarks.targets`),
-with the lab's report. ``python -m benchmarks run`` runs the rows of every script of
-:data:`SCRIPTS` in one process, so that rows judged against another row (``host_limit``,
-``d2h_prealloc``) find it. A diagnosis adds fields to a row after it ran
-(:func:`diagnosed`): its failure never costs the row its figures.
+A script lists ``ROWS`` and ends with ``sys.exit(lab.main(ROWS, __spec__.name, __doc__))``;
+a diagnosis (:func:`diagnosed`) adds fields to a row after it ran, never costing its figures.
 """
 
 from __future__ import annotations
@@ -66,8 +60,7 @@ def _names(text: str) -> list[str]:
 def main(
     rows: Sequence[RowSpec], script: str, doc: str | None, argv: list[str] | None = None
 ) -> int:
-    """The command line ``python -m SCRIPT [--quick] [--json PATH] [--rows LIST]`` of a script
-    (``doc``: its docstring) that runs ``rows``; returns the exit status."""
+    """``python -m SCRIPT [--quick] [--json PATH] [--rows LIST] [--busy]``: the exit status."""
     prog = f"python -m {script}"
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -103,8 +96,7 @@ def main(
 
 
 def diagnosed(spec: RowSpec, diagnose: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> RowSpec:
-    """``spec`` whose fields, after the row ran, go through ``diagnose(ctx, fields)``; a
-    diagnosis that raises leaves the fields and a ``diagnosis_error``."""
+    """``spec`` whose fields go through ``diagnose(ctx, fields)``, which may fail alone."""
 
     def run(ctx: Any) -> dict[str, Any]:
         fields = spec.run(ctx)
@@ -118,9 +110,7 @@ def diagnosed(spec: RowSpec, diagnose: Callable[[Any, dict[str, Any]], dict[str,
 
 
 def traced(call: Callable[[], Any]) -> dict[str, Any]:
-    """One more, untimed ``call`` with the slot pipeline traced: its
-    :meth:`~interop.pipeline.trace.SlotTrace.summary`, the call's own time beside the
-    transfer's; or ``error`` where tracing failed or no single slot transfer ran."""
+    """One more, untimed ``call`` traced: its summary, or ``error``."""
     try:
         with trace.recording() as traces:
             start = time.perf_counter()
@@ -135,8 +125,7 @@ def traced(call: Callable[[], Any]) -> dict[str, Any]:
 
 
 class DeviceGrowth:
-    """Peak device memory taken in a block from CuPy's pool (it only grows while nothing
-    frees its blocks) and PyTorch's allocator (its peak); a raw ``cudaMalloc`` is not seen."""
+    """Peak device memory taken in a block from CuPy's pool and PyTorch's allocator."""
 
     def __init__(self, cp: Any, th: Any) -> None:
         self._cp, self._th = cp, th
@@ -196,8 +185,7 @@ def trace_text(where: dict[str, Any]) -> str:
 
 
 def explain(row: dict[str, Any]) -> list[str]:
-    """The lines that say what a row's diagnoses found: ring stages, trace, profile,
-    ``host_limit``'s ceilings."""
+    """What a row's diagnoses found: ring stages, trace, profile, host ceilings."""
     lines = [f"ring stages alone: {stages_text(row['stages'])}"] if row.get("stages") else []
     if row.get("trace"):
         lines.append(f"where the time went: {trace_text(row['trace'])}")
@@ -218,8 +206,7 @@ def explain(row: dict[str, Any]) -> list[str]:
 
 
 def judged_ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
-    """A ratio in words with its target where it has one: ``"... (target <= 1.2x)"``, and
-    ``": MISSED"`` or ``", not judged"``."""
+    """A ratio in words with its target and ``: MISSED`` or ``, not judged``."""
     if not ratio.get("target"):
         return ratio_text(ratio)
     verdict = ", not judged" if not judged else ": MISSED" if ratio.get("met") is False else ""
@@ -227,9 +214,7 @@ def judged_ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
 
 
 def format_report(results: dict[str, Any]) -> str:
-    """The printed report of a lab run, or of a kept results file of any schema: the
-    package's table with each row's verdict, ratios with their targets, memory and
-    diagnoses, and a summary line counting rows by verdict and status."""
+    """The lab's report of a run (any schema): rows, verdicts, diagnoses, a summary."""
     judged = bool(results.get("judged", not results.get("quick")))  # schema 2 has no judged
     counts = Counter(row["status"] for row in results["rows"] if row["status"] != "ok")
 

@@ -1,8 +1,6 @@
 """Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``
 
-Transfer throughput over ``chunk_bytes`` x ``host_threads`` x ``num_buffers`` against each
-row's reference, the anchors timed once per row, and the defaults it suggests; ``python -m
-benchmarks plot PNG JSON...`` draws bench and sweep results. docs/benchmark-method.md.
+Transfer throughput over the settings, and the defaults it suggests; ``plot`` draws results.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ SETTINGS = ("chunk_bytes", "host_threads", "num_buffers")
 
 @dataclasses.dataclass
 class Subject:
-    """What a row times at each point (``cases``, among them its ``call`` and ``reference``)
-    and once before them (``anchors``), made once per row; ``sync`` waits for the device."""
+    """What a row times at each point (``cases``) and once before them (``anchors``)."""
 
     size: str
     call: str
@@ -57,8 +54,7 @@ class Subject:
 
 @dataclasses.dataclass(frozen=True)
 class SweepRow:
-    """A swept row: its bench row's ``name``, its call in words, whether it needs a ``gpu``,
-    the ``setup`` that makes its :class:`Subject`, and whether ``num_buffers`` matters."""
+    """A swept row: its name, its call in words, ``gpu``, the ``setup`` making its Subject."""
 
     name: str
     what: str
@@ -109,9 +105,7 @@ SWEEP_ROWS = (
 
 
 def default_grid(quick: bool, cpu_count: int | None = None) -> dict[str, list[int]]:
-    """The values swept by default: chunk sizes, ``host_threads`` in powers of two up to the
-    cores and the core count, buffer counts (about two values each when ``quick``), each
-    list with the current setting, so the summary can set it beside the best point."""
+    """The values swept by default: chunk sizes, thread counts, buffer counts."""
     cores = max(1, cpu_count or os.cpu_count() or 1)
     chunks, threads, buffers = (
         ((8, 32), [1], [2, 4])
@@ -162,10 +156,7 @@ def sweep_row(
     deadline: float | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """One row over ``grid``, the current ``num_buffers`` plane first (a sweep cut short has
-    it); points not started by ``deadline`` (monotonic) are counted in ``points_not_run``.
-    The row's ``anchors`` (GB/s) gain the reference's median over the points; ``best`` is
-    the fastest point."""
+    """One row over ``grid``; points not started by ``deadline`` are counted, not run."""
     if not row.num_buffers_matters:
         grid = grid | {"num_buffers": [config.num_buffers]}
     record: dict[str, Any] = {"name": row.name, "what": row.what, "grid": grid}
@@ -210,12 +201,7 @@ def sweep(
     max_seconds: float | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Sweep ``rows`` over every combination of ``grid`` (``repeats`` two fewer than the
-    bench's, at least 2), each row given an equal share of what is left of ``max_seconds``
-    when it starts; ``on_point`` gets the results so far after every point (``"partial":
-    True``). Returns the run header (``kind: "sweep"``), ``grid``, ``notes``, ``rows`` and
-    ``suggested_defaults``. ValueError or TypeError for a grid value ``interop.config``
-    refuses or an empty list, before anything is measured."""
+    """Sweep ``rows`` over every combination of ``grid``, within ``max_seconds``."""
     _check_grid(grid)
     header = run_header("sweep", sizes, quick) | {"grid": grid}
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
@@ -250,13 +236,8 @@ def suggest_defaults(
     rows: Sequence[str] = ("d2h_prealloc", "h2d_pageable"),
     tolerance: float = 0.05,
 ) -> dict[str, Any] | None:
-    """The settings to make the defaults: each point measured in every one of ``rows``
-    scores the smallest of its throughputs there, each over that row's best (both
-    directions share the settings, so neither is sacrificed to the other); of the points
-    within ``tolerance`` of the best score, the cheapest: the smallest ring (pinned memory
-    held per device), then the fewest host threads, then buffers. Returns ``settings``,
-    ``score``, ``best_score``, per row its ``gbps`` and ``best_gbps``, and the ``rule`` in
-    words; None without a point measured in every row."""
+    """The cheapest point (smallest ring, then threads, buffers) within ``tolerance`` of the
+    best worst-row fraction of each row's best; None without a point measured in every row."""
     measured = {
         row["name"]: {
             tuple(p[k] for k in SETTINGS): p["gbps"] for p in row.get("points", []) if "gbps" in p
@@ -294,9 +275,7 @@ def _settings_text(p: dict[str, Any]) -> str:
 
 
 def format_sweep(results: dict[str, Any], top: int = 8) -> str:
-    """The printed summary of a sweep: per row its anchors, best points (each "Nx the
-    throughput of" its reference) and the figure at the current settings; the suggested
-    defaults; the rows that did not run."""
+    """The printed summary of a sweep: anchors, best points, the defaults' figures."""
     now = results["config"]
     lines = [
         "benchmarks sweep" + (" (--quick: a smoke run)" if results.get("quick") else ""),
@@ -362,9 +341,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks sweep``: print the summary, write JSON (rewritten after every
-    point with ``"partial": true``); exit status 0, 1 when a row or point failed, 2 for bad
-    arguments or a bad ``INTEROP_BENCH_SCALE``."""
+    """``python -m benchmarks sweep``: the exit status (1 if a row failed, 2 bad usage)."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks sweep", description=__doc__.split("\n\n")[0]
     )

@@ -1,8 +1,8 @@
-"""``python -m benchmarks tables [--check]``: the README's and docs' figure tables, written
-between ``<!-- table:KIND STEM... [ROW...] -->`` and ``<!-- /table -->`` from the kept runs
-``benchmarks/results/STEM.json`` (``--check``: nothing written, 1 if a page differs). KIND:
-``speed`` (a GPU run against the usual calls), ``judged`` (the ratios with targets of the
-GPU or the host rows, or of the ROWs named) or ``report`` (the lab's report of a run)."""
+"""``python -m benchmarks tables [--check]``: the pages' figure tables from the kept runs.
+
+Written between ``<!-- table:KIND STEM... [ROW...] -->`` and ``<!-- /table -->``; KIND
+``speed``, ``judged`` or ``report``; ``--check`` writes nothing, exit 1 if a page differs.
+"""
 
 from __future__ import annotations
 
@@ -66,8 +66,7 @@ def ours(run: Run, label: str) -> float | None:
 
 
 def best(run: Run, label: str) -> float | None:
-    """Another call at its best in the run: its fastest repeat at the size it was first timed
-    at, or the sweep's median of it where higher (the sweep keeps no more of it)."""
+    """Another call at its best: its fastest repeat at one size, or the sweep's if higher."""
     found = [s for got, s in _samples(run) if got == label]
     if not found or "bytes" not in found[0]:
         return min((figure(s, best=True) for s in found), default=None)  # microseconds
@@ -106,8 +105,7 @@ def speed(run: Run) -> str:
 
 
 def _cell(run: Run, name: str, of: str, to: str) -> str:
-    """The run's ratio ``of`` / ``to`` of row ``name``, to a timed call at its best in the run,
-    with its verdict; a dash where the run has no such ratio."""
+    """The run's ratio ``of`` / ``to`` of row ``name``, against ``to`` at its best."""
     rows = [row for row in run["bench"]["rows"] if row["name"] == name]
     found = [r for row in rows for r in row.get("ratios", []) if (r["of"], r["to"]) == (of, to)]
     if not found:
@@ -127,8 +125,7 @@ def _head(run: Run) -> str:
 
 
 def judged(*args: Any) -> str:
-    """The ratios with targets of the runs' GPU rows, host rows or the rows named, a column
-    per run: its commit, or a CPU run's state (busy or as found) and load average."""
+    """The targeted ratios of the runs' GPU, host or named rows, a column per run."""
     runs, named = [a for a in args if isinstance(a, dict)], {a for a in args if isinstance(a, str)}
     gpu = runs[0]["device"] != "no CUDA device"
     keys: dict[tuple[str, str, str], str] = {}

@@ -1,13 +1,7 @@
 """The lab's targets and verdicts (the judgement the GPU runs need, in one place).
 
-A target bounds the ratios whose ``of`` and ``to`` match its shell patterns
-(:func:`fnmatch.fnmatchcase`). A row meets its targets when each target matched at least
-one ratio and every matched ratio is within its bound; a target that matches no ratio is
-missed, so a renamed ratio cannot pass unseen. Rows without targets are references
-(``met`` None), and a ``--quick`` run carries the targets but judges none. Three targets
-compare rows of one run (:class:`RunJudge`): the pageable transfers with the lower of the
-link and the ring's ceiling that ``host_limit`` measured, ``d2h_fresh`` with
-``d2h_prealloc``; where that row did not run the ratio is None and the target missed.
+A target bounds the ratios whose ``of`` and ``to`` match its shell patterns; one that matches
+no ratio is missed, so a renamed ratio cannot pass unseen. :class:`RunJudge` compares rows.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ _SAVE, _LOAD = "interop.safetensors.save_file", "interop.safetensors.load_file"
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A bound (``at_most`` or ``at_least``) on the ratios of ``quantity`` matching ``of``
-    and ``to``."""
+    """A bound (``at_most`` or ``at_least``) on the ratios matching ``of`` and ``to``."""
 
     of: str
     to: str
@@ -132,8 +125,7 @@ REFERENCES = ("d2h_limit", "h2d_limit", "host_limit", "emulated_overlap")
 
 
 def target_words(name: str) -> str:
-    """A row's targets in words, as its ratios read: ``"to_numpy: <= 1.2x the time of
-    numpy.from_dlpack"``; ``"none: a reference"`` for a row without targets."""
+    """A row's targets in words, as its ratios read; ``none: a reference`` without any."""
     words = [
         f"{t.of}: {t.words} {t.to}"
         if t.quantity == "memory"

@@ -1,9 +1,6 @@
 """What does a call cost? ``python -m benchmarks.torch_op [--quick] [--json PATH]``
 
-The exchange rows per call (``to_cupy``/``to_torch`` on the device with a profile), and
-``torch_op_us``: ``x + y`` as an ``interop.torch_op`` against a hand-written
-``torch.library.custom_op`` doing its own exchange, in interleaved blocks of calls, on CUDA
-where usable, else the CPU; docs/benchmark-method.md says more.
+The exchange rows per call, and ``torch_op_us`` against a hand-written ``custom_op``.
 """
 
 from __future__ import annotations
@@ -69,9 +66,7 @@ def _block(call: Callable[[], Any], n_calls: int, sync: Callable[[], None]) -> f
 
 
 def measure(n_calls: int = 5000, *, repeats: int = 7, device: str = "cpu") -> dict[str, Any]:
-    """Both operators per call on ``device`` ("cpu" or "cuda"): ``interop_us`` and
-    ``custom_op_us`` (medians over ``repeats`` interleaved blocks of ``n_calls`` calls,
-    microseconds), ``ratio`` and the ``samples``; ValueError for fewer than one call."""
+    """Both operators' microseconds per call on ``device``, interleaved blocks."""
     import torch
 
     if n_calls < 1 or repeats < 1:
@@ -125,10 +120,7 @@ def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
 
 
 def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[dict[str, Any]]:
-    """Where one call's time goes: the ``top`` functions by own time under :mod:`cProfile`
-    over ``calls`` calls (after a tenth as many unprofiled; garbage collection off), each
-    with ``function`` (``file:line(name)``), ``own_us`` and ``cumulative_us`` per call of
-    ``fn`` and ``calls`` per call. The profiler inflates every figure: they rank costs."""
+    """The ``top`` functions by own time per call of ``fn`` under cProfile."""
     for _ in range(max(1, calls // 10)):  # imports and caches are not the call's
         fn()
 

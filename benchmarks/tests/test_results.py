@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import interop
 from benchmarks import keep, lab, sweep, tables
 from benchmarks.tables import X
 from benchmarks.targets import D2H_BOUND, H2D_BOUND, PREALLOC, RunJudge, judge
-from interop.bench.measure import BenchSizes, Case, Ratio
+from interop.bench.measure import Ratio
 from tests.helpers import git_head
 
 from .test_scripts import run
@@ -49,63 +48,6 @@ def test_the_sweep_and_its_plot_run_at_a_tiny_size(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "host_copy against chunk_bytes: 2 lines; horizontal lines: numpy.copyto" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_every_point_runs_under_its_settings_and_a_spent_budget_leaves_points_not_run():
-    seen: list[dict] = []
-
-    def setup(ctx):
-        def call():
-            seen.append(interop.config.as_dict())
-
-        cases = {"ours": Case(call, MiB), "reference": Case(lambda: 1, MiB)}
-        return sweep.Subject("1 MiB", "ours", "reference", cases, {})
-
-    row = sweep.SweepRow("recording", "records config", False, setup)
-    grid = {"chunk_bytes": [MiB, 3 * MiB], "host_threads": [1, 3], "num_buffers": [2, 5]}
-    tiny, before = BenchSizes.choose(True, 0.02), interop.config.as_dict()
-    snapshots: list[dict] = []
-    (done,) = sweep.sweep(tiny, grid, [row], on_point=snapshots.append)["rows"]
-    calls = 1 + max(2, tiny.repeats - 2)  # the first (checked) call, then the timed ones
-    for i, point in enumerate(done["points"]):
-        settings = {k: point[k] for k in sweep.SETTINGS}
-        assert seen[i * calls : (i + 1) * calls] == [settings] * calls
-    assert interop.config.as_dict() == before
-    assert [len(s["rows"][0]["points"]) for s in snapshots] == [1, 2, 3, 4, 5, 6, 7, 8, 8]
-    (cut,) = sweep.sweep(tiny, grid, [row], max_seconds=1e-9)["rows"]
-    assert (cut["points"], cut["points_not_run"]) == ([], 8)
-    with pytest.raises(ValueError, match="at least one value of chunk_bytes"):
-        sweep.sweep(tiny, grid | {"chunk_bytes": []}, [row])
-
-
-def _sweep_of(points: dict[str, dict[tuple[int, int, int], float]]) -> dict:
-    """Sweep results whose rows have these (chunk MiB, threads, buffers) -> GB/s points."""
-    rows = []
-    for name, got in points.items():
-        settings = [dict(zip(sweep.SETTINGS, (c * MiB, t, b), strict=True)) for c, t, b in got]
-        measured = [
-            p | {"gbps": g, "ratio": {"value": 1.0}}
-            for p, g in zip(settings, got.values(), strict=True)
-        ]
-        rows.append({"name": name, "status": "ok", "reference": "r", "points": measured})
-    return {"rows": rows}
-
-
-def test_the_suggested_defaults_are_the_cheapest_point_near_the_best_of_both_directions():
-    d2h = {(8, 4, 2): 40.0, (16, 4, 4): 50.0, (32, 8, 4): 51.0, (64, 16, 6): 52.0, (8, 2, 4): 30.0}
-    h2d = {(8, 4, 2): 45.0, (16, 4, 4): 44.0, (32, 8, 4): 46.0, (64, 16, 6): 46.0, (8, 2, 4): 46.0}
-    both = _sweep_of({"d2h_prealloc": d2h, "h2d_pageable": h2d})
-    # scores (the worse of each row's fraction of its best): 0.77, 0.957, 0.981, 1.0, 0.58;
-    # within 5 %: 16/4/4, 32/8/4 and 64/16/6, of which 16 MiB x 4 is the smallest ring
-    got = sweep.suggest_defaults(both)
-    assert got["settings"] == {"chunk_bytes": 16 * MiB, "host_threads": 4, "num_buffers": 4}
-    assert got["score"] == pytest.approx(min(50 / 52, 44 / 46))
-    assert got["rows"]["h2d_pageable"] == {"gbps": 44.0, "best_gbps": 46.0}
-    tight = sweep.suggest_defaults(both, tolerance=0.02)
-    assert tight["settings"] == {"chunk_bytes": 32 * MiB, "host_threads": 8, "num_buffers": 4}
-    assert sweep.suggest_defaults(_sweep_of({"d2h_prealloc": d2h})) is None
-    apart = _sweep_of({"d2h_prealloc": {(8, 4, 2): 1.0}, "h2d_pageable": {(16, 4, 2): 1.0}})
-    assert sweep.suggest_defaults(apart) is None
 
 
 def _ok(name: str, gbps: float, *ratios: Ratio, **fields: object) -> dict:
