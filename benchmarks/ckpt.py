@@ -10,17 +10,15 @@ import importlib
 import os
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import lab
-from benchmarks.dask_save import tmpfs_directory
+from benchmarks.dask_save import alternate, tmpfs_directory
 from benchmarks.targets import CKPT_LOAD, CKPT_SAVE, RING
-from interop.bench.measure import GiB, Measured, PeakRss, Ratio, WrongResultError, measure
+from interop.bench.measure import GiB, Measured, Ratio, WrongResultError, measure
 from interop.bench.rows import BenchContext, RowSpec, ring_bytes
 from interop.info import install_command
 
@@ -38,32 +36,6 @@ def package_unavailable() -> str | None:
     except Exception as exc:  # not installed, or a broken install: the row cannot run
         return f"safetensors cannot be imported ({exc}); install it with: {install_command('test')}"
     return None
-
-
-def _alternate(
-    calls: dict[str, Callable[[], Any]],
-    nbytes: int,
-    repeats: int,
-    check: Callable[[str, Any], None],
-    tidy: Callable[[Any], None] = lambda result: None,
-) -> dict[str, Measured]:
-    """Each call once untimed (RSS measured, result checked), then ``repeats`` timed rounds."""
-    got = {}
-    for label, call in calls.items():
-        with PeakRss() as rss:
-            result = call()
-        check(label, result)
-        tidy(result)
-        del result  # before the next call: two results need not fit at once
-        got[label] = Measured([], nbytes, 1, rss.extra_bytes, None, True)
-    for _ in range(repeats):
-        for label, call in calls.items():
-            start = time.perf_counter()
-            result = call()
-            got[label].seconds.append(time.perf_counter() - start)
-            tidy(result)
-            del result
-    return got
 
 
 def _fields(
@@ -133,7 +105,7 @@ def ckpt_save_cpu(ctx: BenchContext) -> dict[str, Any]:
         def check(label: str, path: Path) -> None:
             _same(st.load_file(path), tensors, label)
 
-        got = _alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check, tidy=Path.unlink)
+        got = alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check, tidy=Path.unlink)
     return _fields(got, ours, _size(nbytes, "CPU")) | {"directory": str(directory)}
 
 
@@ -161,7 +133,7 @@ def ckpt_load_cpu(ctx: BenchContext) -> dict[str, Any]:
         def check(label: str, result: Any) -> None:
             _same(result[0], tensors, label)
 
-        got = _alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check)
+        got = alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check)
     return _fields(got, ours, _size(nbytes, "CPU"), rss=False) | {"directory": str(directory)}
 
 
@@ -208,7 +180,7 @@ def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
             if label != disk:
                 _same(st.load_file(path), tensors, label)
 
-        got = _alternate(calls, nbytes, ctx.sizes.repeats, check, tidy=Path.unlink)
+        got = alternate(calls, nbytes, ctx.sizes.repeats, check, tidy=Path.unlink)
     bound = min(got[disk].gbps, link["d2h_limit"].gbps)
     fields = _fields(got, ours, _size(nbytes, "CUDA"), **{CKPT_SAVE: bound})
     fields["anchors"]["d2h_limit GB/s"] = link["d2h_limit"].gbps
@@ -244,7 +216,7 @@ def ckpt_load(ctx: BenchContext) -> dict[str, Any]:
             if label != disk:
                 _same(loaded, tensors, label)
 
-        got = _alternate(calls, nbytes, ctx.sizes.repeats, check)
+        got = alternate(calls, nbytes, ctx.sizes.repeats, check)
     bound = min(got[disk].gbps, link["h2d_limit"].gbps)
     fields = _fields(got, ours, _size(nbytes, "CUDA"), **{CKPT_LOAD: bound})
     fields["anchors"]["h2d_limit GB/s"] = link["h2d_limit"].gbps

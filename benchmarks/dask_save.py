@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,38 +146,52 @@ class _Save:
     check: Callable[[Path], None]
 
 
-def _alternate(
-    saves: list[_Save],
-    directory: Path,
+def alternate(
+    calls: Mapping[str, Callable[[], Any]],
     nbytes: int,
     repeats: int,
-    memory: Callable[[], Any],
+    check: Callable[[str, Any], None],
+    tidy: Callable[[Any], object] = lambda result: None,
+    memory: Callable[[], Any] = lambda: _process_memory(None),
     release: Callable[[], None] | None = None,
 ) -> dict[str, Measured]:
-    """Time ``saves`` alternated, each first checked, outputs removed; memory at its largest."""
-    got = {s.label: Measured([], nbytes, checked=True) for s in saves}
-    host: dict[str, list[int | None]] = {s.label: [] for s in saves}
-    device: dict[str, list[int | None]] = {s.label: [] for s in saves}
+    """``calls`` alternated: each once untimed (after ``release``) and ``check``-ed, then
+    ``repeats`` timed rounds; ``tidy(result)`` after each; memory: the largest in ``memory()``."""
+    got = {label: Measured([], nbytes, checked=True) for label in calls}
+    probes: dict[str, list[dict[str, int | None]]] = {label: [] for label in calls}
     for round_ in range(repeats + 1):
-        for save in saves:
-            path = directory / save.output
+        for label, call in calls.items():
             if round_ == 0 and release is not None:
                 release()
             with memory() as probe:
                 start = time.perf_counter()
-                save.write(path)
+                result = call()
                 seconds = time.perf_counter() - start
-            if round_ == 0:
-                save.check(path)
-            else:
-                got[save.label].seconds.append(seconds)
-            host[save.label].append(probe["host"])
-            device[save.label].append(probe["device"])
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            check(label, result) if round_ == 0 else got[label].seconds.append(seconds)
+            probes[label].append(probe)
+            tidy(result)
+            del result  # before the next call: two results need not fit at once
     for label, measured in got.items():
-        measured.extra_host_bytes = None if None in host[label] else max(host[label])
-        measured.extra_device_bytes = None if None in device[label] else max(device[label])
+        host, device = ([p[k] for p in probes[label]] for k in ("host", "device"))
+        measured.extra_host_bytes = None if None in host else max(host)  # type: ignore[type-var]
+        measured.extra_device_bytes = None if None in device else max(device)  # type: ignore[type-var]
     return got
+
+
+def _into(save: _Save, path: Path) -> Path:
+    save.write(path)
+    return path
+
+
+def _saved(saves: list[_Save], directory: Path, nbytes: int, repeats: int, **kw: Any) -> Any:
+    """:func:`alternate` of ``saves`` into ``directory``, every output removed after its call."""
+    calls = {s.label: functools.partial(_into, s, directory / s.output) for s in saves}
+    checks = {s.label: s.check for s in saves}
+
+    def tidy(path: Path) -> None:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+    return alternate(calls, nbytes, repeats, lambda label, p: checks[label](p), tidy, **kw)
 
 
 def _judged_and_disk(
@@ -190,12 +204,12 @@ def _judged_and_disk(
         "disk_directory": str(ctx.workdir),
     }
     with tempfile.TemporaryDirectory(dir=tmpfs or ctx.workdir) as tmp:
-        got = _alternate(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory, **kw)
+        got = _saved(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     if tmpfs is None:
         return got, where | {"tmpfs": "not used: /dev/shm is not a tmpfs with room for the array"}
     disk = dataclasses.replace(saves[0], label=f"{OURS} on disk")
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
-        got |= _alternate([disk], Path(tmp), nbytes, ctx.sizes.repeats, memory, **kw)
+        got |= _saved([disk], Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     return got, where
 
 
