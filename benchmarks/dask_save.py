@@ -6,7 +6,6 @@ NumPy blocks on a 2-worker cluster and CuPy blocks on 2 threads, judged on a tmp
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 import shutil
@@ -14,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +135,8 @@ def _block_in_stack(block: np.ndarray, directory: str, block_info: Any = None) -
     return np.full((1,) * block.ndim, bool(np.array_equal(np.load(path, mmap_mode="r"), block)))
 
 
-@dataclasses.dataclass
-class _Save:
-    """One way of saving: ``write(path)`` into ``output``; ``check(path)`` raises if wrong."""
-
-    label: str
-    output: str
-    write: Callable[[Path], object]
-    check: Callable[[Path], None]
+#: One way of saving: (label, output name, ``write(path)``, ``check(path)`` raising if wrong).
+Save = tuple[str, str, Callable[[Path], object], Callable[[Path], None]]
 
 
 def alternate(
@@ -178,15 +171,11 @@ def alternate(
     return got
 
 
-def _into(save: _Save, path: Path) -> Path:
-    save.write(path)
-    return path
-
-
-def _saved(saves: list[_Save], directory: Path, nbytes: int, repeats: int, **kw: Any) -> Any:
+def _saved(saves: Sequence[Save], directory: Path, nbytes: int, repeats: int, **kw: Any) -> Any:
     """:func:`alternate` of ``saves`` into ``directory``, every output removed after its call."""
-    calls = {s.label: functools.partial(_into, s, directory / s.output) for s in saves}
-    checks = {s.label: s.check for s in saves}
+    paths = {label: directory / output for label, output, _, _ in saves}
+    calls = {label: lambda w=write, p=paths[label]: (w(p), p)[1] for label, _, write, _ in saves}
+    checks = {label: check for label, _, _, check in saves}
 
     def tidy(path: Path) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
@@ -195,7 +184,7 @@ def _saved(saves: list[_Save], directory: Path, nbytes: int, repeats: int, **kw:
 
 
 def _judged_and_disk(
-    ctx: BenchContext, saves: list[_Save], nbytes: int, memory: Callable[[], Any], **kw: Any
+    ctx: BenchContext, saves: Sequence[Save], nbytes: int, memory: Callable[[], Any], **kw: Any
 ) -> tuple[dict[str, Measured], dict[str, Any]]:
     """``saves`` alternated on a tmpfs, then interop's alone in ``ctx.workdir``; and where."""
     tmpfs = tmpfs_directory(nbytes)
@@ -207,7 +196,7 @@ def _judged_and_disk(
         got = _saved(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     if tmpfs is None:
         return got, where | {"tmpfs": "not used: /dev/shm is not a tmpfs with room for the array"}
-    disk = dataclasses.replace(saves[0], label=f"{OURS} on disk")
+    disk: Save = (f"{OURS} on disk", *saves[0][1:])
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
         got |= _saved([disk], Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     return got, where
@@ -303,9 +292,9 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
             da.store(x, MemmapOnWorker(str(path)), lock=False)  # type: ignore[arg-type]
 
         saves = [
-            _Save(OURS, "interop.npy", lambda p: save_npy(x, p), check(OURS, _block_in_file)),
-            _Save(STACK, "stack", lambda p: da.to_npy_stack(p, x), check(STACK, _block_in_stack)),
-            _Save(MEMMAP, "memmap.npy", memmap, check(MEMMAP, _block_in_file)),
+            (OURS, "interop.npy", lambda p: save_npy(x, p), check(OURS, _block_in_file)),
+            (STACK, "stack", lambda p: da.to_npy_stack(p, x), check(STACK, _block_in_stack)),
+            (MEMMAP, "memmap.npy", memmap, check(MEMMAP, _block_in_file)),
         ]
         got, where = _judged_and_disk(ctx, saves, nbytes, lambda: _worker_rss(client))
         workers = len(client.scheduler_info()["workers"])
@@ -350,8 +339,8 @@ def threaded_saves(
                 raise WrongResultError(f"{recipe} wrote block {i} differing from the array")
 
     saves = [
-        _Save(OURS, "interop.npy", lambda p: save_npy(darr, p), file_matches),
-        _Save(recipe, "stack", lambda p: da.to_npy_stack(p, host_blocks), stack_matches),
+        (OURS, "interop.npy", lambda p: save_npy(darr, p), file_matches),
+        (recipe, "stack", lambda p: da.to_npy_stack(p, host_blocks), stack_matches),
     ]
     with dask.config.set(scheduler="threads", num_workers=WORKERS):
         got, where = _judged_and_disk(

@@ -175,23 +175,6 @@ def test_bad_arguments_are_refused_before_anything_runs(args, message, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
-def test_a_failing_diagnosis_keeps_the_rows_figures(capsys):
-    from interop.bench import collect_results
-    from interop.bench.measure import BenchSizes
-
-    def diagnose(ctx, fields):
-        raise RuntimeError("cudaErrorIllegalAddress")
-
-    spec = lab.diagnosed(lab.package_row("to_numpy_us"), diagnose)
-    data = collect_results(BenchSizes.choose(True, 0.02), (spec,), judge=lab.RunJudge())
-    (row,) = data["rows"]
-    assert (row["status"], row["met"] is not None) == ("ok", True)
-    assert row["us"] > 0
-    assert row["diagnosis_error"] == "RuntimeError: cudaErrorIllegalAddress"
-    assert "cudaErrorIllegalAddress" in capsys.readouterr().err
-    assert "diagnosis error: RuntimeError: cudaErrorIllegalAddress" in lab.format_report(data)
-
-
 @pytest.mark.gpu
 def test_gpu_rows_run_with_their_diagnoses(tmp_path):
     """On a GPU runner every GPU row runs, checks its result and carries its diagnoses."""
