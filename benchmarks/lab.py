@@ -152,10 +152,8 @@ def _rate(gbps: float | None) -> str:
 def stages_text(stages: dict[str, Any]) -> str:
     """The DMA and host stages of a GPU row measured alone, or why they were not."""
     st = stages["settings"]
-    at = (
-        f"at chunk_bytes {st['chunk_bytes'] >> 20} MiB, num_buffers {st['num_buffers']}, "
-        f"host_threads {st['host_threads']}"
-    )
+    at = f"at chunk_bytes {st['chunk_bytes'] >> 20} MiB, num_buffers {st['num_buffers']}, "
+    at += f"host_threads {st['host_threads']}"
     if "error" in stages:
         return f"not measured ({stages['error']}) {at}"
     return f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"

@@ -18,8 +18,7 @@ from benchmarks.lab import all_rows, format_report
 from benchmarks.torch_op import HAND
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["README.md", *(f"docs/{p}.md" for p in ("index", "benchmarks", "benchmark-method"))]
-PAGES.append("docs/torch-op.md")
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 MARK = re.compile(r"<!-- table:(\w+)((?: \S+)*) -->\n.*?(?=<!-- /table -->)", re.S)
 #: Sample labels as their rows' ratios name them (``file write``: runs before 2026-11-24).
 ALIASES = {"file write": "sequential file write", "custom_op": HAND}

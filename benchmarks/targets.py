@@ -35,9 +35,7 @@ class Target:
     @property
     def words(self) -> str:
         """``"<= 1.2x"`` or ``">= 0.9x"``."""
-        if self.at_most is not None:
-            return f"<= {self.at_most:g}x"
-        return f">= {self.at_least:g}x"
+        return f"<= {self.at_most:g}x" if self.at_most is not None else f">= {self.at_least:g}x"
 
     def matches(self, ratio: dict[str, Any]) -> bool:
         """Whether ``ratio`` (a JSON ratio) is one this target bounds."""
@@ -178,11 +176,8 @@ class RunJudge:
     def _compared(self, row: dict[str, Any]) -> tuple[str, str, float | None] | None:
         """What ``row``'s throughput is compared with from other rows: (of, to, GB/s)."""
         if row["name"] == "d2h_prealloc":
-            return (
-                "copy_to_host(x, out)",
-                D2H_BOUND,
-                self._bound(row, "d2h_limit", "pinned->pageable"),
-            )
+            bound = self._bound(row, "d2h_limit", "pinned->pageable")
+            return "copy_to_host(x, out)", D2H_BOUND, bound
         if row["name"] == "h2d_pageable":
             return (
                 "copy_to_device(host)",
