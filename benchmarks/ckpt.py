@@ -48,14 +48,10 @@ def _fields(
     extra, ring = got[ours].extra_host_bytes, ring_bytes()
     if rss:  # a host load's result is host memory: no bound
         ratios.append(Ratio.between(f"extra host RSS of {ours}", "memory", RING, extra, ring))
-    return {
-        "size": size,
-        "gbps": gbps[ours],
-        "anchors": {f"{k} GB/s": v for k, v in others.items()},
-        "ratios": ratios,
-        "memory": {"extra_host_rss_bytes": extra, "ring_bytes": ring},
-        "samples": {label: m.record() for label, m in got.items()},
-    }
+    fields: dict[str, Any] = {"size": size, "gbps": gbps[ours], "ratios": ratios}
+    fields["anchors"] = {f"{k} GB/s": v for k, v in others.items()}
+    fields["memory"] = {"extra_host_rss_bytes": extra, "ring_bytes": ring}
+    return fields | {"samples": {k: m.record() for k, m in got.items()}}
 
 
 def _tensors(th: Any, nbytes: int, device: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ The package's device-to-host and host rows, judged against the ring's ceiling fr
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Any
 
 import interop
@@ -31,10 +32,9 @@ def _strided(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:
         Ratio.between(f"extra device memory of {label}", "memory", RING, value, ring_bytes())
         for label, value in taken.items()
     ]
-    memory = fields["memory"] | {
-        "extra_device_bytes": taken["copy_to_host(x.T, out)"],
-        "copy_to_host(t.T) extra_device_bytes": taken["copy_to_host(t.T, out)"],
-    }
+    x_extra, t_extra = taken.values()
+    memory = fields["memory"] | {"extra_device_bytes": x_extra}
+    memory["copy_to_host(t.T) extra_device_bytes"] = t_extra
     return fields | {"trace": where, "ratios": [*fields["ratios"], *ratios], "memory": memory}
 
 
@@ -43,9 +43,7 @@ ROWS = (
     lab.package_row("host_copy"),
     lab.package_row("host_fresh"),
     lab.package_row("d2h_limit"),
-    lab.diagnosed(
-        lab.package_row("d2h_prealloc"), lambda ctx, f: stages_and_trace(ctx, f, to_host=True)
-    ),
+    lab.diagnosed(lab.package_row("d2h_prealloc"), partial(stages_and_trace, to_host=True)),
     lab.package_row("d2h_pinned"),
     lab.package_row("d2h_fresh"),
     lab.diagnosed(lab.package_row("d2h_strided"), _strided),

@@ -6,6 +6,7 @@ The package's host-to-device rows, judged against min(link, the ring's H2D ceili
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 from benchmarks import lab
 from benchmarks.host_limit import HOST_LIMIT, stages_and_trace
@@ -13,9 +14,7 @@ from benchmarks.host_limit import HOST_LIMIT, stages_and_trace
 ROWS = (
     HOST_LIMIT,
     lab.package_row("h2d_limit"),
-    lab.diagnosed(
-        lab.package_row("h2d_pageable"), lambda ctx, f: stages_and_trace(ctx, f, to_host=False)
-    ),
+    lab.diagnosed(lab.package_row("h2d_pageable"), partial(stages_and_trace, to_host=False)),
     lab.package_row("h2d_pinned"),
 )
 

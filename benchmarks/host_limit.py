@@ -309,23 +309,11 @@ def emulated_overlap(ctx: BenchContext) -> dict[str, Any]:
     }
 
 
-HOST_LIMIT = RowSpec(
-    "host_limit",
-    "host copies by 1-16 threads, one whole chunk each, alone and with the link busy; "
-    "cudaHostRegister rates",
-    False,
-    host_limit,
-)
-ROWS = (
-    HOST_LIMIT,
-    RowSpec(
-        "emulated_overlap",
-        "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap of its "
-        "DMAs with its host copies, on any machine",
-        False,
-        emulated_overlap,
-    ),
-)
+_HOST = "host copies by 1-16 threads, one whole chunk each, alone and with the link busy; "
+_OVERLAP = "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap of its "
+HOST_LIMIT = RowSpec("host_limit", _HOST + "cudaHostRegister rates", False, host_limit)
+_OVERLAP += "DMAs with its host copies, on any machine"
+ROWS = (HOST_LIMIT, RowSpec("emulated_overlap", _OVERLAP, False, emulated_overlap))
 
 if __name__ == "__main__":
     sys.exit(lab.main(ROWS, __spec__.name, __doc__))

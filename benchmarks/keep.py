@@ -60,14 +60,9 @@ def _check_commit(bench: dict[str, Any], branch: str) -> None:
 
 def _gpu_check(outdir: Path) -> dict[str, Any]:
     """gpu-check's ``steps`` and ``tests`` (JUnit counts summed; None without them)."""
-    lines = (
-        (outdir / "steps.tsv").read_text().splitlines() if (outdir / "steps.tsv").is_file() else []
-    )
-    steps = [
-        dict(zip(lines[0].split("\t"), line.split("\t"), strict=False))
-        for line in lines[1:]
-        if line
-    ]
+    tsv = outdir / "steps.tsv"
+    head, *lines = tsv.read_text().splitlines() if tsv.is_file() else [""]
+    steps = [dict(zip(head.split("\t"), line.split("\t"), strict=False)) for line in lines if line]
     suites = []
     for path in (outdir / "junit-gpu.xml", outdir / "junit.xml"):
         if path.is_file():

@@ -165,16 +165,12 @@ def trace_text(where: dict[str, Any]) -> str:
         return f"not traced ({where['error']})"
     host = "no host threads (DMAs straight to or from pinned memory)"
     if where["threads"]:
-        host = (
-            f"{where['threads']} host threads {_rate(where['host_gbps_per_thread'])} each "
-            f"(busy {where['host_busy']:.0%})"
-        )
+        host = f"{where['threads']} host threads {_rate(where['host_gbps_per_thread'])} each "
+        host += f"(busy {where['host_busy']:.0%})"
     outside = ""
     if "call_seconds" in where:
-        outside = (
-            f"; the call took {where['call_seconds']:.3f} s, "
-            f"{where['outside_seconds']:.3f} s of it outside the transfer"
-        )
+        outside = f"; the call took {where['call_seconds']:.3f} s, "
+        outside += f"{where['outside_seconds']:.3f} s of it outside the transfer"
     return (
         f"{_rate(where['rate_gbps'])} in all; device copies {_rate(where['device_gbps'])} "
         f"(busy {where['device_busy']:.0%}); {host}; issuer waited "
