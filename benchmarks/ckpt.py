@@ -69,6 +69,13 @@ def _same(loaded: dict[str, Any], tensors: dict[str, Any], what: str) -> None:
         raise WrongResultError(f"{what} gave tensors that differ from the saved ones")
 
 
+def _libraries() -> tuple[Any, Any]:
+    """``safetensors.torch`` and ``interop.safetensors``."""
+    return importlib.import_module("safetensors.torch"), importlib.import_module(
+        "interop.safetensors"
+    )
+
+
 def _size(nbytes: int, where: str) -> str:
     return f"{nbytes / GiB:.2f} GiB in {TENSORS} float32 {where} tensors"
 
@@ -76,20 +83,16 @@ def _size(nbytes: int, where: str) -> str:
 # ------------------------------------------------------------------ CPU rows
 
 
-def _cpu_files(ctx: BenchContext) -> tuple[Path, dict[str, Any]]:
+def _cpu_files(ctx: BenchContext) -> tuple[Path, dict[str, Any], int]:
     nbytes = ctx.sizes.gpu_bytes // (4 * TENSORS) * 4 * TENSORS
     directory = tmpfs_directory(nbytes) or ctx.workdir
-    return directory, _tensors(importlib.import_module("torch"), nbytes, "cpu")
+    return directory, _tensors(importlib.import_module("torch"), nbytes, "cpu"), nbytes
 
 
 def ckpt_save_cpu(ctx: BenchContext) -> dict[str, Any]:
     """interop's ``save_file`` against the package's, CPU tensors onto a tmpfs."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
-    directory, tensors = _cpu_files(ctx)
-    nbytes = sum(t.nbytes for t in tensors.values())
+    st, ist = _libraries()
+    directory, tensors, nbytes = _cpu_files(ctx)
     ours = "interop.safetensors.save_file"
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         mine, theirs = Path(tmp) / "ours.safetensors", Path(tmp) / "theirs.safetensors"
@@ -112,12 +115,8 @@ def _touched(loaded: dict[str, Any]) -> tuple[dict[str, Any], list[float]]:
 
 def ckpt_load_cpu(ctx: BenchContext) -> dict[str, Any]:
     """interop's ``load_file`` against the package's, from a tmpfs, every tensor touched."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
-    directory, tensors = _cpu_files(ctx)
-    nbytes = sum(t.nbytes for t in tensors.values())
+    st, ist = _libraries()
+    directory, tensors, nbytes = _cpu_files(ctx)
     ours = "interop.safetensors.load_file + touch"
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = st.save_file(tensors, Path(tmp) / "a.safetensors") or Path(tmp) / "a.safetensors"
@@ -156,10 +155,7 @@ def _plain(path: Path, host: np.ndarray, nbytes: int, write: bool) -> None:
 
 def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
     """CUDA tensors saved by interop and by the package, to ``INTEROP_BENCH_DIR``."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
+    st, ist = _libraries()
     g, tensors, nbytes = _gpu_tensors(ctx)
     link = measure({"d2h_limit": g.d2h_limit_case()}, ctx.sizes.repeats, sync=g.sync)
     host = np.array(g.ref).view(np.uint8)  # pageable, the GPU rows' bytes
@@ -185,10 +181,7 @@ def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
 
 def ckpt_load(ctx: BenchContext) -> dict[str, Any]:
     """A file of CUDA tensors loaded onto the GPU by interop and by the package."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
+    st, ist = _libraries()
     g, tensors, nbytes = _gpu_tensors(ctx)
     link = measure(
         {"h2d_limit": g.h2d_limit_case(g.cp.empty_like(g.x))}, ctx.sizes.repeats, sync=g.sync

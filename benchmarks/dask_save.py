@@ -308,25 +308,20 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
     return fields | where | {"cluster": cluster_facts}
 
 
-def threaded_saves(
-    ctx: BenchContext,
-    x: Any,
-    reference: np.ndarray,
-    to_host: Callable[[Any], np.ndarray],
-    recipe: str,
-    release: Callable[[], None] | None = None,
-    growth: Callable[[], lab.DeviceGrowth] | None = None,
-) -> dict[str, Any]:
-    """``save_npy`` of ``x`` in :data:`BLOCKS` blocks, threaded, against ``recipe``, checked."""
+def dask_save_npy_cupy(ctx: BenchContext) -> dict[str, Any]:
+    """CuPy blocks of the run's GPU array saved on 2 threads, against ``recipe``, checked."""
     import dask
     import dask.array as da
 
     save_npy = importlib.import_module("interop.dask").save_npy
-    block_rows = -(-x.shape[0] // BLOCKS)
+    g = ctx.gpu()
+    rows = g.x.size // ROW
+    x, reference = (a[: rows * ROW].reshape(rows, ROW) for a in (g.x, g.ref))
+    recipe, block_rows = "cupy.asnumpy+numpy.save per block", -(-rows // BLOCKS)
     darr = da.from_array(
-        x, chunks=(block_rows, x.shape[1]), asarray=False, name=f"bench-{uuid.uuid4().hex}"
+        x, chunks=(block_rows, ROW), asarray=False, name=f"bench-{uuid.uuid4().hex}"
     )
-    host_blocks = darr.map_blocks(to_host, dtype=darr.dtype, meta=np.empty((0, 0), darr.dtype))
+    host_blocks = darr.map_blocks(g.cp.asnumpy, dtype=darr.dtype, meta=np.empty((0, 0), darr.dtype))
 
     def file_matches(path: Path) -> None:
         if not np.array_equal(np.load(path, mmap_mode="r"), reference):
@@ -342,11 +337,11 @@ def threaded_saves(
         (OURS, "interop.npy", lambda p: save_npy(darr, p), file_matches),
         (recipe, "stack", lambda p: da.to_npy_stack(p, host_blocks), stack_matches),
     ]
+    growth = functools.partial(lab.DeviceGrowth, g.cp, g.th)
+    memory = functools.partial(_process_memory, growth)
     with dask.config.set(scheduler="threads", num_workers=WORKERS):
-        got, where = _judged_and_disk(
-            ctx, saves, int(x.nbytes), lambda: _process_memory(growth), release=release
-        )
-    block_bytes = block_rows * x.shape[1] * x.itemsize
+        got, where = _judged_and_disk(ctx, saves, int(x.nbytes), memory, release=g.release)
+    block_bytes = block_rows * ROW * x.itemsize
     words = f"{WORKERS} threads x 2 x num_buffers x chunk_bytes"
     size, bound = _size(int(x.nbytes), block_bytes), WORKERS * 2 * ring_bytes()
     fields = _fields(got, [recipe], size, "of the process", bound, words)
@@ -355,16 +350,6 @@ def threaded_saves(
         "extra_device_bytes": got[OURS].extra_device_bytes,
     }
     return fields | where | {"scheduler": {"name": "threads", "num_workers": WORKERS}}
-
-
-def dask_save_npy_cupy(ctx: BenchContext) -> dict[str, Any]:
-    """CuPy blocks of the run's shared GPU array (see the module)."""
-    g = ctx.gpu()
-    rows = g.x.size // ROW
-    x, reference = (a[: rows * ROW].reshape(rows, ROW) for a in (g.x, g.ref))
-    recipe = "cupy.asnumpy+numpy.save per block"
-    growth = functools.partial(lab.DeviceGrowth, g.cp, g.th)
-    return threaded_saves(ctx, x, reference, g.cp.asnumpy, recipe, g.release, growth)
 
 
 ROWS = (

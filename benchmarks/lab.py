@@ -53,10 +53,6 @@ def all_rows() -> list[RowSpec]:
     return list(rows.values())
 
 
-def _names(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def main(
     rows: Sequence[RowSpec], script: str, doc: str | None, argv: list[str] | None = None
 ) -> int:
@@ -71,7 +67,8 @@ def main(
     quick = "a smoke run: small sizes, few repeats; checks that every row runs, judges nothing"
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--rows", type=_names, metavar="LIST", help="only these rows, in order")
+    names = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+    parser.add_argument("--rows", type=names, metavar="LIST", help="only these rows, in order")
     busy = "run every row with a process per CPU spinning: what a busy machine gives"
     parser.add_argument("--busy", action="store_true", help=busy)
     args = parser.parse_args(argv)

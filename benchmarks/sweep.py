@@ -378,20 +378,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarks sweep: {exc}", file=sys.stderr)
         return 2
     save = (lambda partial: write_json(partial, args.json)) if args.json else None
+    rows = [named[n] for n in chosen]
     results = sweep(
-        sizes,
-        grid,
-        [named[n] for n in chosen],
-        quick=args.quick,
-        max_seconds=args.max_seconds,
-        on_point=save,
+        sizes, grid, rows, quick=args.quick, max_seconds=args.max_seconds, on_point=save
     )
     print(format_sweep(results))
     if args.json:
         print(f"wrote {write_json(results, args.json)}")
-    failed = any(
-        row["status"] == "error" or any("error" in p for p in row.get("points", []))
-        for row in results["rows"]
+    points = [p for row in results["rows"] for p in row.get("points", [])]
+    failed = any(row["status"] == "error" for row in results["rows"]) or any(
+        "error" in p for p in points
     )
     return 1 if failed else 0
 

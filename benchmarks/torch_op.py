@@ -107,16 +107,10 @@ def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
     calls = max(100, ctx.sizes.calls // 4)
     got = measure(calls, repeats=ctx.sizes.repeats, device=device)
     ours, hand = got["interop_us"], got["custom_op_us"]
-    return {
-        "size": f"{got['size']}, {device}",
-        "us": ours,
-        "anchors": {f"{HAND} us": hand},
-        "ratios": [Ratio.between("interop.torch_op", "time", HAND, ours, hand)],
-        "samples": {
-            label: {"seconds": [us * calls / 1e6 for us in per_call], "calls": calls}
-            for label, per_call in got["samples"].items()
-        },
-    }
+    samples = {k: [us * calls / 1e6 for us in v] for k, v in got["samples"].items()}
+    fields = {"size": f"{got['size']}, {device}", "us": ours, "anchors": {f"{HAND} us": hand}}
+    fields["ratios"] = [Ratio.between("interop.torch_op", "time", HAND, ours, hand)]
+    return fields | {"samples": {k: {"seconds": v, "calls": calls} for k, v in samples.items()}}
 
 
 def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[dict[str, Any]]:
@@ -141,14 +135,9 @@ def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[d
         if path == __file__ or "_lsprof.Profiler" in name:
             continue  # the loop that made the calls, and the profiler stopping
         where = "/".join(path.replace("\\", "/").split("/")[-2:]) if path != "~" else ""
-        rows.append(
-            {
-                "function": f"{where}:{line}({name})" if where else name,
-                "own_us": own / calls * 1e6,
-                "cumulative_us": cumulative / calls * 1e6,
-                "calls": ncalls / calls,
-            }
-        )
+        function = f"{where}:{line}({name})" if where else name
+        per_call = {"own_us": own / calls * 1e6, "cumulative_us": cumulative / calls * 1e6}
+        rows.append({"function": function, **per_call, "calls": ncalls / calls})
     return sorted(rows, key=lambda r: r["own_us"], reverse=True)[:top]
 
 

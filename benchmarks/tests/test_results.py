@@ -101,10 +101,9 @@ def test_a_kept_run_is_read_by_every_reader(path, tmp_path):
     kept = json.loads(path.read_text())
     bench, swept = kept.get("bench", kept), kept.get("sweep")  # benchmarks/results/cpu: a bench
     report = lab.format_report(bench)
-    for row in bench["rows"]:
-        if row["status"] == "ok":
-            (line,) = [line for line in report.splitlines() if line.startswith(row["name"] + " ")]
-            assert line.split()[-1] == {True: "met", False: "MISSED", None: "reference"}[row["met"]]
+    for row in (row for row in bench["rows"] if row["status"] == "ok"):
+        (line,) = [line for line in report.splitlines() if line.startswith(row["name"] + " ")]
+        assert line.split()[-1] == {True: "met", False: "MISSED", None: "reference"}[row["met"]]
     assert report.splitlines()[-1].startswith("summary: ")
     if swept is not None:
         assert swept["rows"][0]["name"] in sweep.format_sweep(swept)
