@@ -1,7 +1,7 @@
 """``python -m benchmarks tables [--check]``: the pages' figure tables from the kept runs.
 
-Written between ``<!-- table:KIND STEM... [ROW...] -->`` and ``<!-- /table -->``; KIND
-``speed``, ``judged`` or ``report``; ``--check`` writes nothing, exit 1 if a page differs.
+Written between ``<!-- table:KIND STEM... [ROW...] -->`` and ``<!-- /table -->``, KIND
+``speed``, ``judged``, ``swept`` or ``report``; ``--check``: nothing written, 1 if a page differs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ SPEED = [
     ("host array → device", "copy_to_device(host)", f"cupy.asarray(host) / {H2D}", "h2d_limit"),
     ("device → `.npy` file", "save_npy(x, path)", "", "sequential file write"),
 ]
+
+
+#: The sweep table's points, (chunk MiB, num_buffers, host_threads), and its rows.
+POINTS = [(32, 4, 4), (32, 4, 8), (32, 4, 16), (64, 2, 8), (64, 6, 8), (16, 4, 8), (8, 4, 8)]
+TRANSFERS = ("d2h_prealloc", "h2d_pageable")
 
 
 def kept(stem: str) -> Run:
@@ -132,14 +137,29 @@ def judged(*args: Any) -> str:
         if row["name"] in named or (not named and (row["name"] in HOST) != gpu):
             for r in (r for r in row.get("ratios", []) if r.get("target")):
                 keys.setdefault((row["name"], r["of"], r["to"]), r["target"])
-    lines = [
-        f"| row | ratio | target | {' | '.join(map(_head, runs))} |",
-        "|---|---|---|" + "---|" * len(runs),
-    ]
+    lines = [f"| row | ratio | target | {' | '.join(map(_head, runs))} |"]
+    lines.append("|---|---|---|" + "---|" * len(runs))
     for (name, of, to), target in keys.items():
         cells = " | ".join(_cell(run, name, of, to) for run in runs)
         words = target.replace(">=", "≥").replace("<=", "≤").replace("x", X)
         lines.append(f"| `{name}` | {of} / {to} | {words} | {cells} |")
+    return "\n".join(lines)
+
+
+def _at(run: Run, name: str, c: int, b: int, t: int) -> float | None:
+    """GB/s of sweep row ``name`` of ``run`` at ``c`` MiB chunks, ``b`` buffers, ``t`` threads."""
+    want = {"chunk_bytes": c << 20, "num_buffers": b, "host_threads": t}
+    points = [p for row in run["sweep"]["rows"] if row["name"] == name for p in row["points"]]
+    return next((p.get("gbps") for p in points if want.items() <= p.items()), None)
+
+
+def swept(*runs: Run) -> str:
+    """GB/s of the runs' sweeps at :data:`POINTS`, a figure per run in each cell."""
+    lines = ["| `chunk_bytes` | `num_buffers` | `host_threads` | device to host | host to device |"]
+    lines.append("|---|---|---|---|---|")
+    for point in POINTS:
+        cells = [" / ".join(_num(_at(run, name, *point)) for run in runs) for name in TRANSFERS]
+        lines.append(f"| {point[0]} MiB | {point[1]} | {point[2]} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -157,7 +177,7 @@ def render(text: str) -> str:
 
     def table(match: re.Match[str]) -> str:
         args = [a if a.isidentifier() else kept(a) for a in match[2].split()]  # runs, rows
-        made = {"speed": speed, "judged": judged, "report": report}[match[1]](*args)
+        made = {"speed": speed, "judged": judged, "swept": swept, "report": report}[match[1]](*args)
         return f"<!-- table:{match[1]}{match[2]} -->\n\n{made}\n\n"
 
     return MARK.sub(table, text)

@@ -266,7 +266,7 @@ def test_the_pages_tables_are_the_kept_runs_as_the_generator_writes_them(tmp_pat
 #: decimal alone in a cell.
 _FIGURE = re.compile(
     r"(?<!at least )(?<!at most )(?<![\u2265\u2264] )\d+\.\d+ ?(\u00d7|GB/s|µs)"
-    r"|\|\s*\**\d+\.\d+\**\s*\|"
+    r"|\|\s*\**\d+\.\d+\**(\s*/\s*\d+\.\d+)*\**\s*(\(|\|)"
 )
 
 

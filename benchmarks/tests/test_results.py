@@ -1,6 +1,5 @@
-"""The lab's results: the sweep and its plot at a tiny size, the verdicts that compare rows
-of one run, and every run kept in ``benchmarks/results/`` read by every reader and kept
-again by ``keep`` (what it refuses, it refuses with nothing written)."""
+"""The sweep and its plot at a tiny size, the verdicts that compare rows, ``keep`` (what it
+refuses, with nothing written) and the pages' tables from the kept runs."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import keep, lab, sweep, tables
+from benchmarks import keep, tables
 from benchmarks.tables import X
 from benchmarks.targets import D2H_BOUND, H2D_BOUND, PREALLOC, RunJudge
 from interop.bench.measure import Ratio
@@ -94,23 +93,6 @@ def test_pageable_transfers_are_judged_against_the_lower_of_the_link_and_the_rin
     smoke(_ok("host_limit", 30.0, anchors=ceilings), False)
     quick = smoke(_ok("d2h_prealloc", 28.0, anchors={"d2h_limit GB/s": 50.0}), False)
     assert (_ratio(quick, D2H_BOUND)["met"], quick["met"]) == (None, None)  # carried, not judged
-
-
-@pytest.mark.parametrize("path", KEPT, ids=[p.stem for p in KEPT])
-def test_a_kept_run_is_read_by_every_reader(path, tmp_path):
-    kept = json.loads(path.read_text())
-    bench, swept = kept.get("bench", kept), kept.get("sweep")  # benchmarks/results/cpu: a bench
-    report = lab.format_report(bench)
-    for row in (row for row in bench["rows"] if row["status"] == "ok"):
-        (line,) = [line for line in report.splitlines() if line.startswith(row["name"] + " ")]
-        assert line.split()[-1] == {True: "met", False: "MISSED", None: "reference"}[row["met"]]
-    assert report.splitlines()[-1].startswith("summary: ")
-    if swept is not None:
-        assert swept["rows"][0]["name"] in sweep.format_sweep(swept)
-    panels = sweep.plot_results([bench] + ([swept] if swept else []), tmp_path / "kept.png")
-    assert "host_copy" in {p.row for p in panels}
-    if "bench" in kept:
-        assert keep.report(kept, path.stem).startswith(f"## {kept['device']}, {kept['date'][:10]}")
 
 
 HEAD = git_head()
