@@ -92,14 +92,23 @@ MEASURE = r"""
         const r = document.createRange();
         r.setStart(node, m.index);
         r.setEnd(node, m.index + m[0].length);
-        const tops = new Set([...r.getClientRects()].map((x) => Math.round(x.top)));
-        if (tops.size > 1) out.broken.push({where: where(cell.closest("table")),
-                                           word: m[0], top: top(cell)});
+        const first = r.getClientRects()[0];
+        if (!first || r.getBoundingClientRect().height < 1.5 * first.height) continue;
+        let at = 1;  // where the word's second line starts
+        for (; at < m[0].length; at++) {
+          r.setStart(node, m.index + at);
+          r.setEnd(node, m.index + at + 1);
+          if (r.getBoundingClientRect().top > first.top + first.height / 2) break;
+        }
+        const code = node.parentElement.closest("code");  // code breaks at spaces only
+        if (code || !"-/\u2013\u2014".includes(m[0][at - 1]))  // text may break at a hyphen
+          out.broken.push({where: where(cell.closest("table")), top: top(cell),
+                           word: m[0].slice(0, at) + "|" + m[0].slice(at)});
       }
     }
   }
   for (const table of main.querySelectorAll("table")) {
-    const box = table.parentElement;
+    const box = table.closest(".md-typeset__scrollwrap") || table.parentElement;
     if (box.scrollWidth > box.clientWidth + 1)
       out.scroll.push({where: where(table), width: box.scrollWidth, shown: box.clientWidth,
                        top: top(table)});
