@@ -44,7 +44,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if importlib.util.find_spec(module.split(".")[0]) is None or (
             "." in module and importlib.util.find_spec(module) is None
         ):
-            pytest.skip(f"building the site needs the docs extra ({module} is not installed)")
+            pytest.skip(
+                f"the site tests need the docs extra, which the test extra leaves out: "
+                f'pip install -e ".[test,docs]" ({module} is not installed)'
+            )
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
