@@ -190,6 +190,29 @@ def test_a_kept_run_is_read_by_every_reader(path, tmp_path):
         assert keep.report(kept, path.stem).startswith(f"## {kept['device']}, {kept['date'][:10]}")
 
 
+@pytest.mark.parametrize("path", [p for p in KEPT if "sweep" in json.loads(p.read_text())])
+def test_a_kept_plot_reads_on_the_page_and_no_legend_hides_data(path, tmp_path, monkeypatch):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    figs, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda f, *a, **k: save(figs.append(f) or f, *a, **k))
+    kept = json.loads(path.read_text())
+    sweep.plot_results([kept["bench"], kept["sweep"]], tmp_path / "kept.png")
+    (fig,) = figs
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # lays the figure out as it was saved
+    texts = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    assert min(texts) / 72 * 688 / fig.get_figwidth() >= 9.0  # px, the docs' column at 1280 px
+    r = canvas.get_renderer()
+    plots = [ax.get_tightbbox(r) for ax in fig.axes if ax.get_lines()]  # with their labels
+    legends = [ax.get_legend().get_window_extent(r) for ax in fig.axes if ax.get_legend()]
+    assert len(legends) == len(plots) >= 6
+    assert [leg for leg in legends for plot in plots if leg.overlaps(plot)] == []
+    assert all(fig.bbox.contains(b.x0, b.y0) and fig.bbox.contains(b.x1, b.y1) for b in legends)
+
+
 HEAD = git_head()
 needs_git = pytest.mark.skipif(
     HEAD is None, reason="keep asks git whether the commit is on a branch"
