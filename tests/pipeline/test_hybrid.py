@@ -1,0 +1,202 @@
+"""The hybrid form of copy_to_host (interop.pipeline.hybrid): part of a pageable ``out``
+page-locked in place while the ring copies the rest. One body per behaviour on each test
+device; the emulated one also counts the DMAs that went straight into ``out``
+(``"registered_copy"``) and tracks every registration, so "nothing stays registered"
+is checked there (the ``[cuda]`` halves check the values)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import interop
+from interop.pipeline import hybrid
+from interop.pipeline.plan import plan_chunks
+from interop.testing import EmulatedDevice
+from tests.helpers import cancel_on_progress, sample
+from tests.helpers.devices import opened
+
+CHUNK = 64 << 10
+HYBRID = {"register_min_bytes": 1, "chunk_bytes": CHUNK}  # every pageable out tries it
+
+
+def raw(a):
+    return np.ascontiguousarray(a).tobytes()
+
+
+def direct(device):
+    """DMAs into registered memory so far (emulated), None on CUDA (not counted there)."""
+    return device.emulated.counts["registered_copy"] if device.emulated else None
+
+
+def registered(device):
+    """The emulated device's registrations now (addresses), None on CUDA."""
+    return sorted(device.emulated.machine.registered) if device.emulated else None
+
+
+@contextlib.contextmanager
+def user_registered(device, ptr, nbytes):
+    """``[ptr, ptr + nbytes)`` page-locked by the user for the block (cudaHostRegister)."""
+    if device.emulated:
+        register, unregister = device.emulated.host_register, device.emulated.host_unregister
+    else:
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        register = lambda p, n: runtime.hostRegister(p, n, 0)  # noqa: E731
+        unregister = runtime.hostUnregister
+    register(ptr, nbytes)
+    try:
+        yield
+    finally:
+        unregister(ptr)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "fresh"])
+def test_a_pageable_out_goes_partly_direct_and_partly_through_the_ring(device_kind, layout):
+    """transposed: packed on the device, into rows of the staging for both kinds of chunk;
+    fresh: copy_to_host(x) makes out, its ring chunks' pages touched by the host threads."""
+    a = sample((1024, 512), np.float64)  # 4 MiB: 64 chunks
+    with opened(device_kind, delay=0.0005) as device, interop.config.set(**HYBRID):
+        src, expect = device.asarray(a), a
+        if layout == "transposed":
+            src, expect = src.T, a.T
+        out = np.zeros(expect.shape, expect.dtype)
+        before, staged = direct(device), device.staged()
+        got = interop.copy_to_host(src) if layout == "fresh" else interop.copy_to_host(src, out)
+        assert raw(got) == raw(expect)
+        if device.emulated:
+            assert 4 <= direct(device) - before < 64  # the back's spans went direct...
+            assert device.staged() > staged  # ...and the front through the ring
+            assert registered(device) == []  # every span unregistered
+
+
+@pytest.mark.parametrize("how", ["cancel", "drain", "progress"])
+def test_after_a_cancel_or_an_error_nothing_stays_registered(device_kind, how):
+    """drain (emulated only): a host thread's copy out of a slot fails; progress: the
+    callback raises; cancel: from the callback. The complete prefix is right."""
+    if how == "drain" and device_kind != "emulated":
+        pytest.skip("faults are injected into the emulated device")
+    a = sample((1024, 512), np.float64)
+    holder, progress = cancel_on_progress()
+    if how == "progress":
+
+        def progress(done, total):
+            if done >= 8 * CHUNK:
+                raise KeyError("stop")
+
+    faults, progress = ({"drain": 6}, None) if how == "drain" else (None, progress)
+    with opened(device_kind, delay=0.002, faults=faults) as device:
+        out = np.zeros_like(a)
+        with interop.config.set(**HYBRID):
+            holder["t"] = t = interop.copy_to_host_async(device.asarray(a), out, progress=progress)
+            expect = KeyError if how == "progress" else interop.TransferError
+            with pytest.raises(expect, match=r"stop|cancelled|drain failed"):
+                t.result(timeout=60)
+        done = t.bytes_done
+        assert done < a.nbytes
+        assert raw(out)[:done] == raw(a)[:done]
+        assert registered(device) in ([], None)
+        if device.emulated:
+            assert direct(device) > 0  # spans were registered before it stopped
+        # and the same out again, whole
+        with interop.config.set(**HYBRID):
+            interop.copy_to_host(device.asarray(a), out)
+        assert raw(out) == raw(a)
+
+
+def test_a_span_the_driver_refuses_goes_through_the_ring(device):
+    """Pages of out the user page-locked (cudaHostRegister: 712 for a span over them):
+    those chunks go through the ring; the user's registration stays, and only it."""
+    a = sample((1024, 512), np.float64)
+    out = np.zeros_like(a)
+    ptr = -(-(out.ctypes.data + a.nbytes * 7 // 8) // 4096) * 4096  # in the last spans
+    with user_registered(device, ptr, 4096), interop.config.set(**HYBRID):
+        mine, before = registered(device), direct(device)
+        interop.copy_to_host(device.asarray(a), out)
+        assert raw(out) == raw(a)
+        assert registered(device) == mine
+        if device.emulated:  # the spans below it went direct
+            assert direct(device) > before
+
+
+def test_a_page_locked_out_keeps_dma_alone(device):
+    """empty_pinned's memory: DMAs only, no ring, nothing registered."""
+    a = sample((1024, 512), np.float64)
+    with device.pinned(a.shape, a.dtype) as out, interop.config.set(**HYBRID):
+        staged, before = device.staged(), direct(device)
+        interop.copy_to_host(device.asarray(a), out)
+        assert raw(out) == raw(a)
+        assert device.staged() == staged
+        assert direct(device) == before
+        assert registered(device) in ([], None)
+
+
+def test_a_memmap_out_is_served_by_the_ring(device, tmp_path):
+    a = sample((1024, 512), np.float64)
+    out = np.lib.format.open_memmap(tmp_path / "out.npy", "w+", a.dtype, a.shape)
+    with interop.config.set(**HYBRID):
+        before = direct(device)
+        interop.copy_to_host(device.asarray(a), out)
+    assert raw(out) == raw(a)
+    assert direct(device) == before
+    del out
+
+
+def test_register_min_bytes_0_and_small_outs_keep_the_ring(device):
+    a = sample((1024, 512), np.float64)
+    for settings in ({"register_min_bytes": 0}, {"register_min_bytes": a.nbytes + 1}):
+        out = np.zeros_like(a)
+        before = direct(device)
+        with interop.config.set(chunk_bytes=CHUNK, **settings):
+            interop.copy_to_host(device.asarray(a), out)
+        assert raw(out) == raw(a)
+        assert direct(device) == before
+
+
+# ----------------------------------------------------------------- the split, emulated
+
+
+def test_the_emulated_registration_cost_is_measured_per_call_and_per_byte():
+    dev = EmulatedDevice(register=(0.002, 1.0))  # 2 ms a call, then 1 GB/s
+    rates = hybrid.rates(dev)
+    assert rates is not None
+    assert rates is hybrid.rates(dev)  # measured once
+    assert 0.002 <= rates.call < 0.02
+    assert 0.5e-9 < rates.per_byte < 5e-9
+    assert rates.copy > 0
+    assert dev.machine.registered == {}
+    dev.close()
+
+
+@pytest.mark.parametrize(
+    ("rates", "threads", "expect"),
+    [
+        # cheap calls: spans of 8 chunks (a call is 1/8 of them), claimed 1 chunk ahead
+        (hybrid.Rates(call=1e-4, per_byte=1e-10, copy=1e9), 1, (8, 1)),
+        # a slow call: spans of an eighth of the array, claimed 10 chunks ahead of the
+        # ring (what 2 threads copy in the 52 ms a span takes)
+        (hybrid.Rates(call=5e-2, per_byte=1e-10, copy=1e8), 2, (16, 10)),
+        # registering far slower than the ring: the ring alone
+        (hybrid.Rates(call=1e-3, per_byte=1e-8, copy=1e10), 4, None),
+    ],
+)
+def test_the_threshold_and_split_follow_the_rates(rates, threads, expect):
+    dev = EmulatedDevice()
+    hybrid._measured[dev] = rates
+    out = np.empty(128 << 20, np.uint8)  # untouched: no pages
+    plan = plan_chunks(out.shape, 1, 1 << 20, 4)  # 128 chunks of 1 MiB
+    form = hybrid_form_of(dev, out, plan, threads)
+    assert (None if form is None else form.args[3:5]) == expect
+    with interop.config.set(register_min_bytes=0):
+        assert hybrid_form_of(dev, out, plan, threads) is None
+    with interop.config.set(register_min_bytes=1):  # set: no rate check, only the size
+        assert hybrid_form_of(dev, out, plan, threads) is not None
+        assert hybrid_form_of(dev, out[::2], plan, threads) is None  # not contiguous
+    dev.close()
+
+
+def hybrid_form_of(dev, out, plan, threads):
+    return hybrid.hybrid_form(dev, out, plan, threads)
