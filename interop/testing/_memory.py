@@ -330,6 +330,7 @@ class HostMemory:
         the machine's ``register`` cost. DMAs reach ``[ptr, ptr + nbytes)``."""
         machine = self.machine
         machine.refuse_in_capture("cudaHostRegister (page-locking host memory)")
+        machine.inject("host_register", "cudaHostRegister")  # counted: the split's tests
         first, end = ptr // PAGE, -(-(ptr + nbytes) // PAGE)
         with machine.lock:
             for lo, hi in self.registered.values():

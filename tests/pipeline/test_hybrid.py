@@ -7,6 +7,8 @@ is checked there (the ``[cuda]`` halves check the values)."""
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import interop
 from interop.pipeline import hybrid
 from interop.pipeline.plan import plan_chunks
 from interop.testing import EmulatedDevice
-from tests.helpers import cancel_on_progress, sample
+from tests.helpers import sample
 from tests.helpers.devices import opened
 
 CHUNK = 64 << 10
@@ -76,22 +78,31 @@ def test_a_pageable_out_goes_partly_direct_and_partly_through_the_ring(device_ki
 @pytest.mark.parametrize("how", ["cancel", "drain", "progress"])
 def test_after_a_cancel_or_an_error_nothing_stays_registered(device_kind, how):
     """drain (emulated only): a host thread's copy out of a slot fails; progress: the
-    callback raises; cancel: from the callback. The complete prefix is right."""
+    callback raises; cancel: from the callback. On the emulated device each stops once
+    a span was registered. The complete prefix is right."""
     if how == "drain" and device_kind != "emulated":
         pytest.skip("faults are injected into the emulated device")
     a = sample((1024, 512), np.float64)
-    holder, progress = cancel_on_progress()
-    if how == "progress":
+    holder, given = {}, threading.Event()
+    faults = {"drain": 20} if how == "drain" else None
+    with opened(device_kind, delay=0.002, faults=faults) as device:
 
         def progress(done, total):
-            if done >= 8 * CHUNK:
+            given.wait(30)
+            if device.emulated:  # a span registered (the rates' measurement made 3)
+                for _ in range(10_000):
+                    if device.emulated.counts["host_register"] > 3:
+                        break
+                    time.sleep(0.001)
+            if how == "progress":
                 raise KeyError("stop")
+            holder["t"].cancel()
 
-    faults, progress = ({"drain": 6}, None) if how == "drain" else (None, progress)
-    with opened(device_kind, delay=0.002, faults=faults) as device:
         out = np.zeros_like(a)
         with interop.config.set(**HYBRID):
-            holder["t"] = t = interop.copy_to_host_async(device.asarray(a), out, progress=progress)
+            call = progress if how != "drain" else None
+            holder["t"] = t = interop.copy_to_host_async(device.asarray(a), out, progress=call)
+            given.set()
             expect = KeyError if how == "progress" else interop.TransferError
             with pytest.raises(expect, match=r"stop|cancelled|drain failed"):
                 t.result(timeout=60)
@@ -100,11 +111,28 @@ def test_after_a_cancel_or_an_error_nothing_stays_registered(device_kind, how):
         assert raw(out)[:done] == raw(a)[:done]
         assert registered(device) in ([], None)
         if device.emulated:
-            assert direct(device) > 0  # spans were registered before it stopped
+            assert device.emulated.counts["host_register"] > 3  # spans were registered
         # and the same out again, whole
         with interop.config.set(**HYBRID):
             interop.copy_to_host(device.asarray(a), out)
         assert raw(out) == raw(a)
+
+
+@pytest.mark.parametrize("nth", [1, 4])
+def test_an_injected_registration_failure_falls_back_to_the_ring(nth):
+    """Emulated: 1, the rates' measurement fails: the ring alone; 4, the first span is
+    refused: its chunks go through the ring, the later spans direct."""
+    dev = EmulatedDevice(faults={"host_register": nth})
+    a = sample((1024, 512), np.float64)
+    out = np.zeros_like(a)
+    with interop.config.set(**HYBRID):
+        interop.copy_to_host(dev.asarray(a), out)
+    assert raw(out) == raw(a)
+    assert (hybrid.rates(dev) is None) == (nth == 1)
+    assert (dev.counts["registered_copy"] > 0) == (nth == 4)
+    assert dev.machine.registered == {}
+    assert dev.violations == []
+    dev.close()
 
 
 def test_a_span_the_driver_refuses_goes_through_the_ring(device):
@@ -200,3 +228,57 @@ def test_the_threshold_and_split_follow_the_rates(rates, threads, expect):
 
 def hybrid_form_of(dev, out, plan, threads):
     return hybrid.hybrid_form(dev, out, plan, threads)
+
+
+def test_the_ring_copies_while_a_span_is_registered():
+    """Emulated: a registration takes 50 ms; the ring's DMAs go on meanwhile (overlap).
+    Its rates are given (a ring of 1 MB/s a thread: spans claimed 1-2 chunks ahead)."""
+    dev = EmulatedDevice(delay=0.0005, register=(0.05, 10.0))
+    hybrid._measured[dev] = hybrid.Rates(call=0.05, per_byte=0.0, copy=1e6)
+    register, during = dev.host_register, []
+
+    def timed(ptr, nbytes):
+        before = dev.counts["copy"]
+        register(ptr, nbytes)
+        during.append(dev.counts["copy"] - before)
+
+    dev.host_register = timed
+    a = sample((1024, 512), np.float64)
+    out = np.zeros_like(a)
+    with interop.config.set(**HYBRID):
+        interop.copy_to_host(dev.asarray(a), out)
+    assert raw(out) == raw(a)
+    assert during  # spans were registered...
+    assert max(during) > 0  # ...while ring DMAs ran
+    assert dev.counts["registered_copy"] > 0
+    assert dev.machine.registered == {}
+    dev.close()
+
+
+def test_a_new_outs_pages_are_touched_by_the_threads_that_fill_them(device, monkeypatch):
+    """copy_to_host(x): each ring piece's pages are faulted in by the host thread that
+    later fills it, before it waits for the chunk's DMA; a given out is not touched."""
+    from interop.pipeline.hostcopy import CopyOut
+
+    seen: dict[str, dict] = {"touch": {}, "run": {}}
+
+    def spy(name):
+        original = getattr(CopyOut, name)
+
+        def call(self, plan, i, piece, *rest):
+            seen[name][i, str(piece)] = threading.get_ident()
+            return original(self, plan, i, piece, *rest)
+
+        return call
+
+    for name in seen:
+        monkeypatch.setattr(CopyOut, name, spy(name))
+    a = sample((512, 256), np.float64)  # 16 chunks
+    assert raw(interop.copy_to_host(device.asarray(a), chunk_bytes=CHUNK)) == raw(a)
+    assert len(seen["run"]) >= 16
+    assert seen["touch"] == seen["run"]  # every piece, on its own thread
+    seen["touch"].clear()
+    out = np.zeros_like(a)
+    interop.copy_to_host(device.asarray(a), out, chunk_bytes=CHUNK)
+    assert raw(out) == raw(a)
+    assert seen["touch"] == {}
