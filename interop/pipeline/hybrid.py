@@ -75,9 +75,7 @@ def _measure(backend: Backend) -> Rates | None:
     return Rates(max(seconds[1], 1e-7), max(seconds[2] - seconds[1], 0.0) / _PROBE, copy)
 
 
-def hybrid_form(
-    backend: Backend, out: Any, plan: Plan, threads: int
-) -> Callable[[Executor], Hybrid] | None:
+def hybrid_form(backend: Backend, out: Any, plan: Plan) -> Callable[[Executor], Hybrid] | None:
     """The hybrid form of a device-to-host copy into ``out`` (given the host pool, it starts
     its registrar there), or None: the ring alone."""
     at_least = config.register_min_bytes  # -1: measured, 0: never
@@ -98,13 +96,11 @@ def hybrid_form(
     # within a span of where the rates put them.
     fixed = math.ceil(8 * measured.call / max(measured.per_byte * chunk, 1e-12))
     span = max(_MIN_SPAN, min(fixed, count // 8))
-    # the chunks the ring copies (at most `threads` host copies at once) while one span
-    # is registered: a span is claimed only that far ahead of the ring
-    seconds = measured.call + span * chunk * measured.per_byte
-    margin = math.ceil(measured.copy * threads * seconds / chunk)
-    if at_least < 0 and count < 2 * (span + margin):  # the ring would be done first
+    seconds = measured.call + span * chunk * measured.per_byte  # registering one span
+    # measured: worth it where, at one thread's pace, the ring leaves room for two spans
+    if at_least < 0 and count < 2 * (span + math.ceil(measured.copy * seconds / chunk)):
         return None
-    return functools.partial(Hybrid, backend, out, plan, span, margin)
+    return functools.partial(Hybrid, backend, out, plan, span, seconds)
 
 
 def _mapped(a: Any) -> bool:
@@ -119,10 +115,10 @@ class Hybrid:
     front) meet; the spans registered, unregistered once their chunks are copied."""
 
     def __init__(
-        self, backend: Backend, out: np.ndarray, plan: Plan, span: int, margin: int, pool: Executor
+        self, backend: Backend, out: Any, plan: Plan, span: int, seconds: float, pool: Executor
     ) -> None:
         self.backend, self.plan, self.base = backend, plan, int(out.ctypes.data)
-        self.span, self.margin = span, margin
+        self.span, self.seconds, self.start = span, seconds, time.perf_counter()
         self.cv = threading.Condition()  # guards every attribute below
         self.front, self.low = 0, len(plan.sizes)  # the ring's next chunk; the lowest claimed
         self.ring: collections.deque[int] = collections.deque()  # claimed, for the ring
@@ -139,10 +135,12 @@ class Hybrid:
 
     def _claim(self) -> Span | None:
         """With the lock held: the next span from the back (its chunks not wholly inside its
-        pages go to the ring), or None: the ring is too near, or the copy stopped."""
+        pages go to the ring), or None: the ring would reach it before it is registered (at
+        its pace so far, at most ``nslots`` chunks too fast), or the copy stopped."""
         hi = self.low
         lo = hi - self.span
-        if self.stop or lo < self.front + self.margin:
+        pace = self.front / max(time.perf_counter() - self.start, 1e-9)  # chunks a second
+        if self.stop or lo < self.front + pace * self.seconds:
             return None
         self.low, self.claimed = lo, self.claimed + 1
         base, starts, sizes = self.base, self.plan.starts, self.plan.sizes

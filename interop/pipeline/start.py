@@ -66,7 +66,7 @@ def start(request: TransferRequest) -> Transfer:
     pinned = _pinned_addresses(backend, request.host, plan)
     hybrid = touch = None
     if direction == "d2h" and pinned is None:
-        hybrid = hybrid_form(backend, request.host, plan, threads)
+        hybrid = hybrid_form(backend, request.host, plan)
     if request.fresh and isinstance(stage, CopyOut):  # its ring chunks' pages, before the DMA
         touch = lambda i: [partial(stage.touch, plan, i, p) for p in stage.pieces(plan, i, threads)]  # noqa: E731
     job = SlotJob(
