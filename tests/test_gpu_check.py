@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,130 @@ def test_a_gpu_runner_runs_the_gpu_tests_first():
     assert plain[: len(gpu)] != gpu  # so the order below is the sort's doing
     assert required[: len(gpu)] == gpu  # the GPU tests first, in pytest's order
     assert required[len(gpu) :] == [t for t in plain if t not in gpu]
+
+
+_FIRST_SUITE = {
+    **_SPLIT_SUITE,
+    "test_changed.py": """
+import pytest
+
+@pytest.mark.gpu
+def test_rewritten():
+    import gpucheck_probe  # from the carried wheel
+    assert gpucheck_probe.VALUE == 7
+""",
+    "test_split.py": _CUT_SHORT.replace("def test_", "@pytest.mark.gpu\ndef test_")
+    .replace("import time", "import time\nimport pytest")
+    .replace("@pytest.mark.gpu\ndef test_passes", "def test_passes"),
+}
+
+
+def _wheel(folder: Path, requires: str) -> None:
+    """A wheel of one module, gpucheck_probe, requiring ``requires``."""
+    info = "gpucheck_probe-1.0.dist-info"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "gpucheck_probe-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("gpucheck_probe.py", "VALUE = 7\n")
+        whl.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.1\nName: gpucheck-probe\n"
+            f"Version: 1.0\nRequires-Dist: {requires}\n",
+        )
+        whl.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        whl.writestr(f"{info}/RECORD", "")
+
+
+def test_the_first_call_dry_run_keeps_its_order_and_budgets(tmp_path):
+    """The first call of a lend on CPU: wheels, info, the rewritten code's gpu tests then the
+    others, the lab's rows (one it lacks left out), the examples; each step ends by the planned
+    end of the budgets so far (350 s in all), and the rerun lists what did not pass."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name, text in _FIRST_SUITE.items():
+        (suite / name).write_text(text)
+    _wheel(tmp_path / "whl", "numpy")
+    out, again = tmp_path / "out", tmp_path / "rerun"
+    proc = _run(
+        out,
+        "first",
+        GPU_CHECK_SUITE=str(suite),
+        GPU_CHECK_FIRST=str(suite / "test_changed.py"),
+        GPU_CHECK_WHEELS=str(tmp_path / "whl"),
+        GPU_CHECK_WHEELS_S="20",
+        GPU_CHECK_TESTS_GPU_S="5",
+        GPU_CHECK_EXAMPLES="plot_device_array",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _steps(out) == {
+        "wheels": "passed",
+        "wheels-check": "passed",
+        "info": "passed",
+        "tests-gpu": "timed out",
+        "bench": "passed",
+        "example-plot_device_array": "passed",
+    }
+    log = (out / "gpu-check.log").read_text()
+    ends = re.findall(r"gpu-check: (\S+) begins at \d+ s, budget (\d+) s, ends by (\d+) s", log)
+    assert ends == [
+        ("wheels", "20", "20"),
+        ("info", "10", "30"),
+        ("tests-gpu", "5", "35"),
+        ("bench", "125", "160"),
+        ("examples", "45", "205"),
+    ]
+    junit = re.findall(
+        r'testcase classname="[^"]*" name="(\w+)"', (out / "junit-gpu.xml").read_text()
+    )
+    assert junit == ["test_rewritten", "test_fails"]  # the rewritten code first; then it hung
+    summary = (out / "summary.txt").read_text()
+    for fact in ("cpu model ", "numa nodes ", "transparent huge pages "):
+        assert fact in summary
+    assert "bench: not in the lab, left out: d2h_hybrid" in summary
+    rows = [r["name"] for r in json.loads((out / "bench.json").read_text())["rows"]]
+    first_rows = re.search(r"^FIRST_ROWS=(.*)$", SCRIPT.read_text(), re.M)[1].split(",")
+    assert first_rows[:3] == ["host_limit", "d2h_limit", "h2d_limit"]  # the ceilings first
+    assert rows == [r for r in first_rows if r != "d2h_hybrid"]
+    rerun = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu-rerun"), str(out)],
+        env={**_environ(), "GPU_CHECK_SUITE": str(suite), "GPU_CHECK_RERUN": str(again)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert (again / "tests.txt").read_text().split() == [
+        "test_split.py::test_fails",
+        "test_split.py::test_hangs",
+        "test_split.py::test_never_reached",
+    ], rerun.stdout
+    assert "host_limit" not in (again / "rows.txt").read_text().split()  # it was ok
+    assert "plot_device_array" not in (again / "examples.txt").read_text().split()
+    # The second call, on lists cut to two items (the real suite's ids are the checkout's).
+    (again / "tests.txt").write_text(f"{suite}/test_split.py::test_fails\n")
+    (again / "rows.txt").write_text("host_copy\n")
+    (again / "examples.txt").write_text("")
+    proc = _run(
+        tmp_path / "out2",
+        "rerun",
+        GPU_CHECK_RERUN=str(again),
+        GPU_CHECK_WHEELS=str(tmp_path / "whl"),
+    )
+    assert _steps(tmp_path / "out2") == {
+        "wheels": "passed",
+        "wheels-check": "passed",
+        "tests": "failed",
+        "bench": "passed",
+        "examples": f"skipped (no examples in {again}/examples.txt)",
+    }
+
+
+def test_a_wheel_whose_requirement_is_missing_is_named(tmp_path):
+    _wheel(tmp_path / "whl", "no-such-package-gpucheck>=1")
+    out = tmp_path / "out"
+    proc = _run(out, "wheels", GPU_CHECK_WHEELS=str(tmp_path / "whl"))
+    assert proc.returncode == 1
+    assert _steps(out) == {"wheels": "passed", "wheels-check": "failed"}
+    unmet = "gpucheck-probe 1.0 requires no-such-package-gpucheck, which is not installed"
+    assert unmet in _section(out, "wheels-check")
