@@ -253,12 +253,17 @@ SETTINGS = {"chunk_bytes": 8 * MiB, "num_buffers": 4, "host_threads": 2}
 
 
 def overlap_seconds(
-    nbytes: int, *, link_gbps: float = LINK_GBPS, repeats: int = 5, **settings: int
+    nbytes: int,
+    *,
+    link_gbps: float = LINK_GBPS,
+    repeats: int = 5,
+    register: Any = None,
+    **settings: int,
 ) -> dict[str, float]:
     """Median seconds of ``link``, ``host`` stage and ``copy_to_host`` on the emulated device."""
     settings = SETTINGS | settings
     chunk, threads = settings["chunk_bytes"], settings["host_threads"]
-    dev = EmulatedDevice(link_gbps=link_gbps)
+    dev = EmulatedDevice(link_gbps=link_gbps, register=register)
     host = np.random.default_rng(0).random(nbytes // 8)
     x = dev.asarray(host)
     out = np.zeros_like(host)  # touched, as d2h_prealloc's out
@@ -309,11 +314,36 @@ def emulated_overlap(ctx: BenchContext) -> dict[str, Any]:
     }
 
 
+def d2h_hybrid(ctx: BenchContext) -> dict[str, Any]:
+    """``copy_to_host(x, out)`` with the back of ``out`` registered in place (emulated:
+    1 ms and 4 GB/s a registration) over the link, and over the ring alone."""
+    nbytes = min(ctx.sizes.host_bytes, 256 * MiB)
+    n = {"repeats": ctx.sizes.repeats, "chunk_bytes": nbytes // 32}  # 32 chunks
+    ring = overlap_seconds(nbytes, **n)["copy_to_host(x, out)"]
+    s = overlap_seconds(nbytes, register=(1e-3, 4.0), register_min_bytes=1, **n)
+    gbps = {k: nbytes / v / 1e9 for k, v in (*s.items(), ("the ring alone", ring))}
+    ours = gbps.pop("copy_to_host(x, out)")
+    return {
+        "size": f"{nbytes / MiB:.0f} MiB float64, emulated link {LINK_GBPS:g} GB/s",
+        "gbps": ours,
+        "anchors": {f"{k} GB/s": v for k, v in gbps.items()},
+        "ratios": [
+            Ratio.between("copy_to_host(x, out), hybrid", "throughput", to, ours, gbps[to])
+            for to in ("link", "the ring alone")
+        ],
+    }
+
+
 _HOST = "host copies by 1-16 threads, one whole chunk each, alone and with the link busy; "
 _OVERLAP = "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap of its "
 HOST_LIMIT = RowSpec("host_limit", _HOST + "cudaHostRegister rates", False, host_limit)
 _OVERLAP += "DMAs with its host copies, on any machine"
-ROWS = (HOST_LIMIT, RowSpec("emulated_overlap", _OVERLAP, False, emulated_overlap))
+_HYBRID = "the same through the hybrid form (out registered in part)"
+ROWS = (
+    HOST_LIMIT,
+    RowSpec("emulated_overlap", _OVERLAP, False, emulated_overlap),
+    RowSpec("d2h_hybrid", _HYBRID, False, d2h_hybrid),
+)
 
 if __name__ == "__main__":
     sys.exit(lab.main(ROWS, __spec__.name, __doc__))

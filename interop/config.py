@@ -1,7 +1,8 @@
 """``interop.config``: transfer settings, global or per ``with`` block.
 
 Each setting is mirrored by an environment variable read at import
-(``INTEROP_CHUNK_BYTES``, ``INTEROP_NUM_BUFFERS``, ``INTEROP_HOST_THREADS``) and
+(``INTEROP_CHUNK_BYTES``, ``INTEROP_NUM_BUFFERS``, ``INTEROP_HOST_THREADS``,
+``INTEROP_REGISTER_MIN_BYTES``) and
 checked where it is set: an integer between a floor and a ceiling (docs/config.md
 has the table and the reasons), refused at once with the setting's name.
 """
@@ -36,8 +37,14 @@ _DEFAULTS = {
     "chunk_bytes": 32 << 20,
     "num_buffers": 4,
     "host_threads": max(1, min(_MOST_THREADS, _cores() // 2)),
+    "register_min_bytes": -1,  # measured on first use
 }
-_BOUNDS = {"chunk_bytes": (1, 1 << 30), "num_buffers": (1, 64), "host_threads": (1, 256)}
+_BOUNDS = {
+    "chunk_bytes": (1, 1 << 30),
+    "num_buffers": (1, 64),
+    "host_threads": (1, 256),
+    "register_min_bytes": (-1, 1 << 50),
+}
 _ENV = {name: f"INTEROP_{name.upper()}" for name in _DEFAULTS}
 
 MIN_CHUNK_BYTES = 64 << 10
@@ -124,6 +131,10 @@ class Config:
     host_threads : int
         Threads copying between staging buffers and host arrays: 1 to 256 (where
         set, also those of host-to-host copies; see :func:`host_copy_threads`).
+    register_min_bytes : int
+        A pageable ``out`` of a device-to-host copy this large or larger is partly
+        page-locked in place (``cudaHostRegister``) while the ring copies the rest:
+        -1 (default) measures the threshold on first use, 0 never registers.
 
     Examples
     --------

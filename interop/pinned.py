@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Pinned", "empty_pinned", "pin"]
 
-_PORTABLE = 1  # cudaHostRegisterPortable: usable from every device
 _ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
 
 
@@ -110,10 +109,10 @@ class Pinned:
         The registered array (None once unpinned).
     """
 
-    def __init__(self, array: np.ndarray, ptr: int, runtime: Any, backend: Any) -> None:
+    def __init__(self, array: np.ndarray, ptr: int, backend: Backend) -> None:
         self.array: np.ndarray | None = array
         # unregistered once no capture under way forbids it; the array lives until then
-        unregister = functools.partial(_unregister, runtime, ptr, array)
+        unregister = functools.partial(_unregister, backend, ptr, array)
         self._unpin = weakref.finalize(self, free_pinned, backend, unregister)
 
     @property
@@ -145,10 +144,10 @@ class Pinned:
         return f"<interop.Pinned: {self.array.nbytes} bytes at {self.array.ctypes.data:#x}>"
 
 
-def _unregister(runtime: Any, ptr: int, array: np.ndarray) -> None:
+def _unregister(backend: Backend, ptr: int, array: np.ndarray) -> None:
     """``cudaHostUnregister`` of ``array``'s memory at ``ptr`` (kept alive until now)."""
     with contextlib.suppress(Exception):  # a dead context at exit: the pages go with it
-        runtime.hostUnregister(ptr)
+        backend.host_unregister(ptr)
 
 
 def pin(array: np.ndarray) -> Pinned:
@@ -204,7 +203,7 @@ def pin(array: np.ndarray) -> Pinned:
             "copied by DMA as it is"
         )
     try:
-        runtime.hostRegister(ptr, array.nbytes, _PORTABLE)
+        backend.host_register(ptr, array.nbytes)
     except runtime.CUDARuntimeError as exc:
         already = getattr(exc, "status", None) == _ALREADY_REGISTERED
         raise InvalidValueError(
@@ -212,4 +211,4 @@ def pin(array: np.ndarray) -> Pinned:
             f"{'memory registered already, in part' if already else 'a refusal'}: {exc}); "
             "copy into interop.empty_pinned(shape, dtype) instead"
         ) from exc
-    return Pinned(array, ptr, runtime, backend)
+    return Pinned(array, ptr, backend)

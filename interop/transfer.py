@@ -183,6 +183,7 @@ def _copy_to_host(
     check_options(chunk_bytes, progress)  # before anything is allocated
     src = array_source(x, "copy_to_host")
     cast = dtypes.check_cast(src.dtype, dtype, "copy_to_host")
+    fresh = out is None
     if out is None:
         out = np.empty(src.shape, src.dtype if cast is None else cast)
     else:
@@ -198,6 +199,7 @@ def _copy_to_host(
             progress=progress,
             host=out,
             cast=cast,
+            fresh=fresh,
             inline=inline,
         )
     else:

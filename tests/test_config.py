@@ -17,7 +17,8 @@ from tests.helpers import run_python
 
 def test_defaults_are_positive_ints():
     values = interop.config.as_dict()
-    assert set(values) == {"chunk_bytes", "num_buffers", "host_threads"}
+    assert set(values) == {"chunk_bytes", "num_buffers", "host_threads", "register_min_bytes"}
+    assert values.pop("register_min_bytes") == -1  # measured on first use
     assert all(isinstance(v, int) and v > 0 for v in values.values())
 
 
@@ -299,10 +300,14 @@ def test_environment_variables():
             "INTEROP_CHUNK_BYTES": "0x100000",
             "INTEROP_NUM_BUFFERS": "6",
             "INTEROP_HOST_THREADS": "2",
+            "INTEROP_REGISTER_MIN_BYTES": "0x8000000",
         },
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "{'chunk_bytes': 1048576, 'num_buffers': 6, 'host_threads': 2}"
+    assert proc.stdout.strip() == (
+        "{'chunk_bytes': 1048576, 'num_buffers': 6, 'host_threads': 2, "
+        "'register_min_bytes': 134217728}"
+    )
 
 
 def test_bad_environment_variable_says_which():
@@ -318,6 +323,7 @@ def test_bad_environment_variable_says_which():
         ("INTEROP_CHUNK_BYTES", "0", r"INTEROP_CHUNK_BYTES between 1 and 1073741824 \(1 GiB\)"),
         ("INTEROP_NUM_BUFFERS", "1000", r"INTEROP_NUM_BUFFERS between 1 and 64 \(got 1000\)"),
         ("INTEROP_HOST_THREADS", "-1", r"INTEROP_HOST_THREADS between 1 and 256 \(got -1\)"),
+        ("INTEROP_REGISTER_MIN_BYTES", "-2", r"INTEROP_REGISTER_MIN_BYTES between -1 and "),
     ],
 )
 def test_an_absurd_environment_variable_is_refused_at_import(variable, raw, pattern):

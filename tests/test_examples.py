@@ -13,7 +13,6 @@ import importlib.util
 import json
 import math
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,8 +146,10 @@ def test_segmentation_focal_loss(capsys):
     # The loss is an interop.torch_op: the same value as PyTorch's own loss,
     # compiled whole where a compiler is available.
     assert result.loss_gap <= 1e-5
-    if shutil.which("g++") or result.device.startswith("cuda"):
+    if result.device.startswith("cuda"):
         assert result.loss_runs == "torch.compile(fullgraph=True, backend='inductor')"
+    else:  # inductor's C++ build would take most of a CPU run's time
+        assert result.loss_runs == "torch.compile(fullgraph=True, backend='aot_eager')"
     out = capsys.readouterr().out
     assert "masks reached PyTorch as torch.uint8, zero-copy: True" in out
     assert "focal loss: interop.torch_op of CuPy/NumPy kernels" in out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import keep, tables
+from benchmarks import keep, sweep, tables
 from benchmarks.tables import X
 from benchmarks.targets import D2H_BOUND, H2D_BOUND, PREALLOC, RunJudge
 from interop.bench.measure import Ratio
@@ -93,6 +93,29 @@ def test_pageable_transfers_are_judged_against_the_lower_of_the_link_and_the_rin
     smoke(_ok("host_limit", 30.0, anchors=ceilings), False)
     quick = smoke(_ok("d2h_prealloc", 28.0, anchors={"d2h_limit GB/s": 50.0}), False)
     assert (_ratio(quick, D2H_BOUND)["met"], quick["met"]) == (None, None)  # carried, not judged
+
+
+@pytest.mark.parametrize("path", [p for p in KEPT if "sweep" in json.loads(p.read_text())])
+def test_a_kept_plot_reads_on_the_page_and_no_legend_hides_data(path, tmp_path, monkeypatch):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    figs, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda f, *a, **k: save(figs.append(f) or f, *a, **k))
+    kept = json.loads(path.read_text())
+    sweep.plot_results([kept["bench"], kept["sweep"]], tmp_path / "kept.png")
+    (fig,) = figs
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # lays the figure out as it was saved
+    texts = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    assert min(texts) / 72 * 688 / fig.get_figwidth() >= 9.0  # px, the docs' column at 1280 px
+    r = canvas.get_renderer()
+    plots = [ax.get_tightbbox(r) for ax in fig.axes if ax.get_lines()]  # with their labels
+    legends = [ax.get_legend().get_window_extent(r) for ax in fig.axes if ax.get_legend()]
+    assert len(legends) == len(plots) >= 6
+    assert [leg for leg in legends for plot in plots if leg.overlaps(plot)] == []
+    assert all(fig.bbox.contains(b.x0, b.y0) and fig.bbox.contains(b.x1, b.y1) for b in legends)
 
 
 HEAD = git_head()

@@ -57,6 +57,10 @@ def _host_limit(rows: dict, data: dict, directory) -> None:
     ideal, serial = overlap["ratios"]
     assert ideal["value"] == pytest.approx(overlap["gbps"] / min(overlap["anchors"].values()))
     assert serial["value"] > ideal["value"] > 0
+    hybrid = rows["d2h_hybrid"]  # the emulated hybrid form, over its link and the ring alone
+    link, ring = hybrid["ratios"]
+    assert (link["to"], ring["to"]) == ("link", "the ring alone")
+    assert link["value"] == pytest.approx(hybrid["gbps"] / hybrid["anchors"]["link GB/s"])
 
 
 def _torch_op(rows: dict, data: dict, directory) -> None:

@@ -130,6 +130,13 @@ class Backend(Protocol):
     def host_free(self, ptr: int) -> None:
         """Free a buffer of :meth:`host_alloc`."""
 
+    def host_register(self, ptr: int, nbytes: int) -> None:
+        """Page-lock host bytes ``[ptr, ptr + nbytes)`` in place for every device
+        (``cudaHostRegister``: whole pages, none registered twice)."""
+
+    def host_unregister(self, ptr: int) -> None:
+        """Undo :meth:`host_register` at ``ptr``."""
+
     def is_pinned(self, ptr: int, nbytes: int) -> bool:
         """True if host bytes ``[ptr, ptr + nbytes)`` are page-locked memory this device DMAs."""
 

@@ -23,7 +23,7 @@ from .plan import STAGING_ALIGN, round_up
 __all__ = ["CudaBackend", "cuda_backend"]
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
-_HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: usable from every device's context
+_PORTABLE = 1  # cudaHostAllocPortable, cudaHostRegisterPortable: usable from every device
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -157,12 +157,18 @@ class CudaBackend:
             return CudaTimer(self._cp)
 
     def host_alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
-        ptr = int(self._cp.cuda.runtime.hostAlloc(nbytes, _HOST_ALLOC_PORTABLE))
+        ptr = int(self._cp.cuda.runtime.hostAlloc(nbytes, _PORTABLE))
         buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
         return ptr, np.ctypeslib.as_array(buf)
 
     def host_free(self, ptr: int) -> None:
         self._cp.cuda.runtime.freeHost(ptr)
+
+    def host_register(self, ptr: int, nbytes: int) -> None:
+        self._cp.cuda.runtime.hostRegister(ptr, nbytes, _PORTABLE)
+
+    def host_unregister(self, ptr: int) -> None:
+        self._cp.cuda.runtime.hostUnregister(ptr)
 
     def is_pinned(self, ptr: int, nbytes: int) -> bool:
         """The range lies in one page-locked allocation or registration: its ends are host

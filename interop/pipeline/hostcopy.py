@@ -14,6 +14,7 @@ from .. import dtypes
 from ..arrays import bits, host_values
 from .backend import HostStage
 from .future import Transfer
+from .hybrid import PAGE
 from .plan import Plan, split_rows
 from .workers import host_pool, settle, submit
 
@@ -42,6 +43,10 @@ class CopyOut:
 
     def pieces(self, plan: Plan, i: int, threads: int) -> list[tuple]:
         return split_rows(plan.shapes[i], plan.sizes[i], threads)
+
+    def touch(self, plan: Plan, i: int, piece: tuple) -> None:
+        """Fault in the pages of a new C-contiguous ``out`` that ``piece`` of chunk ``i`` fills."""
+        self.out[plan.chunks[i]][piece].reshape(-1).view(np.uint8)[::PAGE] = 0
 
     def run(self, plan: Plan, i: int, piece: tuple, buf: np.ndarray | None) -> None:
         dst = self.out[plan.chunks[i]][piece]

@@ -56,6 +56,7 @@ class TransferRequest:
     # directly where it is page-locked and C-contiguous
     host: np.ndarray | None = None
     cast: np.dtype | None = None  # d2h: the floating dtype chunks are cast to on the device
+    fresh: bool = False  # d2h: host is a new array, its pages touched by the threads that fill them
     inline: bool = False  # run on the calling thread before start() returns (blocking calls)
     chunk: int = field(init=False)
 

@@ -7,8 +7,9 @@ draws the order of events and lists the rules kept on every path.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ import numpy as np
 from . import trace
 from .backend import Backend, DeviceData, Event, Staging, Stream, Timer
 from .future import Transfer
+from .hybrid import Hybrid
 from .plan import Plan
 from .ring import StagingRing, borrow_ring, note, return_ring
 from .workers import host_pool, settle, submit
@@ -39,6 +41,10 @@ class SlotJob:
     threads: int
     # the direct form: chunk i's page-locked host address; one DMA each, no ring, no threads
     pinned: Callable[[int], int] | None = None
+    # d2h, the hybrid form: given the host pool, part of out registered as the ring runs
+    hybrid: Callable[[Executor], Hybrid] | None = None
+    # d2h into a new out: chunk i's page touches, one per piece, made before its DMA ends
+    touch: Callable[[int], Sequence[Callable[[], None]]] | None = None
 
 
 class _Errors:
@@ -73,7 +79,10 @@ class _Run:
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
         # each chunk's pieces run as at most `parts` tasks: several slots' chunks keep
         # every host thread busy, instead of each chunk ending at a barrier of all
-        self.pool = None if job.pinned is not None else host_pool(job.threads)
+        # the hybrid's registrar takes a thread of the pool too
+        threads = job.threads + (job.hybrid is not None)
+        self.pool = None if job.pinned is not None else host_pool(threads)
+        self.hybrid: Hybrid | None = None
         self.parts = max(1, -(-job.threads // max(1, n - 1)))
         self.ring: StagingRing | None = None
         self.staging: Staging | None = None
@@ -94,9 +103,11 @@ class _Run:
         n = self.plan.sizes[i]
         pieces = self.trace.pieces if self.trace is not None else None
 
-        def piece(tasks: list[HostTask]) -> None:
+        def piece(tasks: list[HostTask], touches: list[Callable[[], None]]) -> None:
             submitted = trace.now()
             backend.use()  # a thread of the process's pool: it waits on this device's event
+            for touch in touches:  # a new out's pages faulted in here, while the DMA runs
+                touch()
             if after is not None:
                 after.synchronize()
             waited = trace.now()
@@ -107,8 +118,10 @@ class _Run:
                 pieces.append((i, submitted, waited, trace.now()))
 
         tasks = list(self.job.host_tasks(i))
-        groups = [tasks[g :: self.parts] for g in range(min(self.parts, len(tasks)))]
-        self.pending[k] = [submit(pool, piece, group) for group in groups]
+        touches = list(self.job.touch(i)) if self.job.touch is not None else []
+        p = self.parts
+        groups = [(tasks[g::p], touches[g::p]) for g in range(min(p, len(tasks)))]
+        self.pending[k] = [submit(pool, piece, *group) for group in groups]
 
     def wait_host(self, k: int) -> None:
         """Wait for the host pieces in slot ``k``; re-raise the first failure."""
@@ -119,11 +132,12 @@ class _Run:
         if self.trace is not None:
             self.trace.issuer_wait_seconds += trace.now() - start
 
-    def device_step(self, i: int, k: int) -> None:
-        """Queue chunk ``i``'s DMA (slot ``k``, or its pinned address), with pack or unpack."""
-        if self.job.pinned is not None:
+    def device_step(self, i: int, k: int, host: int | None = None) -> None:
+        """Queue chunk ``i``'s DMA (slot ``k``, its pinned address, or ``host``), with pack
+        or unpack; ``events[k]`` is recorded after it."""
+        if host is None and self.job.pinned is not None:
             host = self.job.pinned(i)
-        else:
+        elif host is None:
             assert self.ring is not None
             host = self.ring.ptrs[k]
         backend, stream = self.backend, self.stream
@@ -139,7 +153,7 @@ class _Run:
         n = self.plan.sizes[i]
         contiguous = backend.is_contiguous(chunk.view)
         if not contiguous and self.staging is None:
-            self.staging = backend.staging(self.plan.nslots, self.plan.slot_bytes)
+            self.staging = backend.staging(len(self.events), self.plan.slot_bytes)  # hybrid: 2n
             allocated = backend.event()  # the pool may hand out memory still in use there
             allocated.record(self.staging.stream)
             stream.wait(allocated)
@@ -168,19 +182,55 @@ class _Run:
 
     # -- the two directions
     def device_to_host(self) -> None:
-        nslots, count = self.plan.nslots, len(self.plan.chunks)
-        for i in range(count):
-            k = i % nslots
-            if i >= nslots:
-                self.wait_host(k)  # slot k is free: chunk i - nslots is complete
-                self.held[k] = None
-                self.transfer.chunk_done(i - nslots)
+        """Each chunk through the next ring slot, or (hybrid) by DMA into ``out`` where the
+        registrar registered its bytes: ``n`` of each in flight, events ``n`` to ``2n - 1``."""
+        n, hybrid = self.plan.nslots, self.hybrid
+        chunks = iter([(i, None) for i in range(len(self.plan.chunks))])
+        take = hybrid.take if hybrid is not None else lambda _: next(chunks, None)
+        if hybrid is not None:
+            self.events += [self.backend.event() for _ in range(n)]
+            self.held += [None] * n
+        in_slot: list[int | None] = [None] * n  # the chunk each ring slot holds
+        direct: collections.deque[tuple[int, int]] = collections.deque()  # (event, chunk)
+        r = d = 0  # ring and direct chunks issued
+        while True:
+            k = r % n  # a direct chunk goes first while the ring's next slot is busy
+            busy = in_slot[k] is not None and not all(f.done() for f in self.pending[k])
+            item = take(busy and len(direct) < n)
+            if item is None:
+                break
+            i, address = item
             self.transfer.check_cancel()
-            self.device_step(i, k)
-            self.submit(i, k, after=self.events[k])
-        for i in range(max(0, count - nslots), count):
-            self.wait_host(i % nslots)
+            if address is None:
+                self.finish_slot(k, in_slot)
+                self.device_step(i, k)
+                self.submit(i, k, after=self.events[k])
+                in_slot[k], r = i, r + 1
+            else:
+                if len(direct) == n:
+                    self.finish_direct(*direct.popleft())
+                self.device_step(i, n + d % n, address)
+                direct.append((n + d % n, i))
+                d += 1
+        for j in range(n):  # oldest first
+            self.finish_slot((r + j) % n, in_slot)
+        while direct:
+            self.finish_direct(*direct.popleft())
+
+    def finish_slot(self, k: int, in_slot: list[int | None]) -> None:
+        """Wait for ring slot ``k``'s host pieces: its chunk is complete, the slot free."""
+        i, in_slot[k] = in_slot[k], None
+        if i is not None:
+            self.wait_host(k)
+            self.held[k] = None
             self.transfer.chunk_done(i)
+
+    def finish_direct(self, k: int, i: int) -> None:
+        """Wait for direct chunk ``i``'s DMA (event ``k``): it is complete in ``out``."""
+        assert self.hybrid is not None
+        self.wait_event(k)
+        self.transfer.chunk_done(i)
+        self.hybrid.copied(i)
 
     def host_to_device(self) -> None:
         nslots, count = self.plan.nslots, len(self.plan.chunks)
@@ -226,6 +276,8 @@ class _Run:
         pending = [f for futures in self.pending for f in futures]
         errors.attempt("stopping the host pieces", lambda: settle(pending))
         errors.attempt("synchronising the copy stream", self.stream.synchronize)
+        if self.hybrid is not None:  # after the stream: no DMA into out is left
+            errors.attempt("unregistering out", self.hybrid.close)
         self.held = []
         if self.staging is not None:
             errors.attempt("freeing the device staging", self.staging.free)
@@ -261,6 +313,9 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
             else:
                 run.ring = borrow_ring(job.backend, job.plan.nslots, job.plan.slot_bytes)
                 if job.direction == "d2h":
+                    if job.hybrid is not None:
+                        assert run.pool is not None
+                        run.hybrid = job.hybrid(run.pool)
                     run.device_to_host()
                 else:
                     run.host_to_device()

@@ -15,7 +15,8 @@ from ..config import config
 from ..errors import CaptureError, InvalidTypeError, InvalidValueError
 from .backend import Backend, DeviceData
 from .future import Transfer
-from .hostcopy import host_engine
+from .hostcopy import CopyOut, host_engine
+from .hybrid import hybrid_form
 from .plan import Plan, plan_chunks
 from .progress import Progress
 from .request import TransferRequest
@@ -63,6 +64,11 @@ def start(request: TransferRequest) -> Transfer:
         return transfer.start(lambda t: None, inline=True)  # zero-size: no ring, no stream
     threads = request.threads
     pinned = _pinned_addresses(backend, request.host, plan)
+    hybrid = touch = None
+    if direction == "d2h" and pinned is None:
+        hybrid = hybrid_form(backend, request.host, plan)
+    if request.fresh and isinstance(stage, CopyOut):  # its ring chunks' pages, before the DMA
+        touch = lambda i: [partial(stage.touch, plan, i, p) for p in stage.pieces(plan, i, threads)]  # noqa: E731
     job = SlotJob(
         direction,  # type: ignore[arg-type]
         backend,
@@ -72,6 +78,8 @@ def start(request: TransferRequest) -> Transfer:
         lambda i: [partial(stage.run, plan, i, p) for p in stage.pieces(plan, i, threads)],
         threads,
         pinned=pinned,
+        hybrid=hybrid,
+        touch=touch,
     )
 
     def engine(t: Transfer) -> None:

@@ -23,10 +23,11 @@ The rules, by the module that keeps them:
   an event or ``record_stream`` is a use-after-free, caught at the reuse and
   again when that work runs); in a capture the pool grows only for PyTorch's
   allocations on the capturing stream; staging rows start on 256 bytes.
-* ``_machine``: DMAs reach only live page-locked buffers; ``host_register``
-  locks whole pages; a host thread touches a staging slot only after it saw
-  the slot's device copies complete, and no device copy is queued on a slot
-  it uses; in a forked child every call fails; CUDA's contexts are made on
+* ``_machine``: a DMA reaches one live page-locked buffer or one registered
+  range, never across two; ``host_register`` locks whole pages (none twice,
+  none during a capture); a host thread touches a staging slot only after it
+  saw the slot's device copies complete, and no device copy is queued on a
+  slot it uses; in a forked child every call fails; CUDA's contexts are made on
   each thread's current device; injected faults (sticky in device work).
 * ``_streams``: device work is queued only while its device is current; an
   event is recorded only on a stream of its own device and waited on only

@@ -53,8 +53,9 @@ class EmulatedDevice:
     faults : dict, optional
         Operation kind -> the count at which it fails: ``"copy"`` (a DMA),
         ``"pack"`` (a device element-wise copy), ``"staging"`` (device staging
-        allocation), ``"host_alloc"``, ``"host_free"``, ``"fill"`` / ``"drain"``
-        (a host thread's access to a slot, host-to-device / device-to-host),
+        allocation), ``"host_alloc"``, ``"host_free"``, ``"host_register"``,
+        ``"fill"`` / ``"drain"`` (a host thread's access to a slot, host-to-device
+        / device-to-host),
         ``"timer_read"`` (reading a timing event; not sticky). A fault in
         device work is sticky, as CUDA's asynchronous errors are: every later
         call on that device fails.
@@ -65,6 +66,10 @@ class EmulatedDevice:
         at that rate (the stream's worker waits out the rest). With the host
         copies running at the machine's own speed, a transfer's overlap of
         DMA and host copies can then be measured as a ratio on a CPU.
+    register : tuple of float, optional
+        ``(seconds, gbps)``: each ``host_register`` takes ``seconds`` and its bytes
+        at ``gbps`` GB/s (default: no time). A DMA into registered memory counts
+        as ``"registered_copy"``.
 
     Attributes
     ----------
@@ -84,12 +89,15 @@ class EmulatedDevice:
         faults: dict[str, int] | None = None,
         devices: int = 1,
         link_gbps: float | None = None,
+        register: tuple[float, float] | None = None,
     ) -> None:
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise ValueError(f"EmulatedDevice expected devices >= 1 (got {devices!r})")
         if link_gbps is not None and not link_gbps > 0:
             raise ValueError(f"EmulatedDevice expected link_gbps > 0 (got {link_gbps!r})")
-        machine = Machine(delay, faults, link_gbps)
+        if register is not None and not (register[0] >= 0 and register[1] > 0):
+            raise ValueError(f"EmulatedDevice expected register=(s, GB/s > 0) (got {register!r})")
+        machine = Machine(delay, faults, link_gbps, register)
         machine.host = HostMemory(machine)
         self._attach(machine, 0)
         for index in range(1, devices):
@@ -226,6 +234,9 @@ class EmulatedDevice:
                 "page-locked buffer (freed, pageable, or past the buffer's end)"
             )
         host, region = pinned
+        if region.kind == "registered":
+            with self.machine.lock:
+                self.counts["registered_copy"] += 1
         device = view.data.reshape(-1).view(np.uint8)
         dst, src = (host, device) if to_host else (device, host)
         gbps = self.machine.link_gbps

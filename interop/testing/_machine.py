@@ -29,10 +29,15 @@ class Machine:
     state and that of every region, pool, stream clock and capture on it."""
 
     def __init__(
-        self, delay: float, faults: dict[str, int] | None, link_gbps: float | None
+        self,
+        delay: float,
+        faults: dict[str, int] | None,
+        link_gbps: float | None,
+        register: tuple[float, float] | None = None,
     ) -> None:
         self.delay = float(delay)
         self.link_gbps = link_gbps
+        self.register = register  # host_register's cost: (seconds a call, GB/s)
         self.faults = dict(faults or {})
         self.counts: Counter[str] = Counter()
         self.violations: list[str] = []

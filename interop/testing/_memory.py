@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -44,7 +46,7 @@ class Region:
         graph: _Graph | None = None,
     ) -> None:
         self.name = name
-        self.kind = kind  # "pinned" or "device"
+        self.kind = kind  # "pinned", "registered" (host memory page-locked in place) or "device"
         self.last_write: tuple[int, int] | None = None  # (stream id, seq)
         self.reads: dict[int, int] = {}  # stream id -> seq of its last read
         self.host_users = 0
@@ -89,7 +91,7 @@ class Region:
 
     def check_run(self, machine: Machine, kind: str) -> None:
         """When queued work runs: not freed (pinned), nor handed out again and written."""
-        if self.kind == "pinned" and self.freed:
+        if self.kind != "device" and self.freed:
             raise machine.violation(f"queued {kind} ran on {self.name} after it was freed")
         later = self.next_life
         if later is not None and later.started:
@@ -300,6 +302,7 @@ class HostMemory:
         self.buffers: dict[int, np.ndarray] = {}  # live buffers by address
         self.regions: dict[int, Region] = {}  # their regions by address
         self.registered: dict[int, tuple[int, int]] = {}  # address -> its pages [first, end)
+        self.locked: dict[int, tuple[np.ndarray, Region]] = {}  # address -> its bytes, region
 
     def alloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         """``cudaHostAlloc``: a new page-aligned buffer, its address and bytes."""
@@ -323,9 +326,13 @@ class HostMemory:
             self.regions.pop(ptr).freed = True
 
     def register(self, ptr: int, nbytes: int) -> None:
-        """``cudaHostRegister``: by whole pages, so a page is registered once."""
+        """``cudaHostRegister``: by whole pages, so a page is registered once; it takes
+        the machine's ``register`` cost. DMAs reach ``[ptr, ptr + nbytes)``."""
+        machine = self.machine
+        machine.refuse_in_capture("cudaHostRegister (page-locking host memory)")
+        machine.inject("host_register", "cudaHostRegister")  # counted: the split's tests
         first, end = ptr // PAGE, -(-(ptr + nbytes) // PAGE)
-        with self.machine.lock:
+        with machine.lock:
             for lo, hi in self.registered.values():
                 if lo < end and first < hi:
                     raise EmulatedDeviceError(
@@ -333,21 +340,31 @@ class HostMemory:
                         "registration already made (cudaErrorHostMemoryAlreadyRegistered, 712)"
                     )
             self.registered[ptr] = (first, end)
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+            self.locked[ptr] = (raw, Region(f"registered host memory {ptr:#x}", "registered"))
+        if machine.register is not None:  # a call, and the driver walks and locks every page
+            time.sleep(machine.register[0] + nbytes / (machine.register[1] * 1e9))
 
     def unregister(self, ptr: int) -> None:
         """``cudaHostUnregister`` of what :meth:`register` locked at ``ptr``."""
+        self.machine.refuse_in_capture("cudaHostUnregister (unlocking host memory)")
         with self.machine.lock:
             if self.registered.pop(ptr, None) is None:
                 raise EmulatedDeviceError(
                     f"host memory at {ptr:#x} is not registered (cudaErrorHostMemoryNotRegistered)"
                 )
+            self.locked.pop(ptr)[1].freed = True
 
     def find(self, ptr: int, nbytes: int) -> tuple[np.ndarray, Region] | None:
-        """The bytes ``[ptr, ptr + nbytes)`` of one live buffer, and its region (or None)."""
+        """The bytes ``[ptr, ptr + nbytes)`` of one live buffer or one registration, and
+        its region (or None)."""
         with self.machine.lock:
             for base, array in self.buffers.items():
                 if base <= ptr and ptr + nbytes <= base + array.nbytes:
                     return array[ptr - base : ptr - base + nbytes], self.regions[base]
+            for base, (array, region) in self.locked.items():
+                if base <= ptr and ptr + nbytes <= base + array.nbytes:
+                    return array[ptr - base : ptr - base + nbytes], region
         return None
 
     @contextlib.contextmanager

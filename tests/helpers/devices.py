@@ -217,6 +217,7 @@ class Emulated:
             assert dev._streams == [dev.default_stream]  # copy streams closed
         free_cached_rings()
         assert self.emulated.host_buffers == {}  # every pinned buffer freed
+        assert self.emulated.machine.registered == {}  # every registration undone
 
     def close(self) -> None:
         self.emulated.close()

@@ -4,6 +4,7 @@ something."""
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 
@@ -990,3 +991,41 @@ def test_a_transfer_that_needs_the_host_is_refused_in_a_capture_that_stays_valid
         graph = capture()  # the capture ends valid
     assert graph.operations == []  # refused before queuing anything
     assert backend.violations == []
+
+
+def test_registered_host_memory_takes_its_cost_locks_whole_pages_once_and_is_dma_reachable():
+    """host_register as cudaHostRegister: (seconds, GB/s) of time; whole pages, none twice
+    (712); a DMA reaches one registered range, never across two, and counts as a
+    registered_copy; one that runs after its range was unregistered is a violation."""
+    dev = EmulatedDevice(register=(0.02, 1.0))
+    page = mmap.PAGESIZE
+    raw = np.zeros(10 * page, np.uint8)
+    base = -(-raw.ctypes.data // page) * page
+    start = time.perf_counter()
+    dev.host_register(base, 4 * page)
+    assert time.perf_counter() - start >= 0.02 + 4 * page / 1e9
+    with pytest.raises(EmulatedDeviceError, match="712"):
+        dev.host_register(base + 3 * page + 10, page)  # shares page 3
+    dev.host_register(base + 4 * page, 4 * page)  # the next page on: allowed
+    x = dev.asarray(np.arange(2 * page, dtype=np.uint8) % 251)
+    dev.synchronize()
+    s = dev.stream()
+    dev.copy_to_host(base + page, x, 2 * page, s)
+    s.synchronize()
+    offset = base - raw.ctypes.data
+    assert raw[offset + page : offset + 3 * page].tobytes() == dev.to_numpy(x).tobytes()
+    assert dev.counts["registered_copy"] == 1
+    with pytest.raises(RuleViolation, match="not inside one live page-locked"):
+        dev.copy_to_host(base + 3 * page, x, 2 * page, s)  # across the two ranges
+    dev.host_unregister(base + 4 * page)
+    gate = hold(s)
+    dev.copy_to_host(base, x, 2 * page, s)  # queued, then unregistered before it runs
+    dev.host_unregister(base)
+    assert dev.machine.registered == {}
+    gate.set()
+    with pytest.raises(EmulatedDeviceError):  # sticky, as an asynchronous error
+        s.synchronize()
+    assert any("copy ran on registered host memory" in v for v in dev.violations)
+    with pytest.raises(ValueError, match=r"expected register=\(s, GB/s > 0\)"):
+        EmulatedDevice(register=(0.0, 0.0))
+    dev.close()
