@@ -209,31 +209,19 @@ def _fields(
     ours = got[OURS].gbps
     others = [label for label in got if label != OURS]
     ratios = [Ratio.between(OURS, "throughput", a, ours, got[a].gbps) for a in anchors]
-    if f"{OURS} on disk" in got:
-        ratios.append(
-            Ratio.between(f"{OURS} on disk", "throughput", OURS, got[f"{OURS} on disk"].gbps, ours)
-        )
-    ratios += [
-        Ratio.between(
-            f"peak extra RSS {who} of {label}",
-            "memory",
-            f"the bound {words}",
-            m.extra_host_bytes,
-            bound,
-        )
-        for label, m in got.items()
-        if label in (OURS, *anchors)
-    ]
+    disk = f"{OURS} on disk"
+    if disk in got:
+        ratios.append(Ratio.between(disk, "throughput", OURS, got[disk].gbps, ours))
+    bounded = f"the bound {words}"
+    for k in [label for label in got if label in (OURS, *anchors)]:
+        rss = got[k].extra_host_bytes
+        ratios.append(Ratio.between(f"peak extra RSS {who} of {k}", "memory", bounded, rss, bound))
     memory = {"extra_host_rss_bytes": got[OURS].extra_host_bytes}
     memory |= {f"{label} extra_host_rss_bytes": got[label].extra_host_bytes for label in others}
-    return {
-        "size": size,
-        "gbps": ours,
-        "anchors": {f"{label} GB/s": got[label].gbps for label in others},
-        "ratios": ratios,
-        "memory": memory | {"ring_bytes": ring_bytes(), "bound_bytes": bound},
-        "samples": {label: m.record() for label, m in got.items()},
-    }
+    memory |= {"ring_bytes": ring_bytes(), "bound_bytes": bound}
+    fields = {"size": size, "gbps": ours, "anchors": {f"{k} GB/s": got[k].gbps for k in others}}
+    samples = {label: m.record() for label, m in got.items()}
+    return fields | {"ratios": ratios, "memory": memory, "samples": samples}
 
 
 def _size(nbytes: int, block_bytes: int) -> str:
@@ -245,14 +233,9 @@ def local_cluster(env: dict[str, str]) -> Any:
     """:data:`WORKERS` one-thread worker processes; the dashboard on a free port, not 8787."""
     from distributed import LocalCluster
 
-    return LocalCluster(
-        n_workers=WORKERS,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-        env=env,
-    )
+    scheduler = {"dashboard_address": "127.0.0.1:0"}
+    kw = {"n_workers": WORKERS, "threads_per_worker": 1, "processes": True, "env": env}
+    return LocalCluster(dashboard_address=None, scheduler_kwargs=scheduler, **kw)
 
 
 def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:

@@ -69,8 +69,7 @@ def main(
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     names = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
     parser.add_argument("--rows", type=names, metavar="LIST", help="only these rows, in order")
-    busy = "run every row with a process per CPU spinning: what a busy machine gives"
-    parser.add_argument("--busy", action="store_true", help=busy)
+    parser.add_argument("--busy", action="store_true", help="a process per CPU spinning meanwhile")
     args = parser.parse_args(argv)
     named = {spec.name: spec for spec in rows}
     unknown = [name for name in args.rows or () if name not in named]

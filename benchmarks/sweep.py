@@ -107,16 +107,11 @@ SWEEP_ROWS = (
 def default_grid(quick: bool, cpu_count: int | None = None) -> dict[str, list[int]]:
     """The values swept by default: chunk sizes, thread counts, buffer counts."""
     cores = max(1, cpu_count or os.cpu_count() or 1)
-    chunks, threads, buffers = (
-        ((8, 32), [1], [2, 4])
-        if quick
-        else ((4, 8, 16, 32, 64, 128), [1, 2, 4, 8, 16], [2, 3, 4, 6])
-    )
-    grid = {
-        "chunk_bytes": [n * MiB for n in chunks],
-        "host_threads": [n for n in threads if n <= cores] + [cores],
-        "num_buffers": buffers,
-    }
+    chunks, threads, buffers = ((8, 32), [1], [2, 4])
+    if not quick:
+        chunks, threads, buffers = ((4, 8, 16, 32, 64, 128), [1, 2, 4, 8, 16], [2, 3, 4, 6])
+    grid = {"chunk_bytes": [n * MiB for n in chunks], "num_buffers": buffers}
+    grid["host_threads"] = [n for n in threads if n <= cores] + [cores]
     return {name: sorted(set(values) | {getattr(config, name)}) for name, values in grid.items()}
 
 
@@ -185,9 +180,8 @@ def sweep_row(
     ctx.noting(f"after {row.name}", ctx.release)  # e.g. a sticky CUDA error: points kept
     measured = [p for p in points if "gbps" in p]
     if measured:
-        record["anchors"][f"{record['reference']} GB/s"] = statistics.median(
-            p["reference_gbps"] for p in measured
-        )
+        reference = statistics.median(p["reference_gbps"] for p in measured)
+        record["anchors"][f"{record['reference']} GB/s"] = reference
         record["best"] = max(measured, key=lambda p: p["gbps"])
     return record
 
@@ -289,11 +283,8 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
             continue
         lines += ["", f"{row['name']}: {row.get('call', row['what'])}, {row.get('size', '')}"]
-        if row["status"] == "error":
-            lines.append(f"  error: {row['reason']}")
-        anchors = [
-            f"{k.removesuffix(' GB/s')} {v:.2f} GB/s" for k, v in row.get("anchors", {}).items()
-        ]
+        lines += [f"  error: {row['reason']}"] if row["status"] == "error" else []
+        anchors = [f"{k[:-5]} {v:.2f} GB/s" for k, v in row.get("anchors", {}).items()]
         lines += [f"  anchors: {', '.join(anchors)}"] if anchors else []
         measured = sorted((p for p in row["points"] if "gbps" in p), key=lambda p: -p["gbps"])
         for p in measured[:top]:
@@ -303,9 +294,8 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             lines.append(f"  {p['gbps']:7.2f} GB/s  {to}  at {_settings_text(p)}")
         current = [p for p in measured if all(p[k] == now[k] for k in SETTINGS)]
         lines += [f"  settings now: {current[0]['gbps']:.2f} GB/s"] if current else []
-        lines += [
-            f"  error at {_settings_text(p)}: {p['error']}" for p in row["points"] if "error" in p
-        ]
+        errors = [p for p in row["points"] if "error" in p]
+        lines += [f"  error at {_settings_text(p)}: {p['error']}" for p in errors]
         if row["points_not_run"]:
             lines.append(f"  {row['points_not_run']} points not run: the time budget ran out")
     suggested = suggest_defaults(results)
@@ -314,11 +304,8 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             f"{name} {v['gbps']:.2f} GB/s ({v['gbps'] / v['best_gbps']:.0%} of its best)"
             for name, v in suggested["rows"].items()
         )
-        lines += [
-            "",
-            f"suggested defaults: {_settings_text(suggested['settings'])}: {at}",
-            f"  rule: {suggested['rule']}",
-        ]
+        lines += ["", f"suggested defaults: {_settings_text(suggested['settings'])}: {at}"]
+        lines.append(f"  rule: {suggested['rule']}")
     lines += [""] if not_run else []
     lines += [
         f"{status} ({', '.join(names)}): {reason}" for (status, reason), names in not_run.items()
@@ -358,11 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     named = {row.name: row for row in SWEEP_ROWS}
     chosen = [name.strip() for name in (args.rows or ",".join(named)).split(",") if name.strip()]
-    given = {
-        "chunk_bytes": [n << 20 for n in args.chunk_mib or []],
-        "host_threads": args.host_threads,
-        "num_buffers": args.num_buffers,
-    }
+    given = {"host_threads": args.host_threads, "num_buffers": args.num_buffers}
+    given["chunk_bytes"] = [n << 20 for n in args.chunk_mib or []]
     try:
         if any(name not in named for name in chosen):
             raise ValueError(f"expected rows among {sorted(named)} (got {chosen!r})")
@@ -410,9 +394,7 @@ PLOTTED_ROWS = {
 
 @dataclasses.dataclass
 class Panel:
-    """One panel of the plot: a ``row``'s throughput against ``x`` (a setting): swept
-    ``lines`` by label (chunk sizes in MiB), horizontal ``hlines`` (GB/s) and single bench
-    figures, ``markers``."""
+    """A ``row``'s throughput against ``x``: swept ``lines``, ``hlines`` and bench ``markers``."""
 
     row: str
     x: str
@@ -441,20 +423,10 @@ def _label(setting: str, value: int) -> str:
 
 
 def _panels(results: list[dict[str, Any]]) -> list[Panel]:
-    sweeps = {
-        r["name"]: r
-        for d in results
-        if d.get("kind") == "sweep"
-        for r in d["rows"]
-        if r.get("points")
-    }
-    bench = {
-        r["name"]: (d, r)
-        for d in results
-        if d.get("kind", "bench") == "bench"
-        for r in d["rows"]
-        if r.get("status") == "ok"
-    }
+    swept_runs = [d for d in results if d.get("kind") == "sweep"]
+    sweeps = {r["name"]: r for d in swept_runs for r in d["rows"] if r.get("points")}
+    benches = [d for d in results if d.get("kind", "bench") == "bench"]
+    bench = {r["name"]: (d, r) for d in benches for r in d["rows"] if r.get("status") == "ok"}
     panels: list[Panel] = []
     for name, (related, wanted) in PLOTTED_ROWS.items():
         swept, ran = sweeps.get(name), bench.get(name)
@@ -466,9 +438,8 @@ def _panels(results: list[dict[str, Any]]) -> list[Panel]:
         hlines |= _anchor_values(swept) if swept else {}
         hlines = {label: hlines[label] for label in wanted if label in hlines}
         points = [p for p in swept["points"] if "gbps" in p] if swept else []
-        axes = ["chunk_bytes", "host_threads"] + ["num_buffers"] * (
-            len({p["num_buffers"] for p in points}) > 1
-        )
+        buffers_swept = len({p["num_buffers"] for p in points}) > 1
+        axes = ["chunk_bytes", "host_threads"] + ["num_buffers"] * buffers_swept
         for x in axes:
             panel = Panel(name, x, hlines=dict(hlines))
             by = "chunk_bytes" if x != "chunk_bytes" else "host_threads"
@@ -480,21 +451,15 @@ def _panels(results: list[dict[str, Any]]) -> list[Panel]:
                 _label(by, key): sorted(line.items()) for key, line in sorted(best.items())
             }
             if ran is not None:
-                panel.markers[f"bench run: {name} at its settings"] = (
-                    _at(ran[0]["config"], x),
-                    ran[1]["gbps"],
-                )
+                at = (_at(ran[0]["config"], x), ran[1]["gbps"])
+                panel.markers[f"bench run: {name} at its settings"] = at
             panels.append(panel)
     return panels
 
 
 def plot_results(results: list[dict[str, Any]], path: str | os.PathLike[str]) -> list[Panel]:
-    """Draw ``results`` (bench and sweep JSON) into a PNG at ``path`` (parents made), panels
-    two a line, each legend below its plot: throughput against ``chunk_bytes`` (a line per
-    ``host_threads``), against ``host_threads`` (a line per chunk size) and ``num_buffers``
-    where swept, each point the best over the setting not shown; the link and the anchors as
-    horizontal lines, a bench run's figure as a star. Returns the panels. ValueError when no
-    row has a figure; BackendUnavailableError without matplotlib."""
+    """Draw ``results`` (bench and sweep JSON) into a PNG at ``path``, two panels a line, each
+    legend below its plot; the panels. ValueError without a figure to draw."""
     panels = _panels(results)
     if not panels:
         raise ValueError(
@@ -517,11 +482,7 @@ def plot_results(results: list[dict[str, Any]], path: str | os.PathLike[str]) ->
     fig = Figure(figsize=(6.88, sum(heights) + 0.8 * len(grid)), layout="constrained")
     axes = fig.subplots(2 * len(grid), 2, squeeze=False, height_ratios=heights)
     source = next((r for r in results if r.get("kind") == "sweep"), results[0])
-    where = (
-        "a machine without a CUDA device"
-        if source["device"] == "no CUDA device"
-        else source["device"]
-    )
+    where = source["device"].replace("no CUDA device", "a machine without a CUDA device")
     fig.suptitle(f"interop transfer throughput on {where} ({source['date'][:10]})")
     for i, line in enumerate(grid):
         for j in range(2):
@@ -545,10 +506,8 @@ def _draw(ax: Any, panel: Panel, below: Any) -> None:
         ax.axhline(
             y, linestyle=styles[k % len(styles)], color=f"C{k + 5}", label=f"{label} {y:.1f} GB/s"
         )
-    ticks = sorted(
-        {x for line in panel.lines.values() for x, _ in line}
-        | {x for x, _ in panel.markers.values()}
-    )
+    xs = [x for line in panel.lines.values() for x, _ in line]
+    ticks = sorted({*xs, *(x for x, _ in panel.markers.values())})
     if ticks:  # powers of two, labelled as plain numbers
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
@@ -582,10 +541,8 @@ def plot_main(argv: list[str] | None = None) -> int:
         return 2
     for panel in panels:
         hlines = ", ".join(f"{label} {y:.2f} GB/s" for label, y in panel.hlines.items())
-        print(
-            f"{panel.row} against {panel.x}: {len(panel.lines)} lines"
-            + (f"; horizontal lines: {hlines}" if hlines else "")
-        )
+        drawn = f"{panel.row} against {panel.x}: {len(panel.lines)} lines"
+        print(drawn + (f"; horizontal lines: {hlines}" if hlines else ""))
     print(f"wrote {args.png}")
     return 0
 
