@@ -116,8 +116,10 @@ def test_json_records_the_run(quick_run):
         assert (data["commit"], data["commit_source"]) == (head, "git")
     else:
         assert (data["commit"], data["commit_source"]) == ("unknown", None)
-    assert set(data["config"]) == {"chunk_bytes", "num_buffers", "host_threads"}
-    assert all(isinstance(v, int) and v > 0 for v in data["config"].values())
+    settings = {"chunk_bytes", "num_buffers", "host_threads"}
+    assert set(data["config"]) == settings | {"register_min_bytes"}  # -1: measured on first use
+    assert all(isinstance(data["config"][k], int) and data["config"][k] > 0 for k in settings)
+    assert data["config"]["register_min_bytes"] >= -1
     assert data["versions"]["numpy"] == np.__version__
     assert "torch" in data["versions"]
     assert "cupy" in data["versions"]
