@@ -1,13 +1,6 @@
-"""Process-wide state, and the one fork handler that resets it.
-
-What every transfer shares lives here, each piece one object with one lock: the
-host threads, the idle pinned buffers, the ticks of the streams ``interop.stream``
-made current. The modules above register the state they build (running transfers,
-the allocator's deferred frees, CuPy stream objects, ``config``'s blocks, the
-replaced-files closer) with :func:`at_fork`. A forked child has only the thread
-that forked: other threads' locks stay held, and the parent's threads, CUDA memory
-and events are not its own; the handler resets every piece, in :data:`ORDER`.
-"""
+"""Process-wide state (host threads, idle pinned buffers, stream ticks), and the one
+fork handler that resets it and what other modules register with :func:`at_fork`: a
+forked child has only the forking thread, and its parent's CUDA memory is not its own."""
 
 from __future__ import annotations
 
@@ -25,12 +18,9 @@ from . import _backends
 
 __all__: list[str] = []
 
-# The resets in a forked child, in this order. The allocator's deferred frees first: every
-# later step allocates, so the garbage collector may run CuPy's destructors during it, and
-# they must find the parent's blocks forgotten (else one goes back to PyTorch's pool,
-# through the parent's CUDA context); then the stream ticks those frees read; then what
-# the parent's threads held, and their config blocks. The replaced-files closer last: the
-# only step that calls the OS (fstat, close); the others only replace locks and objects.
+# The resets in a forked child, in order. Deferred frees first: later steps allocate, and
+# CuPy's destructors run then must find the parent's blocks forgotten. Replaced files
+# last: the only step that calls the OS; the others only replace locks and objects.
 ORDER = (
     "deferred frees",
     "stream uses",
@@ -77,8 +67,7 @@ class HostPool:
         self._size = 0
 
     def at_least(self, threads: int) -> Executor:
-        """The pool, with at least ``threads`` threads (a larger one replaces it; the
-        old one finishes its work and its threads end)."""
+        """The pool, with at least ``threads`` threads (a larger one replaces it)."""
         threads = max(1, int(threads))
         with self._lock:
             if self._pool is None or self._size < threads:
@@ -101,8 +90,7 @@ class Idle:
 
 
 class RingCache:
-    """Idle pinned buffers by (backend key, size class), lent as rings (the policy:
-    pipeline/ring.py), kept within twice the largest ring lent since it was emptied."""
+    """Idle pinned buffers by (backend key, size class), lent as rings (pipeline/ring.py)."""
 
     def __init__(self) -> None:
         # pinned frees that wait for a capture to end (pipeline.ring.free_pinned); no
@@ -128,8 +116,7 @@ class RingCache:
         self._largest = max(self._largest, size)
 
     def take(self, key: tuple[Any, int], count: int) -> list[Idle]:
-        """Up to ``count`` idle buffers of ``key``, the most recently returned, for a
-        ring of ``count`` now lent."""
+        """Up to ``count`` idle buffers of ``key``, the most recently returned."""
         with self._lock:
             idle = self._by_key.get(key, [])
             take = idle[len(idle) - min(count, len(idle)) :]
@@ -145,8 +132,7 @@ class RingCache:
     def put(
         self, backend: Any, key: tuple[Any, int], buffers: Iterable[Any], count: int
     ) -> list[Idle]:
-        """Keep a returned ring's ``(ptr, array)`` buffers; return the idle buffers
-        beyond the budget, least recently returned first, for the caller to free."""
+        """Keep a ring's ``(ptr, array)`` buffers; return those beyond the budget, to free."""
         group = next(self._groups)
         evicted: list[Idle] = []
         with self._lock:
@@ -183,9 +169,7 @@ class RingCache:
 
 
 class StreamUses:
-    """Which streams ``interop.stream`` made current, and since when: the shared
-    memory pool asks before it frees a block, which may have been used on any of
-    them while it was alive."""
+    """Which streams ``interop.stream`` made current, and since when (asked by frees)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -215,8 +199,7 @@ class StreamUses:
                 del self.active[key]
 
     def since(self, tick: int, device: int) -> set[int]:
-        """Handles of ``device``'s streams entered after ``tick``, or still open (no
-        lock: asked from CuPy's destructors; copying a dict is atomic under the GIL)."""
+        """Handles of ``device``'s streams entered after ``tick`` or still open (no lock)."""
         if self.latest <= tick and not self.active:  # the common case, answered first
             return set()
         entered = list(self.last_entered.items())

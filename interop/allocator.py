@@ -1,14 +1,5 @@
-"""One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator``.
-
-CuPy's allocations are served by PyTorch's stream-ordered caching allocator,
-through one CuPy allocator, :class:`TorchAllocator` (each ``interop.torch_op``
-call uses it too). docs/streams.md states the rules that keep this safe: an
-allocation only while CuPy's and PyTorch's current streams agree; a block used
-on another stream goes back only once an event recorded there at the free has
-completed; no event is recorded or queried during a CUDA graph capture. Frees
-come from CuPy's destructors, which the garbage collector may run anywhere, so
-nothing a destructor reaches here waits for a lock.
-"""
+"""One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator`` and the CuPy
+allocator over PyTorch's pool that ``torch_op`` uses too (the rules: docs/streams.md)."""
 
 from __future__ import annotations
 
@@ -37,16 +28,11 @@ class StreamMismatchError(InteropError, RuntimeError):
 
 
 class DeferredFrees:
-    """The frees of a stream-ordered pool, deferred while other streams may
-    still use a block, and while a CUDA graph capture forbids events.
+    """Frees deferred while other streams may use a block or a capture forbids events.
 
-    ``record(device, handle)`` records an event (with ``query()``) on a stream;
-    ``delete(ptr)`` gives a block back to the pool; ``capturing()`` is True
-    while a capture forbids events (asked only before recording or querying).
-    :meth:`free` comes from CuPy's destructors, which the garbage collector may
-    run inside any method here: it only queues the block, and the lock is only
-    ever tried, never waited for; a call that finds it held leaves the queue to
-    the holder, who looks again after releasing it.
+    ``record(device, handle)`` gives an event with ``query()``; ``delete(ptr)`` frees.
+    :meth:`free` runs in CuPy's destructors, anywhere: it only queues, and the lock is
+    only ever tried (the holder looks at the queue again after releasing it).
     """
 
     def __init__(
@@ -76,14 +62,12 @@ class DeferredFrees:
         self._live[ptr] = (device, handle, streams.stream_uses.now())  # one store: atomic
 
     def free(self, ptr: int) -> None:
-        """Give ``ptr`` back now, or once the other streams it may be used on
-        have reached this point (and no capture forbids finding that out)."""
+        """Give ``ptr`` back now, or once the other streams it was used on reach this point."""
         self._freed.append(ptr)
         self._drain()
 
     def collect(self) -> None:
-        """Hand on queued frees, record the events of frees set aside during a
-        capture, and give back every block whose events have completed."""
+        """Hand on queued frees and give back every block whose events completed."""
         if self._freed or self._aside or self._waiting:  # each allocation asks: stay cheap
             self._drain()
 
@@ -97,15 +81,12 @@ class DeferredFrees:
                 return
 
     def _step(self) -> None:
-        """With the lock held: one pass over the queue, the frees set aside and
-        the blocks waiting for their events."""
+        """One pass over the queue, the frees set aside and the waiting blocks (lock held)."""
         while self._freed:
             ptr = self._freed.popleft()
             entry = self._live.pop(ptr, None)
             if entry is None:
-                # Not allocated through this pool: a parent's block in a forked
-                # child, whose CUDA context is gone. CuPy frees from a destructor,
-                # where an exception would only be printed.
+                # a parent's block in a forked child (a destructor: no exception)
                 continue
             device, handle, tick = entry
             others = streams.stream_uses.since(tick, device)
@@ -114,10 +95,8 @@ class DeferredFrees:
                 self._aside.append((ptr, device, sorted(others)))
             else:
                 self._delete(ptr)
-        # A block whose event cannot be recorded or queried, or that cannot be
-        # given back, is dropped (lost to the pool rather than handed out while
-        # a stream may still use it); the error goes to the caller, the other
-        # blocks stay.
+        # A block whose event or delete fails is dropped (lost rather than handed out
+        # while a stream may use it); the error goes to the caller, the others stay.
         if not (self._aside or self._waiting) or self._capturing():
             return
         if self._aside:
@@ -180,8 +159,7 @@ _process.at_fork("deferred frees", _frees.reset)
 
 
 class TorchBlock:
-    """The owner of CuPy memory a :class:`TorchAllocator` made: a ``uint8`` tensor,
-    handed to the deferred frees (``deferred``: its pointer, else 0) when freed."""
+    """Owner of a :class:`TorchAllocator` block: its tensor, deferred (``deferred``: ptr) or not."""
 
     __slots__ = ("deferred", "maker", "tensor")
 
@@ -195,17 +173,10 @@ class TorchBlock:
 
 
 class TorchAllocator:
-    """A CuPy allocator (``size -> MemoryPointer``) over PyTorch's caching
-    allocator: each allocation a ``torch.empty(size, dtype=torch.uint8)`` tensor
-    on PyTorch's current stream of CuPy's current device (ordinary storage, which
-    CUDA graphs account for like any tensor's).
+    """A CuPy allocator whose blocks are ``uint8`` tensors on PyTorch's current stream.
 
-    ``pinned``, ``(device, CuPy stream pointer)``, is the one stream it may
-    allocate on (a ``torch_op`` call), whose blocks go straight back to PyTorch's
-    pool; without it, CuPy's current stream must be PyTorch's, and a freed block
-    goes through :class:`DeferredFrees`. Raises :class:`StreamMismatchError` on
-    another stream, and CuPy's ``OutOfMemoryError`` (chained to PyTorch's) when
-    PyTorch's pool cannot serve it.
+    ``pinned``: the ``(device, stream ptr)`` a ``torch_op`` call allocates on, blocks
+    freed at once; else CuPy's stream must be PyTorch's and frees are deferred.
     """
 
     __slots__ = ("pinned",)
@@ -261,8 +232,7 @@ def _check_streams(device: int, cupy_handle: int) -> None:
 
 
 def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
-    """The tensor whose storage holds CuPy ``memory`` if a TorchAllocator
-    (``maker``, where given) made it, else None."""
+    """The tensor holding CuPy ``memory`` if a TorchAllocator (``maker``) made it, else None."""
     owner = getattr(memory, "_owner", None)
     if isinstance(owner, TorchBlock) and (maker is None or owner.maker is maker):
         return owner.tensor
@@ -282,16 +252,12 @@ def thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return get, set_
 
 
-# The two forms (docs/streams.md): a scope is the calling thread's allocator from the
-# moment it is made; entered, for the block; dropped without having been entered, it
-# was the plain call and installs the allocator process-wide. No lock is taken: the
-# garbage collector may drop a scope in the middle of anything.
 _process_allocator = TorchAllocator()  # the one use_torch_allocator installs
 
 
 class AllocatorScope:
-    """CuPy allocator ``malloc``, the calling thread's from construction on: for the
-    block where entered; for every thread once dropped without having been entered."""
+    """``malloc`` as this thread's allocator: for the block if entered, else process-wide
+    once dropped (no lock: the garbage collector may drop it anywhere)."""
 
     def __init__(self, cp: Any, malloc: Any) -> None:
         self._get, self._set = thread_setting(cp)
@@ -349,7 +315,7 @@ def use_torch_allocator() -> Any:
     """Serve CuPy's device allocations from PyTorch's caching allocator.
 
     A plain call (every thread, for the rest of the process) or a ``with`` block
-    (this thread, until the block exits; blocks nest and overlap across threads)::
+    (this thread, until the block exits; blocks nest)::
 
         interop.use_torch_allocator()
         with interop.use_torch_allocator(): ...
@@ -357,17 +323,13 @@ def use_torch_allocator() -> Any:
     Returns
     -------
     AllocatorScope
-        The calling thread's CuPy allocator from the call on: for the block
-        where entered (in the thread that made it, ``RuntimeError`` otherwise);
-        every thread's, for the rest of the process, once discarded unentered.
+        Enter it in the thread that made it (``RuntimeError`` otherwise).
 
     Notes
     -----
-    One pool: memory CuPy frees goes back to PyTorch's cache. Each allocation is
-    ordered on PyTorch's current stream, which must be CuPy's (set both with
-    :func:`interop.stream`); a block used on another stream inside
-    ``interop.stream`` goes back once the work queued there before the free is
-    done (docs/streams.md has the rules, CUDA graph capture included).
+    Each allocation is ordered on PyTorch's current stream, which must be CuPy's
+    (set both with :func:`interop.stream`); a block used on another stream goes
+    back once the work queued there before the free is done.
 
     Raises
     ------

@@ -1,8 +1,4 @@
-"""One CUDA stream for PyTorch and CuPy: ``interop.stream`` and stream helpers.
-
-A stream-like is a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
-``__cuda_stream__`` or a raw handle (0 and 1 are the legacy default stream).
-"""
+"""One CUDA stream for PyTorch and CuPy: ``interop.stream`` and stream helpers."""
 
 from __future__ import annotations
 
@@ -28,8 +24,7 @@ PER_THREAD_DEFAULT = 2
 
 
 def cupy_consumer_handle(s: Any) -> int:
-    """The handle CuPy's ``from_dlpack`` hands a producer for CuPy stream ``s``:
-    its own, or for the null stream CuPy's default (legacy or per-thread) one."""
+    """The handle CuPy's ``from_dlpack`` names for stream ``s`` (null: the default one)."""
     handle = int(s.ptr)
     if handle:
         return handle
@@ -57,8 +52,7 @@ class _StreamHandle:
 
 
 def resolve_stream(s: Any) -> tuple[int, int | None]:
-    """``(handle, device index or None)`` of a stream-like; ``TypeError`` for
-    anything else (or a bad ``__cuda_stream__``), ``ValueError`` for a negative handle."""
+    """``(handle, device index or None)`` of a stream-like, or the error."""
     if isinstance(s, bool) or s is None:
         raise _not_a_stream(s)
     if isinstance(s, int):
@@ -94,9 +88,7 @@ def _not_a_stream(s: Any) -> InvalidTypeError:
 
 
 def capturing(query: Callable[[], Any]) -> bool:
-    """``query()``'s answer to "does this stream capture?"; a query the runtime
-    refuses (an invalidated capture, the legacy stream while a blocking stream
-    captures) counts as yes: work there would fail."""
+    """``query()``'s "does this stream capture?"; a refused query counts as yes."""
     try:
         return bool(query())
     except RuntimeError:
@@ -104,9 +96,7 @@ def capturing(query: Callable[[], Any]) -> bool:
 
 
 def capture_under_way() -> bool:
-    """True while a CUDA graph capture interop can see is under way: on PyTorch's
-    or CuPy's current stream of this thread, or on a stream made current through
-    :func:`stream` in any thread (CUDA cannot list a process's captures)."""
+    """True while a capture interop can see is under way (docs/streams.md says which)."""
     th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
     initialized = th is not None and th.cuda.is_initialized()  # no capture of PyTorch's before
     if initialized and capturing(th.cuda.is_current_stream_capturing):  # type: ignore[union-attr]
@@ -125,9 +115,7 @@ _process.at_fork("cupy streams", _cupy_streams.clear)  # the parent's, of its CU
 
 
 def cupy_stream(handle: int, device: int) -> Any:
-    """A CuPy stream object for a raw handle (``Stream.from_external`` where the
-    installed CuPy has it, else the older ``ExternalStream``; cached, as making
-    one costs microseconds)."""
+    """A CuPy stream object for a raw handle (cached: making one costs microseconds)."""
     key = (device, handle)
     found = _cupy_streams.get(key)
     if found is not None:
@@ -148,8 +136,7 @@ def cupy_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream(handle: int, device: int) -> Any:
-    """A PyTorch stream object for a raw handle (the default stream for 0 and 1,
-    which PyTorch refuses as an external stream)."""
+    """A PyTorch stream object for a raw handle (0 and 1: the default stream)."""
     th = _backends.torch()
     if handle in (0, LEGACY_DEFAULT):
         return th.cuda.default_stream(device)
@@ -157,8 +144,7 @@ def torch_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream_handle(index: int) -> int:
-    """The handle of PyTorch's current stream on device ``index`` (the raw query
-    where PyTorch has one: a ``torch.cuda.Stream`` costs microseconds)."""
+    """The handle of PyTorch's current stream on device ``index`` (raw: no Stream object)."""
     th = _backends.torch()
     raw = getattr(th._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
@@ -174,8 +160,7 @@ def stream(s: Any) -> Iterator[Any]:
     ----------
     s : stream-like
         A ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
-        ``__cuda_stream__``, or a raw handle (int); the last two belong to the
-        current CuPy device. Keep ``s`` alive for the block.
+        ``__cuda_stream__``, or a raw handle (int) of the current CuPy device.
 
     Yields
     ------
@@ -183,9 +168,8 @@ def stream(s: Any) -> Iterator[Any]:
 
     Notes
     -----
-    Its device is both libraries' current device in the block: data one produces
-    is consumed by the other in stream order. Nothing is synchronised; both
-    libraries' previous streams and devices come back on exit.
+    Its device is both libraries' current device in the block; nothing is
+    synchronised; the previous streams and devices come back on exit.
 
     Raises
     ------
@@ -221,8 +205,7 @@ def stream(s: Any) -> Iterator[Any]:
 
 
 class Unsynchronised:
-    """A CUDA tensor exported over DLPack with ``stream=-1`` (no synchronisation:
-    the caller ordered the streams already; PyTorch refuses the per-thread one)."""
+    """A CUDA tensor exported over DLPack with ``stream=-1``: the caller ordered the streams."""
 
     def __init__(self, t: Any) -> None:
         self._t = t

@@ -138,38 +138,32 @@ def torch_op(
     Parameters
     ----------
     name : str
-        ``"namespace::name"`` (``torch.ops.namespace.name``) of two identifiers,
-        taken for the whole process (only the same function, re-imported, may reuse it).
+        ``"namespace::name"`` (``torch.ops.namespace.name``), taken for the process.
     mutates_args : sequence of str or "unknown"
-        The array parameters the function writes into, as in
-        ``torch.library.custom_op``: handed over without a copy, or refused.
+        The array parameters the function writes into, as in ``torch.library.custom_op``.
     like : int, str, tuple of them, or None
-        The fake implementation: output ``k`` has the shape, dtype and device
-        of the input ``like[k]`` names (an index or a name), checked at each
-        call. ``None``: register one with ``op.register_fake``.
+        The fake: output ``k`` is shaped like the input ``like[k]`` names (checked
+        at each call). ``None``: register one with ``op.register_fake``.
 
     Returns
     -------
     callable
-        A decorator returning the ``torch.library.custom_op`` object itself.
-        Parameters and returns: see :class:`interop.Array`.
+        A decorator returning the ``torch.library.custom_op`` (see :class:`interop.Array`).
 
     Notes
     -----
-    Copy semantics: inputs arrive as :func:`interop.to_cupy` and :func:`interop.to_numpy`
-    give them, without a copy; outputs become tensors without a copy unless not
-    C-contiguous or sharing memory with an input or an earlier output.
-    Stream order: a CUDA call runs on PyTorch's current stream and caching allocator
-    of the inputs' device; nothing is synchronised (CUDA graph capture works).
+    Copy semantics: inputs arrive as :func:`interop.to_cupy` / :func:`interop.to_numpy`
+    give them; outputs are copied only if not C-contiguous or aliasing another array.
+    Stream order: a CUDA call runs on PyTorch's current stream and caching allocator.
 
     Raises
     ------
     InvalidTypeError
-        A ``name`` not a ``str``, a signature PyTorch's schema cannot hold, a ``like``
-        naming no array parameter; at a call, a non-tensor argument or a wrong return.
+        A ``name`` not a ``str``, a signature the schema cannot hold, a bad ``like``;
+        at a call, a non-tensor argument or a wrong return.
     InvalidValueError
-        A bad or taken ``name``; at a call, tensors on different devices, an expanded
-        view for a mutated argument, an output unlike ``like`` or on another device.
+        A bad or taken ``name``; at a call, tensors on two devices, an expanded
+        mutated argument, an output unlike ``like`` or on another device.
     CopyRequiredError
         At a call: a conjugate or negative bit on a mutated argument.
     StreamMismatchError

@@ -66,13 +66,10 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
 
     Notes
     -----
-    Copy semantics: CPU data is shared, read-only for broadcast views and
-    read-only sources; device data and a conjugate/negative bit are copied.
-    ``bfloat16``/``float8`` give the ``ml_dtypes`` dtype of that name. In all three
-    functions a shared result keeps ``x``'s memory alive, and a ``requires_grad``
-    tensor gives its detached data.
-    Stream order: device data is copied by :func:`interop.copy_to_host`, after
-    the producer's current stream, complete on return.
+    Copy semantics: CPU data is shared (read-only for broadcast views and
+    read-only sources); device data and a conjugate/negative bit are copied;
+    ``bfloat16``/``float8`` give ``ml_dtypes`` dtypes (docs/exchange.md).
+    Stream order: device data is copied by :func:`interop.copy_to_host`.
 
     Raises
     ------
@@ -83,8 +80,8 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     InvalidTypeError
         ``x`` is not an array (or a nested or sparse tensor); ``copy`` not None/bool.
     InvalidValueError
-        A meta or data-less tensor (FakeTensor, inside ``torch.func``), a device
-        other than CPU or CUDA, or a foreign export that fails.
+        A tensor without data (meta, FakeTensor), a device other than CPU or
+        CUDA, or a foreign export that fails.
     """
     tensor = _TENSOR[0]
     if tensor is None:
@@ -111,11 +108,10 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
 
     Notes
     -----
-    Copy semantics: what PyTorch cannot share as it is (negative or odd strides,
-    a misaligned start, non-native byte order) is copied; a read-only NumPy
-    array is shared with an :class:`interop.ReadOnlyWarning`.
-    Stream order: CUDA data is exported (or copied) on PyTorch's current stream
-    of its device, after the producer's work; the host is not blocked.
+    Copy semantics: what PyTorch cannot share as it is (negative strides,
+    misaligned, non-native byte order) is copied; a read-only NumPy array is
+    shared with an :class:`interop.ReadOnlyWarning`.
+    Stream order: CUDA data is exported on PyTorch's current stream; no host wait.
 
     Raises
     ------
@@ -163,8 +159,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     BackendUnavailableError, NoDeviceError, InvalidTypeError, InvalidValueError
         As for :func:`interop.to_torch`, for CuPy; ``device='cpu'``.
     CaptureError
-        Inside CUDA graph capture: a copy CuPy's own pool would allocate (see
-        :func:`interop.use_torch_allocator`), or two different current streams.
+        Inside CUDA graph capture: a copy CuPy's pool would allocate, or two current streams.
     """
     x = _checked(x, copy)
     target = parse_device(device)

@@ -1,6 +1,5 @@
 """Save and load dask arrays as one ``.npy`` file, one task per block on the workers
-(:mod:`interop.dask`'s implementation). The caller makes and renames a save's
-temporary file, and removes it once no task writes it after a failure."""
+(:mod:`interop.dask`'s implementation; docs/dask.md)."""
 
 from __future__ import annotations
 
@@ -198,9 +197,8 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
 
 def _abandon(destination: Destination) -> None:
     """Remove the temporary file; return once no block task writes it any more."""
-    # Removing it stops the running tasks (each checks before every piece) and
-    # keeps later ones out; the exclusive lock comes once every task closed the
-    # file; truncating frees the space even while a stopped task holds it.
+    # Tasks check the link count before each piece and hold a shared lock until they
+    # close; truncating frees the space even while a stopped task holds the file.
     fd = -1
     if destination.temporary is not None:
         with contextlib.suppress(OSError):
@@ -276,18 +274,13 @@ def save_npy(
     Parameters
     ----------
     darr : dask.array.Array
-        NumPy or CuPy blocks (any strides and chunking, known chunk sizes) of
-        any dtype :func:`interop.save_npy` accepts.
+        NumPy or CuPy blocks with known chunk sizes.
     path : str or os.PathLike
-        On a file system every worker shares, with the path rules of
-        :func:`interop.save_npy`, checked before any block is computed; written
-        to a hidden temporary file renamed to ``path`` once every block is written.
+        On a file system every worker shares; the rules of :func:`interop.save_npy`.
     chunk_bytes : int, optional
-        Largest piece a task copies at once; default: each worker's
-        ``interop.config.chunk_bytes``.
+        Largest piece a task copies at once; default: each worker's config.
     compute : bool
-        False: create the temporary file now and return a ``dask.delayed.Delayed``
-        that writes the blocks and renames the file when computed.
+        False: return a ``dask.delayed.Delayed`` that writes and renames when computed.
 
     Returns
     -------
@@ -296,25 +289,21 @@ def save_npy(
 
     Notes
     -----
-    ``darr`` is computed once, each block written at its C-order offsets by the
-    task that makes it, never gathered (device blocks through the staging ring,
-    after the work queued on their library's current stream). Dask schedules:
-    the distributed client in use, else dask's default scheduler.
+    Each block is written at its offsets by the task that makes it, never
+    gathered (device blocks through the staging ring, after their library's
+    current stream); a hidden temporary file is renamed once all are written.
 
     Raises
     ------
     TypeError, ValueError
-        ``darr`` is not a dask array, holds Python objects, is masked or has
-        unknown chunk sizes; a bad ``chunk_bytes``; a FIFO or device ``path``.
-    IsADirectoryError, PermissionError, FileNotFoundError, OSError
-        ``path`` is refused, before any block is computed.
-    PathError
-        The file system cannot hold the array (``ENOSPC``, ``EFBIG``,
-        ``EDQUOT``), before any block is computed; nothing is left.
+        Not a dask array, object dtype, masked, unknown chunk sizes, a bad
+        ``chunk_bytes``, a FIFO or device ``path``.
+    OSError
+        ``path`` is refused, or cannot hold the array (a ``PathError``, ``ENOSPC``),
+        before any block is computed.
     SaveError
-        A block raised (the ``__cause__``), a worker died too often, or the
-        compute was cancelled; raised once no task writes the file any more,
-        no file left under ``path``.
+        A block raised (the ``__cause__``) or the compute was cancelled; raised
+        once no task writes the file any more, no file left under ``path``.
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
@@ -389,7 +378,7 @@ def save_npy(
 
 @dataclass(frozen=True)
 class _Source:
-    """What the read tasks need to know about the file (its identity checked by each)."""
+    """What the read tasks need to know about the file."""
 
     layout: Layout  # in file order (a Fortran-order file: the transposed shape)
     fortran: bool
@@ -401,8 +390,7 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     """Task: read one block from the file."""
     layout = source.layout
     origin, shape, what = _block(block_info[None], layout, "interop.dask.load_npy", source.fortran)
-    # Every task checks that the file is still the one load_npy described: a
-    # file replaced in between would give blocks of two files, silently.
+    # a file replaced in between would give blocks of two files, silently
     same_machine = source.host == socket.gethostname()
     fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
     try:
@@ -424,30 +412,26 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     Parameters
     ----------
     path : str or os.PathLike
-        A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
-        system every worker shares.
+        A ``.npy`` file on a file system every worker shares.
     chunks : int, tuple, dict or "auto", default "auto"
-        Block shape, as ``dask.array.from_array`` takes it (positive sizes).
+        Block shape, as ``dask.array.from_array`` takes it.
     device : optional
-        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks on that device of each
-        worker; ``None`` or ``"cpu"``: NumPy blocks.
+        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks; ``None`` or ``"cpu"``: NumPy.
 
     Returns
     -------
     dask.array.Array
-        Lazy: the caller reads only the header; each task reads its block into
-        a new array (through the staging ring for CuPy blocks).
+        Lazy: the caller reads only the header, each task its block.
 
     Raises
     ------
     ValueError
         Not a readable ``.npy`` file, a bad ``chunks`` or ``device``; from a
         task, a file replaced or written since this call.
-    FileNotFoundError, OSError
+    OSError
         No such file, or no regular file.
     NoDeviceError, BackendUnavailableError, UnsupportedDtypeError
-        ``device="cuda"`` without a usable CUDA device or CuPy on the caller,
-        or a dtype CuPy cannot hold.
+        ``device="cuda"`` without CuPy or a device on the caller, or a dtype CuPy cannot hold.
     TransferError
         From a task: the file came up short.
     """

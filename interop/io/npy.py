@@ -65,41 +65,33 @@ def save_npy(
     Parameters
     ----------
     x : array
-        A NumPy array (memmaps included), a PyTorch tensor (CPU or CUDA) or a
-        CuPy array, any strides.
+        A NumPy array, a PyTorch tensor or a CuPy array, any strides.
     path : str or os.PathLike
-        ``.npy`` is appended to a name without a suffix, as by ``numpy.save``.
-        A new or regular file is replaced atomically (a temporary file renamed
-        once complete; mode kept), a symlink's target is replaced, a FIFO or
-        character device is written into; anything else is refused.
-    chunk_bytes : int, optional
-        Chunk size; default ``interop.config.chunk_bytes``.
-    progress : bool or callable
+        ``.npy`` is appended to a name without a suffix, as by ``numpy.save``;
+        a regular file is replaced atomically, a FIFO or character device written
+        into (docs/npy.md has the rules).
+    chunk_bytes, progress
         As for :func:`interop.copy_to_host_async`.
 
     Returns
     -------
     pathlib.Path
-        The path written (``.npy`` appended where it was added).
+        The path written.
 
     Notes
     -----
-    The file is a copy, made without a full-size host copy: device data goes
-    through the pinned staging ring, ordered after the work queued on the
-    producer's current stream. Returns when the file is complete (not synced
-    to disk, as ``numpy.save``).
+    Device data goes through the pinned staging ring, ordered after the
+    producer's current stream; returns when the file is complete (not synced).
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
-        ``x`` is not an array (a masked array, object data), ``path`` is not a
-        path, a bad ``chunk_bytes``. Before any data moves.
+        ``x`` is not an array (masked, object data), a bad ``path`` or ``chunk_bytes``.
     UnsupportedDtypeError
         ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
-    PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
-        The destination is refused, before any data moves.
     PathError
-        The file cannot be written (``ENOSPC``, ``EFBIG``); the destination is untouched.
+        The destination is refused (its ``OSError`` subclass), or cannot be written
+        (``ENOSPC``): the destination is untouched.
     TransferError
         A device chunk failed otherwise; the destination is untouched.
     """
@@ -241,8 +233,7 @@ _Map = tuple[int, int, str, int, int]  # device, inode, name, start and end file
 
 
 def _shared_file_maps(out: np.ndarray, lo: int, hi: int) -> Iterator[_Map]:
-    """The shared file mappings under addresses ``[lo, hi)`` (where there is no
-    :data:`_MAPS`: ``out``'s ``numpy.memmap``)."""
+    """The shared file mappings under addresses ``[lo, hi)`` (no :data:`_MAPS`: the memmap)."""
     try:
         with open(_MAPS) as f:
             lines = f.readlines()
@@ -282,8 +273,7 @@ def _memmap_of(out: np.ndarray, lo: int, hi: int) -> Iterator[_Map]:
 
 def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
     """Refuse an ``out`` over a shared mapping of bytes of the file being read."""
-    # Each chunk written into out would change bytes later chunks read, and two
-    # mappings of one file have different addresses, so no overlap check sees it.
+    # later chunks would read changed bytes; no overlap check sees two mappings of one file
     if not out.size or not _may_map_a_file(out):
         return
     lo, hi = np.lib.array_utils.byte_bounds(out)
@@ -332,11 +322,10 @@ def load_npy(
     out : numpy.ndarray, cupy.ndarray or torch.Tensor, optional
         The file's shape and dtype, any strides.
     device : optional
-        Without ``out``: None or ``"cpu"`` (a NumPy array, the default), or
-        ``"cuda"``, ``"cuda:N"``, an int, a ``torch.device`` or a
-        ``cupy.cuda.Device`` (a CuPy array there). With ``out``: where ``out`` is.
+        Without ``out``: None or ``"cpu"`` (a NumPy array), or a CUDA device
+        (a CuPy array there). With ``out``: where ``out`` is.
     chunk_bytes, progress
-        As for :func:`save_npy`.
+        As for :func:`interop.copy_to_host_async`.
 
     Returns
     -------
@@ -345,23 +334,21 @@ def load_npy(
 
     Notes
     -----
-    The file is never read whole: chunks go straight into host memory, or
-    through the pinned staging ring to the device, ordered after the
-    destination library's current stream; returns when the data is there.
+    Chunks go straight into host memory, or through the pinned staging ring
+    after the destination library's current stream; returns when the data is there.
 
     Raises
     ------
     NpyFormatError
         A corrupt, truncated or object-dtype file, or a header ``numpy.load`` would not parse.
     InvalidValueError, InvalidTypeError
-        A wrong ``out`` (shape, dtype, byte order, read-only, a memory map of
-        the file itself) or ``device``, ``path`` not a path; a file replaced
-        since its header was read. Nothing is written.
+        A wrong ``out`` (shape, dtype, byte order, read-only, a map of the file),
+        ``device`` or ``path``; a file replaced since its header was read.
     BackendUnavailableError, NoDeviceError
         A CUDA ``device`` without CuPy or a visible GPU.
     CaptureError
         A device destination inside CUDA graph capture.
-    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
+    PathError
         The file cannot be opened, or is no regular file.
     TransferError
         Reading failed part-way; the message says which byte range is complete.
