@@ -130,9 +130,8 @@ def _write_block(
     got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
         raise InvalidValueError(
-            f"{what}: expected a block of shape {shape} and dtype {layout.dtype} "
-            f"(got shape {got_shape} and dtype {got_dtype}); the dask array's chunks or dtype "
-            "do not describe its blocks: fix the function that makes them"
+            f"{what}: expected a block of shape {shape} and dtype {layout.dtype} (got shape "
+            f"{got_shape} and dtype {got_dtype}); fix the function that makes the blocks"
         )
     result = np.full((1,) * len(shape), 0, np.int64)
     if 0 in shape:
@@ -141,14 +140,12 @@ def _write_block(
     try:
         fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
     except FileNotFoundError as exc:
+        why = "the save failed or was cancelled, or the worker sees another file system"
         raise PathNotFoundError(
-            _errno.ENOENT,
-            f"{what}: the temporary file is gone (the save failed or was cancelled), or this "
-            "worker does not share the client's file system",
+            _errno.ENOENT, f"{what}: the temporary file is gone ({why})"
         ) from exc
     try:
-        # A shared lock until the close: the caller, giving the save up, takes
-        # the exclusive one to know that no task writes any more.
+        # a shared lock until the close: _abandon's exclusive one waits for it
         with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
             fcntl.flock(fd, fcntl.LOCK_SH)
         _still_saving(fd, what)
@@ -307,9 +304,9 @@ def save_npy(
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
+        got = f"{type(darr).__module__}.{type(darr).__qualname__}"
         raise InvalidTypeError(
-            f"{func} expected a dask.array.Array (got {type(darr).__module__}."
-            f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
+            f"{func} expected a dask.array.Array (got {got}); or interop.save_npy"
         )
     refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
     dtype = np.dtype(darr.dtype)
@@ -326,8 +323,7 @@ def save_npy(
     if destination.streaming:
         raise InvalidValueError(
             f"{func} expected a regular file or a new path (got {str(destination.path)!r}, a "
-            "FIFO or character device); the blocks are written at their offsets, which needs a "
-            "regular file: save to a file and copy it, or use interop.save_npy"
+            "FIFO or character device): writing at offsets needs a regular file"
         )
     path = destination.path
     shape = tuple(int(n) for n in darr.shape)
