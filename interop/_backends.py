@@ -9,6 +9,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from .errors import BackendUnavailableError, CudaAfterForkError, NoDeviceError
 
 __all__: list[str] = []
@@ -100,8 +102,7 @@ def array_types() -> tuple[Any, Any]:
 
 def cupy_device_count() -> int:
     """Number of CUDA devices CuPy can use (0 without a driver); notes CUDA initialised."""
-    count, _ = _cupy_device_count_or_error()
-    return count
+    return _cupy_device_count_or_error()[0]
 
 
 def _cupy_device_count_or_error() -> tuple[int, Exception | None]:
@@ -212,17 +213,14 @@ def require_torch_cuda() -> ModuleType:
 
 def cupy_supports_bfloat16() -> bool:
     """True if the installed CuPy can hold ``bfloat16`` arrays."""
-    import numpy as np
-
     return bfloat16_capable(cupy().__version__, np.__version__)
 
 
 def bfloat16_capable(cupy_version: str, numpy_version: str) -> bool:
     """True if CuPy ``cupy_version`` has bfloat16 with this NumPy (CuPy >= 14, NumPy >= 2.1.2)."""
-    import numpy as np
-
     try:
-        major = int(cupy_version.split(".")[0])
-        return major >= 14 and np.lib.NumpyVersion(numpy_version) >= "2.1.2"
+        return (
+            int(cupy_version.split(".")[0]) >= 14 and np.lib.NumpyVersion(numpy_version) >= "2.1.2"
+        )
     except ValueError:
         return False

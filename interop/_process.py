@@ -93,8 +93,7 @@ class RingCache:
     """Idle pinned buffers by (backend key, size class), lent as rings (pipeline/ring.py)."""
 
     def __init__(self) -> None:
-        # pinned frees that wait for a capture to end (pipeline.ring.free_pinned); no
-        # lock: finalizers append from any thread, and several threads may drain it
+        # pinned frees waiting for a capture to end (no lock: finalizers append anywhere)
         self.waiting: collections.deque[tuple[Any, Callable[[], None]]] = collections.deque()
         self.reset()
         at_fork("ring cache", self.reset)

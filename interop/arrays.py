@@ -1,5 +1,4 @@
-"""What an array is to interop: is it one, where it lives, whether two overlap (asked
-by exchange, transfers and io alike); nothing here moves data."""
+"""What an array is to interop: is it one, where it lives, whether two overlap."""
 
 from __future__ import annotations
 
@@ -169,8 +168,7 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
     shape = tuple(out.shape)
     if 0 in shape:
         return
-    # Apart for certain: sorted by stride, each axis steps past the extent of the axes
-    # inside it (every view but broadcast or as_strided ones; rarer layouts are refused)
+    # apart for certain: sorted by stride, each axis steps past the axes inside it
     extent = itemsize
     for stride, n in sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1):
         if stride < extent:
@@ -207,8 +205,7 @@ def import_foreign(
     require: Callable[[], Any] | None = None,
     context: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> Any:
-    """NumPy or CuPy sharing a foreign producer's memory, once it is one and ``require()``
-    passed (the library the caller needs); CUDA data imported inside ``context``."""
+    """NumPy or CuPy sharing a foreign producer's memory (CUDA data inside ``context``)."""
     dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
     if not dlpack and not hasattr(x, "__cuda_array_interface__"):
         raise not_an_array(func, x)

@@ -185,14 +185,12 @@ def stream(s: Any) -> Iterator[Any]:
     cp = _backends.require_cupy_device()
     if device is None:
         device = int(cp.cuda.runtime.getDevice())
-    if type(s).__module__.startswith("torch") and hasattr(s, "cuda_stream"):
-        torch_side = s
-    else:
-        torch_side = torch_stream(handle, device)
-    if type(s).__module__.startswith("cupy") and hasattr(s, "ptr"):
-        cupy_side = s
-    else:
-        cupy_side = cupy_stream(handle, device)
+    module = type(s).__module__
+    is_torch = module.startswith("torch") and hasattr(s, "cuda_stream")
+    torch_side = s if is_torch else torch_stream(handle, device)
+    cupy_side = (
+        s if module.startswith("cupy") and hasattr(s, "ptr") else cupy_stream(handle, device)
+    )
     key = (int(device), 0 if handle == LEGACY_DEFAULT else int(handle))
     with contextlib.ExitStack() as stack:
         stack.enter_context(cp.cuda.Device(device))

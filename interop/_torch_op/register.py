@@ -107,8 +107,7 @@ def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
 
 def _math_bits_to_kernel(th: Any, op: Any) -> None:
     """Send tensors with the conjugate or negative bit on to ``op``'s kernel."""
-    # The kernel refuses them for a mutated argument (PyTorch's fallback for these bits
-    # fails there) and resolves them into a copy for the others.
+    # the kernel refuses them for a mutated argument, resolves them into a copy otherwise
     keys = th._C.DispatchKey
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:

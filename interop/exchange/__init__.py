@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["to_cupy", "to_numpy", "to_torch"]
 
-# (library, array type) -> the module with to_numpy(x, copy), to_torch(x, target, copy) and
-# to_cupy(x, target, copy) of its arrays (else _foreign), through sys.modules: no imports
+# (library, array type) -> the module exchanging its arrays (else _foreign), via sys.modules
 _SOURCES: dict[tuple[str, str], ModuleType] = {
     ("numpy", "ndarray"): _numpy,
     ("torch", "Tensor"): _torch,

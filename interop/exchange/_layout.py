@@ -1,6 +1,5 @@
-"""The layout rules of the exchange: which memory PyTorch can share as it is (strides
-in elements, none negative, elements aligned to their itemsize: its kernels crash on
-other memory), and read-only broadcast views, as ``numpy.broadcast_to`` makes them."""
+"""The layout rules of the exchange: which memory PyTorch can share as it is, and
+read-only broadcast views (docs/exchange.md)."""
 
 from __future__ import annotations
 

@@ -118,8 +118,7 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         else:
             c = cp.from_dlpack(t)
         if copied:
-            # the resolved copy goes back to PyTorch's pool when CuPy drops it: not for
-            # reuse before the work CuPy queued on it is done
+            # not reused by PyTorch's pool before the work CuPy queued on it is done
             t.record_stream(streams.torch_stream(handle, index))
         return c
 

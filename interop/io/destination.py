@@ -109,8 +109,7 @@ class Destination:
     def _name_unnamed(self, fd: int) -> None:
         """Give the unnamed file ``fd`` its hidden name, ready for :meth:`commit`."""
         assert self.temporary is not None
-        # A directory descriptor makes os.link call linkat (a plain link(2)
-        # would link the /proc entry itself, not follow it to the file).
+        # a directory fd makes os.link call linkat, which follows the /proc entry
         directory = os.open(self.temporary.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             self._under_a_free_name(
