@@ -1,5 +1,4 @@
-"""The one place that answers "is library X usable here?" (:func:`torch`, :func:`cupy`,
-the ``require_*`` checks); arrays are recognised through ``sys.modules``, never imports."""
+"""The one place that answers "is library X usable here?", without importing it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Process-wide state (host threads, idle pinned buffers, stream ticks), and the one
-fork handler that resets it and what other modules register with :func:`at_fork`: a
-forked child has only the forking thread, and its parent's CUDA memory is not its own."""
+"""Process-wide state, and the one fork handler resetting it and what :func:`at_fork` got."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator`` and the CuPy
-allocator over PyTorch's pool that ``torch_op`` uses too (the rules: docs/streams.md)."""
+"""One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator`` (docs/streams.md)."""
 
 from __future__ import annotations
 
@@ -256,8 +255,7 @@ _process_allocator = TorchAllocator()  # the one use_torch_allocator installs
 
 
 class AllocatorScope:
-    """``malloc`` as this thread's allocator: for the block if entered, else process-wide
-    once dropped (no lock: the garbage collector may drop it anywhere)."""
+    """``malloc`` as this thread's allocator: for the block, or process-wide once dropped."""
 
     def __init__(self, cp: Any, malloc: Any) -> None:
         self._get, self._set = thread_setting(cp)

@@ -1,5 +1,4 @@
-"""Exception classes of interop: each derives from :class:`InteropError` and from
-the built-in exception a user would already catch (docs/errors.md)."""
+"""Exception classes of interop, each also a built-in exception class (docs/errors.md)."""
 
 from __future__ import annotations
 

@@ -77,8 +77,7 @@ def _cupy_info() -> dict[str, Any]:
 
 
 def collect_info() -> dict[str, Any]:
-    """Versions of Python and the array libraries, CUDA driver/runtime and devices
-    (what is missing is reported, never raised)."""
+    """Versions, CUDA driver/runtime and devices (what is missing is reported, never raised)."""
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -1,5 +1,4 @@
-"""A :func:`~interop.torch_op`'s schema, from its function's annotations, and
-:func:`array_namespace`."""
+"""A :func:`~interop.torch_op`'s schema from its annotations, and :func:`array_namespace`."""
 
 from __future__ import annotations
 

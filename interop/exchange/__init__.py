@@ -1,5 +1,4 @@
-"""Zero-copy exchange between NumPy, PyTorch and CuPy (the rules: docs/exchange.md): each
-function checks its arguments, then hands ``x`` to its source library's module."""
+"""Zero-copy exchange between NumPy, PyTorch and CuPy (docs/exchange.md)."""
 
 from __future__ import annotations
 

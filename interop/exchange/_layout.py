@@ -1,5 +1,4 @@
-"""The layout rules of the exchange: which memory PyTorch can share as it is, and
-read-only broadcast views (docs/exchange.md)."""
+"""Which memory PyTorch can share as it is, and read-only broadcast views."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""PyTorch tensors as the source of an exchange, and the device and stream rules of
-CUDA exchanges between PyTorch and CuPy."""
+"""PyTorch tensors as the source of an exchange, and CUDA exchanges' device and stream rules."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The ``.npy`` file: its header, where an array's bytes lie in it, and the pipeline's
-host stages that write and read them with positioned I/O (never through a mapping)."""
+"""The ``.npy`` header, where an array's bytes lie, and host stages moving them by pread/pwrite."""
 
 from __future__ import annotations
 
@@ -206,8 +205,7 @@ class Runs:
     nbytes: int
 
     def segments(self, start: int, count: int) -> Iterator[tuple[int, int, int]]:
-        """``(file_offset, position, length)`` pieces of block bytes
-        ``[start, start + count)``; ``position`` counts from ``start``."""
+        """``(file_offset, position from start, length)`` of block bytes from ``start`` on."""
         if count <= 0:
             return
         run, within = divmod(start, self.nbytes)
@@ -261,8 +259,7 @@ def write_all(fd: int, view: memoryview, offset: int | None) -> None:
 
 
 class _FileStage:
-    """A host stage of chunks at ``runs`` in ``fd`` (None: written in order); ``array``: the
-    host array of a host-to-host copy."""
+    """A host stage of chunks at ``runs`` in ``fd`` (None: in order); ``array``: a host source."""
 
     align = 1  # pieces start on a multiple of this many bytes
 
@@ -369,8 +366,7 @@ class FileReader(_FileStage):
 def move(
     arr: Source, stage: FileWriter | FileReader, func: str, order: str, **options: Any
 ) -> None:
-    """Move ``arr``'s chunks through ``stage``: device data via the staging ring, host data
-    chunk by chunk on this thread."""
+    """Move ``arr``'s chunks through ``stage`` (device data via the staging ring)."""
     if arr.on_device:
         to: Literal["d2h", "h2d"] = "d2h" if isinstance(stage, FileWriter) else "h2d"
         request = TransferRequest(func, to, None, stage, device=arr, order=order, **options)

@@ -1,5 +1,4 @@
-"""Replaced files, freed by a background thread: a descriptor held across the rename
-moves the freeing of the old file's blocks (0.5 s per GiB on ext4) to its close."""
+"""Replaced files freed by a thread: rename costs no block freeing (0.5 s/GiB on ext4)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def _file_system_types() -> dict[tuple[int, int], str]:
 
 
 class _ReplacedFiles:
-    """Descriptors of replaced files (:meth:`hold`), closed by a thread (:meth:`close_later`)
-    that leaves after a second idle; ``_held``: fd -> (device, inode), for a forked child."""
+    """Descriptors of replaced files, closed by a thread that leaves after a second idle."""
 
     _IDLE_SECONDS = 1.0
 
@@ -53,8 +51,7 @@ class _ReplacedFiles:
         self._thread: threading.Thread | None = None
 
     def hold(self, target: Path, st: os.stat_result) -> int | None:
-        """A read-only descriptor of ``target`` (the file ``st``) for :meth:`close_later`, or
-        None (small, other links, not a local file system, unreadable, changed)."""
+        """A descriptor of ``target`` (the file ``st``) for :meth:`close_later`, or None."""
         if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
             return None
         # read each time: device numbers of tmpfs, overlay or NFS mounts are reused

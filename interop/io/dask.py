@@ -1,5 +1,4 @@
-"""Save and load dask arrays as one ``.npy`` file, one task per block on the workers
-(:mod:`interop.dask`'s implementation; docs/dask.md)."""
+"""Dask arrays to and from one ``.npy`` file, one task per block (:mod:`interop.dask`)."""
 
 from __future__ import annotations
 
@@ -103,11 +102,8 @@ def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tupl
 def _still_saving(fd: int, what: str) -> None:
     """Raise if the caller gave the save up (it removed the temporary file)."""
     if os.fstat(fd).st_nlink == 0:
-        raise PathNotFoundError(
-            _errno.ENOENT,
-            f"{what}: the save failed or was cancelled (its temporary file was removed); "
-            "this block stopped writing",
-        )
+        why = "the save failed or was cancelled: this block stopped writing"
+        raise PathNotFoundError(_errno.ENOENT, f"{what}: {why}")
 
 
 def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
@@ -224,8 +220,7 @@ def _blocks(keys: list[tuple[int, ...]], limit: int = 8) -> str:
 
 
 def _run(writes: Any) -> tuple[list, list, BaseException | None] | None:
-    """Run the writes on the scheduler in use: None once all are written, else the
-    blocks written, the blocks that failed (where the scheduler says) and the cause."""
+    """Run the writes: None once all are written, else (blocks written, failed, cause)."""
     scheduler = get_scheduler(collections=[writes])
     client = getattr(scheduler, "__self__", None)  # a distributed Client's client.get
     distributed = sys.modules.get("distributed")  # imported where a Client exists
@@ -304,9 +299,9 @@ def save_npy(
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
-        got = f"{type(darr).__module__}.{type(darr).__qualname__}"
         raise InvalidTypeError(
-            f"{func} expected a dask.array.Array (got {got}); or interop.save_npy"
+            f"{func} expected a dask.array.Array (got {type(darr).__module__}."
+            f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
     refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
     dtype = np.dtype(darr.dtype)
@@ -356,15 +351,14 @@ def save_npy(
                 "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
             )
             culprit = f"block(s) {_blocks(failed)} could not be written; " if failed else ""
-            err = SaveError(
+            raise SaveError(
                 f"{func} of {str(path)!r} {reason}; {culprit}{len(done)} of {nblocks} blocks "
                 f"were written {_blocks(done)}; no file was left under {str(path)!r} (an "
                 "existing one is untouched)",
                 blocks_done=done,
                 nblocks=nblocks,
                 nbytes=nbytes,
-            )
-            raise err from cause
+            ) from cause
         destination.commit()
     except BaseException:
         _abandon(destination)  # returns once no block task writes the file any more

@@ -1,5 +1,4 @@
-"""Where a saved file goes (docs/npy.md): :func:`prepare_destination` checks it in named
-steps before any data moves; a :class:`Destination` writes a temporary renamed over it."""
+"""Where a saved file goes: checked in named steps, written atomically (docs/npy.md)."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ _NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
 class Destination:
-    """A checked place to write one file: through :meth:`open`, or :meth:`create` then
-    :meth:`commit` or :meth:`discard` (where other processes write it by name)."""
+    """A checked place to write one file: :meth:`open`, or :meth:`create` then :meth:`commit`."""
 
     __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
 

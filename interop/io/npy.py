@@ -1,5 +1,4 @@
-"""``save_npy`` / ``load_npy``: each chunk goes between the file (at its offset)
-and the array, through the staging ring for device data."""
+"""``save_npy`` / ``load_npy``: chunks between the file and the array (docs/npy.md)."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def save_npy(
             f.flush()
             runs = None if dest.streaming else Runs(np.array([len(header)], np.int64), nbytes)
             writer = FileWriter(f.fileno(), runs, repr(str(dest.path)), src.obj, dtype=dtype)
-            # a FIFO or device is written in order, by one thread
-            threads = 1 if dest.streaming else 0
+            threads = 1 if dest.streaming else 0  # a FIFO or device: in order, by one thread
             options = {"chunk_bytes": chunk_bytes, "progress": progress, "threads": threads}
             move(src, writer, "save_npy", "the file's data", **options)
     except TransferError as exc:
@@ -147,12 +145,9 @@ def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
 
 def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None) -> PathError:
     """The :class:`PathError` (with its ``errno``) of a write or rename that failed."""
-    return path_error(
-        exc.errno,
-        f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; "
-        f"{_what_is_left(dest, data_done)}",
-        str(dest.path),
-    )
+    shown, left = str(dest.path), _what_is_left(dest, data_done)
+    message = f"save_npy could not write {shown!r}: {exc.strerror or exc}; {left}"
+    return path_error(exc.errno, message, shown)
 
 
 def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[Any, bool]:
@@ -180,10 +175,7 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
             "requires_grad=True); pass out.detach(), the same memory"
         )
     if _backends.is_torch_tensor(out) and (out.is_conj() or out.is_neg()):
-        raise InvalidValueError(
-            f"expected an out {where} without the conjugate/negative bit (got one with it); "
-            "resolve it first"
-        )
+        raise InvalidValueError(f"expected an out {where} without the conjugate/negative bit")
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise InvalidValueError(f"expected a writable out {where} (got a read-only array)")
     dst = array_source(out, "load_npy")
@@ -196,11 +188,8 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         )
     want = header.dtype if host else header.dtype.newbyteorder("=")
     if dst.shape != header.shape or dst.dtype != want:
-        if (
-            host
-            and dst.shape == header.shape
-            and dst.dtype.newbyteorder("=") == want.newbyteorder("=")
-        ):
+        swapped = dst.dtype.newbyteorder("=") == want.newbyteorder("=")
+        if host and dst.shape == header.shape and swapped:
             name = "out" if isinstance(out, np.ndarray) else "out.numpy()"
             raise InvalidValueError(
                 f"expected out {where} in the file's byte order, dtype {want.str!r} (got "
