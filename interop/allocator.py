@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _backends, _process, streams
-from .errors import BackendUnavailableError, InteropError
+from .errors import InteropError
 from .streams import (
     LEGACY_DEFAULT,
     PER_THREAD_DEFAULT,
@@ -239,16 +239,8 @@ def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
 
 
 def thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """CuPy's getter and setter of the calling thread's own allocator."""
-    memory = cp.cuda.memory
-    get = getattr(memory, "_get_thread_local_allocator", None)
-    set_ = getattr(memory, "_set_thread_local_allocator", None)
-    if get is None or set_ is None:
-        raise BackendUnavailableError(
-            "expected a CuPy with thread-local allocators (cupy.cuda.using_allocator) (got "
-            f"CuPy {getattr(cp, '__version__', '?')!r} without them); upgrade CuPy"
-        )
-    return get, set_
+    """CuPy's getter and setter of the calling thread's own allocator (CuPy >= 7)."""
+    return cp.cuda.memory._get_thread_local_allocator, cp.cuda.memory._set_thread_local_allocator
 
 
 _process_allocator = TorchAllocator()  # the one use_torch_allocator installs

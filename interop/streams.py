@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -28,11 +27,8 @@ def cupy_consumer_handle(s: Any) -> int:
     handle = int(s.ptr)
     if handle:
         return handle
-    try:
-        from cupy_backends.cuda.stream import get_default_stream_ptr
-    except ImportError:  # a CuPy without it: the variable, read as CuPy reads it
-        on = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
-        return PER_THREAD_DEFAULT if on else LEGACY_DEFAULT
+    from cupy_backends.cuda.stream import get_default_stream_ptr  # CuPy >= 8
+
     return int(get_default_stream_ptr())
 
 

@@ -285,8 +285,8 @@ def _check_directory(target: Path, shown: str, func: str) -> os.stat_result:
     try:
         dir_st = os.stat(directory)
     except OSError as exc:
-        why = f"its directory {str(directory)!r} does not exist"
-        why = why if isinstance(exc, FileNotFoundError) else exc.strerror
+        missing = f"its directory {str(directory)!r} does not exist"
+        why = missing if isinstance(exc, FileNotFoundError) else str(exc.strerror)
         raise path_error(exc.errno, f"{func} cannot write {shown!r}: {why}", shown) from exc
     if not stat.S_ISDIR(dir_st.st_mode):
         why = f"{str(directory)!r} is a file"
