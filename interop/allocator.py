@@ -325,10 +325,8 @@ def use_torch_allocator() -> Any:
     ------
     StreamMismatchError
         On allocation: CuPy's current stream is not PyTorch's.
-    BackendUnavailableError
-        PyTorch or CuPy is not installed.
-    NoDeviceError
-        No CUDA device is visible.
+    BackendUnavailableError, NoDeviceError
+        PyTorch or CuPy is not installed, or no CUDA device is visible.
     """
     _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()

@@ -171,10 +171,8 @@ def stream(s: Any) -> Iterator[Any]:
     ------
     InvalidTypeError, InvalidValueError
         ``s`` is not a stream-like, or a negative handle; checked first.
-    BackendUnavailableError
-        PyTorch or CuPy is not installed.
-    NoDeviceError
-        No CUDA device is visible (:class:`~interop.CudaAfterForkError` after a fork).
+    BackendUnavailableError, NoDeviceError
+        PyTorch or CuPy is not installed, or no CUDA device is visible.
     """
     handle, device = resolve_stream(s)
     th = _backends.require_torch_cuda()
