@@ -185,8 +185,7 @@ def require_cupy_device() -> ModuleType:
         )
         raise NoDeviceError(
             f"expected a CUDA device for CuPy (got none: cupy.cuda.is_available() is False{said}); "
-            "run on a machine with an NVIDIA GPU and driver, or keep the data on the host "
-            f"with interop.to_numpy / interop.to_torch{forked}"
+            f"run on a machine with an NVIDIA GPU, or keep the data on the host{forked}"
         )
     return cp
 
@@ -202,8 +201,7 @@ def require_torch_cuda() -> ModuleType:
     if not th.cuda.is_available():
         raise NoDeviceError(
             "expected a CUDA device for PyTorch (got none: torch.cuda.is_available() is False, "
-            f"torch {th.__version__}); install a CUDA build of PyTorch on a machine with an "
-            "NVIDIA GPU, or use device='cpu'"
+            f"torch {th.__version__}); use a CUDA build on an NVIDIA GPU, or device='cpu'"
         )
     note_cuda_initialised()
     _torch_cuda_in = pid

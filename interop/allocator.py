@@ -192,9 +192,8 @@ class TorchAllocator:
             _check_streams(device, handle)
         elif (device, handle) != self.pinned:
             raise StreamMismatchError(
-                f"expected CuPy to allocate on PyTorch's current stream of cuda:{self.pinned[0]} "
-                f"inside an interop.torch_op (got stream {handle:#x} of cuda:{device}); do not "
-                "switch CuPy's device or stream inside the function"
+                f"expected an interop.torch_op to allocate on cuda:{self.pinned[0]}'s stream (got "
+                f"{handle:#x} of cuda:{device}); do not switch CuPy's device or stream in it"
             )
         try:
             tensor = th.empty((size,), dtype=th.uint8, device=th.device("cuda", device))
@@ -216,17 +215,13 @@ def _check_streams(device: int, cupy_handle: int) -> None:
     torch_handle = torch_stream_handle(device)
     if cupy_handle == PER_THREAD_DEFAULT and torch_handle != PER_THREAD_DEFAULT:
         raise StreamMismatchError(
-            "expected CuPy's current stream to be one PyTorch can allocate on (got the "
-            "per-thread default stream: CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1); run the CuPy code "
-            "inside `with interop.stream(s):` with an explicit stream, or unset "
-            "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
+            "expected a CuPy stream PyTorch can allocate on (got the per-thread default stream: "
+            "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1); use `with interop.stream(s):`, or unset it"
         )
     if not same_stream(cupy_handle, torch_handle):
         raise StreamMismatchError(
-            f"expected CuPy and PyTorch to share the current stream on cuda:{device} while "
-            f"CuPy allocates from PyTorch's pool (got CuPy stream {cupy_handle:#x}, PyTorch "
-            f"stream {torch_handle:#x}); use `with interop.stream(s):` instead of "
-            "torch.cuda.stream / cupy.cuda.Stream alone"
+            f"expected CuPy and PyTorch to share the current stream on cuda:{device} (got CuPy "
+            f"{cupy_handle:#x}, PyTorch {torch_handle:#x}); use `with interop.stream(s):`"
         )
 
 

@@ -224,9 +224,8 @@ def import_foreign(
                 return cp.from_dlpack(x)  # on CuPy's current stream there
         except Exception as exc:
             raise InvalidValueError(
-                f"{func} expected an object whose DLPack export holds its data (got "
-                f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert "
-                "it with its own library first (e.g. numpy.asarray(x))"
+                f"{func} expected an object whose DLPack export works (got {describe(x)}: "
+                f"{type(exc).__name__}: {exc}); convert it with its own library first"
             ) from exc
 
 

@@ -156,8 +156,7 @@ def cupy_stream_handle(func: str, index: int) -> int:
     if capturing(current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
-            "two different current streams); run the block under `with interop.stream(s):`, "
-            "s the capturing stream"
+            "two); run the block under `with interop.stream(s):`, s the capturing stream"
         )
     return handle
 

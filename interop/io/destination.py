@@ -80,12 +80,8 @@ class Destination:
                 return make(self.temporary)
             except FileExistsError:
                 self.temporary = _temporary_name(self.target)
-        raise path_error(
-            errno.EEXIST,
-            f"{self.func} could not create a temporary file beside {str(self.target)!r} "
-            f"after {_TEMPORARY_TRIES} tries (every drawn name existed)",
-            str(self.temporary),
-        )
+        message = f"{self.func} could not create a temporary file beside {str(self.target)!r}"
+        raise path_error(errno.EEXIST, message, str(self.temporary))
 
     def _create_unnamed(self) -> int | None:
         """An unnamed temporary beside the target (``O_TMPFILE``); None where there is none."""
@@ -181,11 +177,9 @@ def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
     mine = os.stat(temporary)
     if (mine.st_uid, mine.st_gid) != (st.st_uid, st.st_gid):
         for uid in (st.st_uid, -1):
-            try:
+            with contextlib.suppress(PermissionError):
                 os.chown(temporary, uid, st.st_gid)
                 break
-            except PermissionError:
-                continue
     os.chmod(temporary, stat.S_IMODE(st.st_mode))
 
 
