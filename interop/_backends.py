@@ -146,17 +146,11 @@ def note_if_driver_initialised() -> None:
         note_cuda_initialised()
 
 
-def _torch_in_bad_fork() -> bool:
-    """True in a child forked after PyTorch initialised CUDA in its parent."""
-    th = sys.modules.get("torch")
-    check = getattr(getattr(th, "cuda", None), "_is_in_bad_fork", None)
-    return bool(check()) if callable(check) else False
-
-
 def check_not_forked() -> None:
     """Raise :class:`CudaAfterForkError` in a child forked after CUDA was initialised."""
     parent = _cuda_initialised_in
-    if (parent is None or parent == os.getpid()) and not _torch_in_bad_fork():
+    bad_fork = getattr(getattr(sys.modules.get("torch"), "cuda", None), "_is_in_bad_fork", None)
+    if (parent is None or parent == os.getpid()) and not (callable(bad_fork) and bad_fork()):
         return
     who = "its parent" if parent is None else f"process {parent}"
     raise CudaAfterForkError(

@@ -27,11 +27,9 @@ class StreamMismatchError(InteropError, RuntimeError):
 
 
 class DeferredFrees:
-    """Frees deferred while other streams may use a block or a capture forbids events.
+    """Frees deferred while other streams may use a block (``record`` makes their events).
 
-    ``record(device, handle)`` gives an event with ``query()``; ``delete(ptr)`` frees.
-    :meth:`free` runs in CuPy's destructors, anywhere: it only queues, and the lock is
-    only ever tried (the holder looks at the queue again after releasing it).
+    :meth:`free` runs in CuPy's destructors, anywhere: it only queues; the lock is only tried.
     """
 
     def __init__(
@@ -57,7 +55,6 @@ class DeferredFrees:
         self._waiting: list[tuple[int, list[Any]]] = []  # ptr, events not yet seen complete
 
     def allocated(self, ptr: int, device: int, handle: int) -> None:
-        """Remember that ``ptr`` was allocated on stream ``handle`` of ``device``."""
         self._live[ptr] = (device, handle, streams.stream_uses.now())  # one store: atomic
 
     def free(self, ptr: int) -> None:
@@ -172,11 +169,8 @@ class TorchBlock:
 
 
 class TorchAllocator:
-    """A CuPy allocator whose blocks are ``uint8`` tensors on PyTorch's current stream.
-
-    ``pinned``: the ``(device, stream ptr)`` a ``torch_op`` call allocates on, blocks
-    freed at once; else CuPy's stream must be PyTorch's and frees are deferred.
-    """
+    """A CuPy allocator of ``uint8`` tensors on PyTorch's current stream (``pinned``: the
+    ``(device, stream ptr)`` of a ``torch_op`` call, whose frees are not deferred)."""
 
     __slots__ = ("pinned",)
 

@@ -41,7 +41,6 @@ def describe(x: object) -> str:
 
 
 def not_an_array(func: str, x: object) -> InvalidTypeError:
-    """The error for an argument that is not an array."""
     return InvalidTypeError(
         f"{func} expected a NumPy array (or scalar), a PyTorch tensor, a CuPy array, or an "
         f"object with __dlpack__ or __cuda_array_interface__ (got {describe(x)})"

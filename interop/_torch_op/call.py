@@ -151,7 +151,6 @@ class Call:
             )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The operator's kernel: tensors in, tensors out."""
         if self.positions and len(args) >= self.needed:
             # the common case first, without tensors()'s checks (saves about 1 us of 17)
             values = [args[i] for i in self.positions]

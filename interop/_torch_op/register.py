@@ -127,13 +127,6 @@ def torch_op(
 ) -> Callable[[Callable[..., Any]], Any]:
     """Turn a function of CuPy or NumPy arrays into a PyTorch operator.
 
-    ::
-
-        @interop.torch_op("mylib::scale", like=0)
-        def scale(x, factor: float = 2.0):
-            xp = interop.array_namespace(x)  # cupy for CUDA tensors, numpy for CPU
-            return xp.multiply(x, factor)
-
     Parameters
     ----------
     name : str

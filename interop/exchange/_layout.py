@@ -11,7 +11,6 @@ from ..errors import CopyRequiredError
 
 
 def copy_required(what: str) -> CopyRequiredError:
-    """The error for ``copy=False`` where ``what`` needs a copy."""
     return CopyRequiredError(f"copy=False, but {what} needs a copy; pass copy=None or copy=True")
 
 

@@ -368,8 +368,6 @@ def save_npy(
 
 @dataclass(frozen=True)
 class _Source:
-    """What the read tasks need to know about the file."""
-
     layout: Layout  # in file order (a Fortran-order file: the transposed shape)
     fortran: bool
     identity: tuple[int, int, int, int]  # npy.file_identity when the header was read
@@ -377,7 +375,6 @@ class _Source:
 
 
 def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
-    """Task: read one block from the file."""
     layout = source.layout
     origin, shape, what = _block(block_info[None], layout, "interop.dask.load_npy", source.fortran)
     # a file replaced in between would give blocks of two files, silently
