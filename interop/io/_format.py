@@ -367,13 +367,10 @@ def move(
     arr: Source, stage: FileWriter | FileReader, func: str, order: str, **options: Any
 ) -> None:
     """Move ``arr``'s chunks through ``stage`` (device data via the staging ring)."""
+    to: Literal["d2h", "h2d", "h2h"] = "d2h" if isinstance(stage, FileWriter) else "h2d"
     if arr.on_device:
-        to: Literal["d2h", "h2d"] = "d2h" if isinstance(stage, FileWriter) else "h2d"
-        request = TransferRequest(func, to, None, stage, device=arr, order=order, **options)
+        options["device"] = arr
     else:
-        options.update(threads=1, inline=True)
-        shape, itemsize = arr.shape, arr.dtype.itemsize
-        request = TransferRequest(
-            func, "h2h", None, stage, shape=shape, itemsize=itemsize, order=order, **options
-        )
-    start(request).result()
+        to = "h2h"
+        options.update(threads=1, inline=True, shape=arr.shape, itemsize=arr.dtype.itemsize)
+    start(TransferRequest(func, to, None, stage, order=order, **options)).result()

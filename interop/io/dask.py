@@ -435,14 +435,12 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
             f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
         ) from exc
-    dtype, empty = header.dtype, (0,) * len(header.shape)
+    dtype, xp = header.dtype, np
     if target is not None and target[0] == "cuda":  # native byte order: CuPy holds no other
-        cp = _backends.require_cupy_device()
+        xp = _backends.require_cupy_device()
         dtype = header.dtype.newbyteorder("=")
         dtypes.check_cupy_dtype(dtype)
-        meta = cp.empty(empty, dtype)  # the empty block that describes the blocks to dask
-    else:
-        meta = np.empty(empty, dtype)
+    meta = xp.empty((0,) * len(header.shape), dtype)  # the empty block describing the blocks
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
     layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
     source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())

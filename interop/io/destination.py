@@ -367,11 +367,7 @@ def _not_writable(func: str, dest: Path, st: os.stat_result) -> PathError:
     if _read_only_fs(dest):
         why, fix = "on a read-only file system", "save elsewhere"
     else:
-        why = "which this process may not write"
-        fix = "make it writable (chmod u+w) or save elsewhere"
-    return path_error(
-        errno.EACCES,
-        f"{func} expected a writable file (got {str(dest)!r}, mode "
-        f"{stat.filemode(st.st_mode)}, {why}); numpy.save refuses it too: {fix}",
-        str(dest),
-    )
+        why, fix = "which this process may not write", "chmod u+w it or save elsewhere"
+    mode = stat.filemode(st.st_mode)
+    message = f"{func} expected a writable file (got {str(dest)!r}, mode {mode}, {why}); {fix}"
+    return path_error(errno.EACCES, message, str(dest))
