@@ -10,14 +10,6 @@ from typing import Any
 
 from . import _backends, _process, streams
 from .errors import InteropError
-from .streams import (
-    LEGACY_DEFAULT,
-    PER_THREAD_DEFAULT,
-    capture_under_way,
-    cupy_stream,
-    same_stream,
-    torch_stream_handle,
-)
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
 
@@ -135,7 +127,7 @@ class _RecordedEvent:
         cp = _backends.cupy()
         with cp.cuda.Device(device):
             self._event = cp.cuda.Event(disable_timing=True)
-            self._event.record(cupy_stream(handle, device))
+            self._event.record(streams.cupy_stream(handle, device))
 
     def query(self) -> bool:
         return bool(self._event.done)
@@ -150,7 +142,7 @@ def _release(ptr: int) -> None:
     _held.pop(ptr, None)  # the last reference: PyTorch's pool has the block again
 
 
-_frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
+_frees = DeferredFrees(_RecordedEvent, _release, streams.capture_under_way)
 _process.at_fork("deferred frees", _frees.reset)
 
 
@@ -199,20 +191,20 @@ class TorchAllocator:
         # when CuPy drops them, as for any tensor; the others go through _frees.
         deferred = ptr if self.pinned is None else 0
         if deferred:
-            _frees.allocated(ptr, device, 0 if handle == LEGACY_DEFAULT else handle)
+            _frees.allocated(ptr, device, 0 if handle == streams.LEGACY_DEFAULT else handle)
         memory = cp.cuda.UnownedMemory(ptr, size, TorchBlock(tensor, deferred, self), device)
         return cp.cuda.MemoryPointer(memory, 0)
 
 
 def _check_streams(device: int, cupy_handle: int) -> None:
     """Raise unless CuPy's current stream ``cupy_handle`` is PyTorch's on ``device``."""
-    torch_handle = torch_stream_handle(device)
-    if cupy_handle == PER_THREAD_DEFAULT and torch_handle != PER_THREAD_DEFAULT:
+    torch_handle = streams.torch_stream_handle(device)
+    if cupy_handle == streams.PER_THREAD_DEFAULT and torch_handle != streams.PER_THREAD_DEFAULT:
         raise StreamMismatchError(
             "expected a CuPy stream PyTorch can allocate on (got the per-thread default stream: "
             "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1); use `with interop.stream(s):`, or unset it"
         )
-    if not same_stream(cupy_handle, torch_handle):
+    if not streams.same_stream(cupy_handle, torch_handle):
         raise StreamMismatchError(
             f"expected CuPy and PyTorch to share the current stream on cuda:{device} (got CuPy "
             f"{cupy_handle:#x}, PyTorch {torch_handle:#x}); use `with interop.stream(s):`"
