@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -141,9 +142,10 @@ def cuda_driver_initialised() -> bool:
 
 
 def note_if_driver_initialised() -> None:
-    """Note this process if the driver says it was initialised (asked before a fork)."""
-    if _cuda_initialised_in is None and cuda_driver_initialised():
-        note_cuda_initialised()
+    """Note this process if the driver says it was initialised (a fork handler: never raises)."""
+    with contextlib.suppress(Exception):
+        if _cuda_initialised_in is None and cuda_driver_initialised():
+            note_cuda_initialised()
 
 
 def check_not_forked() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -16,9 +15,8 @@ from . import _backends
 
 __all__: list[str] = []
 
-# The resets in a forked child, in order. Deferred frees first: later steps allocate, and
-# CuPy's destructors run then must find the parent's blocks forgotten. Replaced files
-# last: the only step that calls the OS; the others only replace locks and objects.
+# The resets in a forked child, in order: deferred frees first (later steps allocate, and
+# CuPy's destructors must find no parent's block), replaced files (which call the OS) last.
 ORDER = (
     "deferred frees",
     "stream uses",
@@ -37,18 +35,15 @@ def at_fork(step: str, reset: Callable[[], None]) -> None:
     _resets[step].append(reset)
 
 
-def _before_fork() -> None:
-    with contextlib.suppress(Exception):  # never stop a fork
-        _backends.note_if_driver_initialised()
-
-
 def _after_fork_in_child() -> None:
     for step in ORDER:
         for reset in _resets[step]:
             reset()
 
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_backends.note_if_driver_initialised, after_in_child=_after_fork_in_child
+)
 
 
 class HostPool:

@@ -37,8 +37,7 @@ class DeferredFrees:
 
     def reset(self) -> None:
         """Forget every block (a forked child's are its parent's CUDA context's)."""
-        # ptr -> (device, stream, tick); first, so that a free the garbage collector
-        # runs meanwhile finds no block of the parent's
+        # ptr -> (device, stream, tick); first: a free run meanwhile finds no parent's block
         self._live: dict[int, tuple[int, int, int]] = {}
         # guards the handling of _freed and all of _aside and _waiting (only ever tried)
         self._lock = threading.Lock()
@@ -83,8 +82,7 @@ class DeferredFrees:
                 self._aside.append((ptr, device, sorted(others)))
             else:
                 self._delete(ptr)
-        # A block whose event or delete fails is dropped (lost rather than handed out
-        # while a stream may use it); the error goes to the caller, the others stay.
+        # a block whose event or delete fails is lost (never handed out early); the error raises
         if not (self._aside or self._waiting) or self._capturing():
             return
         if self._aside:
@@ -133,8 +131,7 @@ class _RecordedEvent:
         return bool(self._event.done)
 
 
-# ptr -> the tensor of a block CuPy freed, kept until _frees gives the block back (for
-# ever in a forked child, for a block of its parent: the child's _frees never saw it)
+# ptr -> the tensor of a block CuPy freed, kept until _frees gives it back (a parent's: forever)
 _held: dict[int, Any] = {}
 
 
@@ -187,8 +184,7 @@ class TorchAllocator:
             # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
             raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
         ptr = tensor.data_ptr()
-        # A torch_op call's blocks are used on its stream only: PyTorch gives them back
-        # when CuPy drops them, as for any tensor; the others go through _frees.
+        # a torch_op call's blocks are used on its stream only: no deferred free
         deferred = ptr if self.pinned is None else 0
         if deferred:
             _frees.allocated(ptr, device, 0 if handle == streams.LEGACY_DEFAULT else handle)
@@ -261,8 +257,7 @@ class AllocatorScope:
             self._set(self._blocks.pop())
 
     def __del__(self) -> None:
-        # Runs wherever the last reference goes, in any thread: no lock, and nothing let
-        # out (a finalizer could only have it printed).
+        # runs in any thread: no lock, and nothing let out (a finalizer could only print it)
         with contextlib.suppress(BaseException):
             if self.__dict__.get("_plain"):
                 self._plain = False

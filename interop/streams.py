@@ -15,8 +15,7 @@ from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["stream"]
 
-# cudaStreamLegacy: the legacy default stream, which PyTorch and CuPy call 0. PyTorch
-# takes 1 for one of its own pool streams' ids and refuses it as an external stream.
+# cudaStreamLegacy, which PyTorch and CuPy call 0 (PyTorch refuses 1 as an external stream)
 LEGACY_DEFAULT = 1
 # cudaStreamPerThread: CuPy's default stream with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
 PER_THREAD_DEFAULT = 2

@@ -190,8 +190,7 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
 
 def _abandon(destination: Destination) -> None:
     """Remove the temporary file; return once no block task writes it any more."""
-    # Tasks check the link count before each piece and hold a shared lock until they
-    # close; truncating frees the space even while a stopped task holds the file.
+    # tasks stop at a link count of 0; truncating frees the space a stopped one still holds
     fd = -1
     if destination.temporary is not None:
         with contextlib.suppress(OSError):
