@@ -28,9 +28,7 @@ exit status: 0 when every row ran or was skipped for a stated reason; 1 when a
 row raised or returned wrong data; 2 for bad arguments, a bad
 INTEROP_BENCH_SCALE or a --json PATH that cannot be written.
 
-examples:
-  python -m interop bench --quick
-  python -m interop bench --json results/bench.json"""
+example: python -m interop bench --quick --json results/bench.json"""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,15 +35,13 @@ def at_fork(step: str, reset: Callable[[], None]) -> None:
     _resets[step].append(reset)
 
 
-def _after_fork_in_child() -> None:
+def _reset_in_child() -> None:
     for step in ORDER:
         for reset in _resets[step]:
             reset()
 
 
-os.register_at_fork(
-    before=_backends.note_if_driver_initialised, after_in_child=_after_fork_in_child
-)
+os.register_at_fork(before=_backends.note_if_driver_initialised, after_in_child=_reset_in_child)
 
 
 class HostPool:

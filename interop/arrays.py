@@ -223,8 +223,9 @@ def import_foreign(
                 return cp.from_dlpack(x)  # on CuPy's current stream there
         except Exception as exc:
             raise InvalidValueError(
-                f"{func} expected an object whose DLPack export works (got {describe(x)}: "
-                f"{type(exc).__name__}: {exc}); convert it with its own library first"
+                f"{func} expected an object whose DLPack export holds its data (got "
+                f"{describe(x)}, whose export failed: {type(exc).__name__}: {exc}); convert "
+                "it with its own library first (e.g. numpy.asarray(x))"
             ) from exc
 
 
@@ -268,17 +269,13 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
             f"{func} expected out to be a writable NumPy array (numpy.memmap included) (got "
             f"{type(out).__module__}.{type(out).__qualname__}); use copy_to_device for devices"
         )
-    if out.shape != tuple(src.shape):
-        raise InvalidValueError(
-            f"{func} expected out of shape {tuple(src.shape)} (got {out.shape})"
-        )
+    if out.shape != src.shape:
+        raise InvalidValueError(f"{func} expected out of shape {src.shape} (got {out.shape})")
     if not out.flags.writeable:
         raise InvalidValueError(f"{func} expected a writable out (got a read-only array)")
     check_elements_apart(out, func)
     if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
-        raise InvalidValueError(
-            f"{func} expected out not to overlap the source (got overlapping memory)"
-        )
+        raise InvalidValueError(f"{func} expected out not to overlap the source (got an overlap)")
     want = src.dtype if cast is None else cast
     if out.dtype != want:
         raise InvalidValueError(dtypes.mismatch_message(func, want, out.dtype, cast is None))

@@ -75,11 +75,9 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``copy=False`` where a copy is needed.
     UnsupportedDtypeError
         NumPy and ``ml_dtypes`` cannot hold the dtype (``complex32``, quantized).
-    InvalidTypeError
-        ``x`` is not an array (or a nested or sparse tensor); ``copy`` not None/bool.
-    InvalidValueError
-        A tensor without data (meta, FakeTensor), a device other than CPU or
-        CUDA, or a foreign export that fails.
+    InvalidTypeError, InvalidValueError
+        ``x`` is not an array (or a nested, sparse, meta or fake tensor), a device other
+        than CPU or CUDA, a foreign export that fails; ``copy`` not None/bool.
     """
     tensor = _TENSOR[0]
     if tensor is None:
@@ -117,10 +115,8 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         ``copy=False`` where a copy is needed.
     UnsupportedDtypeError
         PyTorch has no such dtype (object, string, datetime).
-    BackendUnavailableError
-        PyTorch (or, for CUDA data, CuPy) is not installed.
-    NoDeviceError
-        CUDA data or ``device='cuda'`` without a usable CUDA device (or after a fork).
+    BackendUnavailableError, NoDeviceError
+        PyTorch (for CUDA data: CuPy) is not installed, or no CUDA device is usable.
     InvalidTypeError, InvalidValueError
         As for :func:`interop.to_numpy`; a ``device`` of the wrong type or naming none.
     """

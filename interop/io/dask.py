@@ -137,9 +137,7 @@ def _write_block(
         fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
     except FileNotFoundError as exc:
         why = "the save failed or was cancelled, or the worker sees another file system"
-        raise PathNotFoundError(
-            _errno.ENOENT, f"{what}: the temporary file is gone ({why})"
-        ) from exc
+        raise PathNotFoundError(_errno.ENOENT, f"{what}: temporary file gone ({why})") from exc
     try:
         # a shared lock until the close: _abandon's exclusive one waits for it
         with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here

@@ -213,9 +213,7 @@ def checked_path(path: object, func: str) -> str:
             f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
         ) from None
     if "\0" in given:
-        raise InvalidValueError(
-            f"{func} expected a path without a NUL byte (got {given!r}); remove it"
-        )
+        raise InvalidValueError(f"{func} expected a path without a NUL byte (got {given!r})")
     return given
 
 
@@ -225,7 +223,9 @@ def _file_name(path: object, func: str, suffix: str | None = _SUFFIX) -> Path:
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
     if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)):
-        message = f"{func} expected a file path (got {given!r}, which names a directory)"
+        message = (
+            f"{func} expected a file path (got {given!r}, which names a directory); add a file name"
+        )
         raise path_error(errno.EISDIR, message, given)
     name = Path(given)
     if suffix is None or name.suffix or name.name.endswith(suffix):
@@ -252,7 +252,9 @@ def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
         message = f"{func} cannot write {shown!r}: {exc.strerror}{_FIXES.get(exc.errno, '')}"
         raise path_error(exc.errno, message, shown) from exc
     if stat.S_ISDIR(st.st_mode):
-        message = f"{func} expected a file path (got {shown!r}, a directory); add a file name"
+        message = (
+            f"{func} expected a file path (got {shown!r}, a directory); pass a file name inside it"
+        )
         raise path_error(errno.EISDIR, message, shown)
     if _streams(st):
         if not os.access(dest, os.W_OK, effective_ids=True):
@@ -279,7 +281,7 @@ def _check_directory(target: Path, shown: str, func: str) -> os.stat_result:
     try:
         dir_st = os.stat(directory)
     except OSError as exc:
-        missing = f"its directory {str(directory)!r} does not exist"
+        missing = f"its directory {str(directory)!r} does not exist; create it first"
         why = missing if isinstance(exc, FileNotFoundError) else str(exc.strerror)
         raise path_error(exc.errno, f"{func} cannot write {shown!r}: {why}", shown) from exc
     if not stat.S_ISDIR(dir_st.st_mode):

@@ -84,10 +84,8 @@ def save_npy(
 
     Raises
     ------
-    InvalidTypeError, InvalidValueError
-        ``x`` is not an array (masked, object data), a bad ``path`` or ``chunk_bytes``.
-    UnsupportedDtypeError
-        ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
+    InvalidTypeError, InvalidValueError, UnsupportedDtypeError
+        ``x`` is not an array (masked, object or ``torch.complex32`` data), a bad ``path``.
     PathError
         The destination is refused (its ``OSError`` subclass), or cannot be written
         (``ENOSPC``): the destination is untouched.
@@ -333,10 +331,8 @@ def load_npy(
     InvalidValueError, InvalidTypeError
         A wrong ``out`` (shape, dtype, byte order, read-only, a map of the file),
         ``device`` or ``path``; a file replaced since its header was read.
-    BackendUnavailableError, NoDeviceError
-        A CUDA ``device`` without CuPy or a visible GPU.
-    CaptureError
-        A device destination inside CUDA graph capture.
+    BackendUnavailableError, NoDeviceError, CaptureError
+        A CUDA ``device`` without CuPy or a visible GPU, or inside CUDA graph capture.
     PathError
         The file cannot be opened, or is no regular file.
     TransferError
