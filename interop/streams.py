@@ -154,8 +154,7 @@ def stream(s: Any) -> Iterator[Any]:
     Parameters
     ----------
     s : stream-like
-        A ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
-        ``__cuda_stream__``, or a raw handle (int) of the current CuPy device.
+        A PyTorch or CuPy stream, a ``__cuda_stream__`` object, or a raw handle (int).
 
     Yields
     ------

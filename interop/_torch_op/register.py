@@ -134,8 +134,7 @@ def torch_op(
     mutates_args : sequence of str or "unknown"
         The array parameters the function writes into, as in ``torch.library.custom_op``.
     like : int, str, tuple of them, or None
-        The fake: output ``k`` is shaped like the input ``like[k]`` names (checked
-        at each call). ``None``: register one with ``op.register_fake``.
+        The fake: output ``k`` like input ``like[k]``; else use ``op.register_fake``.
 
     Returns
     -------
@@ -151,11 +150,9 @@ def torch_op(
     Raises
     ------
     InvalidTypeError
-        A ``name`` not a ``str``, a signature the schema cannot hold, a bad ``like``;
-        at a call, a non-tensor argument or a wrong return.
+        A bad signature or ``like``; at a call, a non-tensor argument or a wrong return.
     InvalidValueError
-        A bad or taken ``name``; at a call, tensors on two devices, an expanded
-        mutated argument, an output unlike ``like`` or on another device.
+        A bad or taken ``name``; at a call, tensors on two devices, a wrong output.
     CopyRequiredError
         At a call: a conjugate or negative bit on a mutated argument.
     StreamMismatchError

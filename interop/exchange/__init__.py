@@ -56,11 +56,9 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     Parameters
     ----------
     x : array
-        A NumPy array or scalar, a PyTorch tensor, a CuPy array, or an object
-        with ``__dlpack__`` or ``__cuda_array_interface__``.
+        NumPy, PyTorch, CuPy, or ``__dlpack__`` / ``__cuda_array_interface__`` data.
     copy : bool or None
-        ``None``: share where the values stay right, else copy. ``False``: share
-        or raise. ``True``: always an independent copy.
+        ``None``: share where correct, else copy; ``False``: share or raise; ``True``: copy.
 
     Notes
     -----
@@ -76,8 +74,7 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     UnsupportedDtypeError
         NumPy and ``ml_dtypes`` cannot hold the dtype (``complex32``, quantized).
     InvalidTypeError, InvalidValueError
-        ``x`` is not an array (or a nested, sparse, meta or fake tensor), a device other
-        than CPU or CUDA, a foreign export that fails; ``copy`` not None/bool.
+        ``x`` is not an array (or a tensor without strided data), ``copy`` not None/bool.
     """
     tensor = _TENSOR[0]
     if tensor is None:

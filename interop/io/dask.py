@@ -285,14 +285,11 @@ def save_npy(
     Raises
     ------
     TypeError, ValueError
-        Not a dask array, object dtype, masked, unknown chunk sizes, a bad
-        ``chunk_bytes``, a FIFO or device ``path``.
+        Not a dask array, object, masked, unknown chunk sizes, a FIFO ``path``.
     OSError
-        ``path`` is refused, or cannot hold the array (a ``PathError``, ``ENOSPC``),
-        before any block is computed.
+        ``path`` is refused or too small (``PathError``), before any block is computed.
     SaveError
-        A block raised (the ``__cause__``) or the compute was cancelled; raised
-        once no task writes the file any more, no file left under ``path``.
+        A block raised (the ``__cause__``) or it was cancelled; no file is left.
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
@@ -410,8 +407,7 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     Raises
     ------
     ValueError
-        Not a readable ``.npy`` file, a bad ``chunks`` or ``device``; from a
-        task, a file replaced or written since this call.
+        Not a readable ``.npy`` file, bad ``chunks`` or ``device``, a file changed since.
     OSError
         No such file, or no regular file.
     NoDeviceError, BackendUnavailableError, UnsupportedDtypeError

@@ -49,10 +49,6 @@ class Destination:
         self._created = False  # the named temporary exists
         self._opened = False  # create() or open() was called
 
-    def __repr__(self) -> str:
-        how = "streaming" if self.streaming else f"temporary={str(self.temporary)!r}"
-        return f"Destination({str(self.path)!r}, target={str(self.target)!r}, {how})"
-
     def create(self) -> int:
         """Open the FIFO or device, or create :attr:`temporary` exclusively; return the fd."""
         flags = os.O_WRONLY | os.O_CLOEXEC
@@ -69,7 +65,7 @@ class Destination:
     def _first_open(self) -> int:
         """The temporary's mode: open()'s, 0600 until :meth:`commit` where it replaces a file."""
         if self._opened:
-            raise RuntimeError(f"{self!r}: create() was already called")
+            raise RuntimeError(f"{str(self.path)!r}: create() was already called")
         return 0o600 if self.target.exists() else 0o666
 
     def _under_a_free_name(self, make: Callable[[Path], T]) -> T:
@@ -120,7 +116,7 @@ class Destination:
         if self.streaming:
             return
         if not self._created or self.temporary is None:
-            raise RuntimeError(f"{self!r}: nothing to commit (create() first)")
+            raise RuntimeError(f"{str(self.path)!r}: nothing to commit (create() first)")
         old = None
         try:
             try:

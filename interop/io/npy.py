@@ -66,9 +66,7 @@ def save_npy(
     x : array
         A NumPy array, a PyTorch tensor or a CuPy array, any strides.
     path : str or os.PathLike
-        ``.npy`` is appended to a name without a suffix, as by ``numpy.save``;
-        a regular file is replaced atomically, a FIFO or character device written
-        into (docs/npy.md has the rules).
+        Replaced atomically (a FIFO: written into); ``.npy`` added as by ``numpy.save``.
     chunk_bytes, progress
         As for :func:`interop.copy_to_host_async`.
 
@@ -87,8 +85,7 @@ def save_npy(
     InvalidTypeError, InvalidValueError, UnsupportedDtypeError
         ``x`` is not an array (masked, object or ``torch.complex32`` data), a bad ``path``.
     PathError
-        The destination is refused (its ``OSError`` subclass), or cannot be written
-        (``ENOSPC``): the destination is untouched.
+        The destination is refused, or cannot be written (``ENOSPC``); it is untouched.
     TransferError
         A device chunk failed otherwise; the destination is untouched.
     """
@@ -309,8 +306,7 @@ def load_npy(
     out : numpy.ndarray, cupy.ndarray or torch.Tensor, optional
         The file's shape and dtype, any strides.
     device : optional
-        Without ``out``: None or ``"cpu"`` (a NumPy array), or a CUDA device
-        (a CuPy array there). With ``out``: where ``out`` is.
+        Without ``out``: None or ``"cpu"`` (NumPy), or a CUDA device (CuPy).
     chunk_bytes, progress
         As for :func:`interop.copy_to_host_async`.
 
@@ -329,8 +325,7 @@ def load_npy(
     NpyFormatError
         A corrupt, truncated or object-dtype file, or a header ``numpy.load`` would not parse.
     InvalidValueError, InvalidTypeError
-        A wrong ``out`` (shape, dtype, byte order, read-only, a map of the file),
-        ``device`` or ``path``; a file replaced since its header was read.
+        A wrong ``out``, ``device`` or ``path``; a file replaced since its header was read.
     BackendUnavailableError, NoDeviceError, CaptureError
         A CUDA ``device`` without CuPy or a visible GPU, or inside CUDA graph capture.
     PathError
