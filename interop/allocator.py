@@ -293,9 +293,8 @@ def use_torch_allocator() -> Any:
 
     Notes
     -----
-    Each allocation is ordered on PyTorch's current stream, which must be CuPy's
-    (set both with :func:`interop.stream`); a block used on another stream goes
-    back once the work queued there before the free is done.
+    Allocations are on PyTorch's current stream, which must be CuPy's (see
+    :func:`interop.stream`); a block used on other streams waits for them when freed.
 
     Raises
     ------

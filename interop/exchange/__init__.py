@@ -62,10 +62,8 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
 
     Notes
     -----
-    Copy semantics: CPU data is shared (read-only for broadcast views and
-    read-only sources); device data and a conjugate/negative bit are copied;
-    ``bfloat16``/``float8`` give ``ml_dtypes`` dtypes (docs/exchange.md).
-    Stream order: device data is copied by :func:`interop.copy_to_host`.
+    Copy semantics: CPU data is shared (read-only where the source is); device data
+    and a conjugate/negative bit are copied. Stream order: as :func:`interop.copy_to_host`.
 
     Raises
     ------
@@ -101,9 +99,8 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
 
     Notes
     -----
-    Copy semantics: what PyTorch cannot share as it is (negative strides,
-    misaligned, non-native byte order) is copied; a read-only NumPy array is
-    shared with an :class:`interop.ReadOnlyWarning`.
+    Copy semantics: what PyTorch cannot share (negative strides, misaligned, swapped
+    bytes) is copied; a read-only array is shared with :class:`interop.ReadOnlyWarning`.
     Stream order: CUDA data is exported on PyTorch's current stream; no host wait.
 
     Raises
@@ -137,9 +134,8 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
 
     Notes
     -----
-    Copy semantics: host data is always copied, on CuPy's current stream.
-    Stream order: a CUDA tensor is exported on CuPy's current stream of its
-    device (usable there at once; the host is not blocked).
+    Copy semantics: host data is always copied. Stream order: on CuPy's current
+    stream of the data's device (usable there at once; the host is not blocked).
 
     Raises
     ------

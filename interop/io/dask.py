@@ -278,9 +278,8 @@ def save_npy(
 
     Notes
     -----
-    Each block is written at its offsets by the task that makes it, never
-    gathered (device blocks through the staging ring, after their library's
-    current stream); a hidden temporary file is renamed once all are written.
+    Each block is written by the task that makes it (device blocks through the staging
+    ring, after their library's current stream), then a temporary file is renamed.
 
     Raises
     ------
