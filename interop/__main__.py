@@ -6,10 +6,7 @@ import argparse
 import json
 import sys
 
-DESCRIPTION = (
-    "interop: zero-copy exchange and chunked transfers between PyTorch, CuPy and NumPy. "
-    "'info' shows versions and devices; 'bench' measures interop against the usual ways."
-)
+DESCRIPTION = "interop: zero-copy exchange and chunked transfers between PyTorch, CuPy and NumPy."
 
 BENCH_DESCRIPTION = """\
 Measure interop's calls against what people write by hand (numpy.from_dlpack,
@@ -44,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog=BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke run: small sizes, few repeats; checks that every row runs",
-    )
+    bench.add_argument("--quick", action="store_true", help="a smoke run: small sizes, few repeats")
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
 

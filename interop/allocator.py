@@ -281,10 +281,7 @@ def use_torch_allocator() -> Any:
     """Serve CuPy's device allocations from PyTorch's caching allocator.
 
     A plain call (every thread, for the rest of the process) or a ``with`` block
-    (this thread, until the block exits; blocks nest)::
-
-        interop.use_torch_allocator()
-        with interop.use_torch_allocator(): ...
+    (this thread, until the block exits; blocks nest).
 
     Returns
     -------
