@@ -63,11 +63,8 @@ def resolve_stream(s: Any) -> tuple[int, int | None]:
     protocol = getattr(s, "__cuda_stream__", None)
     if protocol is not None:
         value = protocol() if callable(protocol) else protocol
-        if (
-            not isinstance(value, tuple)
-            or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
+        pair = isinstance(value, tuple) and len(value) == 2
+        if not (pair and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
             raise InvalidTypeError(
                 f"expected __cuda_stream__() to return (version, handle) ints (got {value!r})"
             )

@@ -305,13 +305,8 @@ def _check_permissions(
         action = "replace" if st is not None else "create"
         why = f"its directory {str(directory)!r} {why} (a temporary file is written there)"
         raise path_error(errno.EACCES, f"{func} cannot {action} {shown!r}: {why}", shown)
-    euid = os.geteuid()
-    if (
-        st is not None
-        and dir_st.st_mode & stat.S_ISVTX
-        and euid != 0
-        and euid not in (st.st_uid, dir_st.st_uid)
-    ):
+    sticky = dir_st.st_mode & stat.S_ISVTX
+    if st is not None and sticky and os.geteuid() not in (0, st.st_uid, dir_st.st_uid):
         why = f"its directory {str(directory)!r} is sticky and neither it nor the file is yours"
         raise path_error(errno.EPERM, f"{func} cannot replace {shown!r}: {why}", shown)
 
