@@ -94,10 +94,7 @@ class _NotImported:
 def array_types() -> tuple[Any, Any]:
     """``(torch.Tensor, cupy.ndarray)``, or :class:`_NotImported` where not imported."""
     th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
-    return (
-        _NotImported if th is None else th.Tensor,
-        _NotImported if cp is None else cp.ndarray,
-    )
+    return (_NotImported if th is None else th.Tensor, _NotImported if cp is None else cp.ndarray)
 
 
 def cupy_device_count() -> int:

@@ -112,11 +112,7 @@ def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWrit
 
 
 def _write_block(
-    block: Any,
-    *,
-    layout: Layout,
-    chunk_bytes: int | None,
-    block_info: Any = None,
+    block: Any, *, layout: Layout, chunk_bytes: int | None, block_info: Any = None
 ) -> np.ndarray:
     """Task: write one block at its offsets (idempotent); return its byte count as a block."""
     func = "interop.dask.save_npy"
