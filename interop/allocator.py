@@ -19,10 +19,8 @@ class StreamMismatchError(InteropError, RuntimeError):
 
 
 class DeferredFrees:
-    """Frees deferred while other streams may use a block (``record`` makes their events).
-
-    :meth:`free` runs in CuPy's destructors, anywhere: it only queues; the lock is only tried.
-    """
+    """Frees deferred while other streams may use a block (:meth:`free`: from destructors,
+    anywhere, so it only queues and the lock is only tried)."""
 
     def __init__(
         self,

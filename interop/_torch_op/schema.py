@@ -21,10 +21,9 @@ __all__ = ["Array", "array_namespace"]
 class Array:
     """Annotation marker (no instances): an array parameter or return of a :func:`torch_op`.
 
-    Unannotated or ``interop.Array``: a ``Tensor``, received as a CuPy or NumPy
-    array (``Optional`` or a ``None`` default: optional). ``int``, ``float``,
-    ``bool``, ``str``, ``list`` of the first three and ``Optional`` of those pass
-    through. Returns: ``interop.Array``, a ``tuple`` of them, or ``None``.
+    Unannotated or ``Array``: a tensor, received as a CuPy or NumPy array (``Optional``:
+    optional); ``int``, ``float``, ``bool``, ``str`` and ``list``/``Optional`` of them
+    pass through. Returns: ``Array``, a ``tuple`` of them, or ``None``.
     """
 
     def __new__(cls, *args: object, **kwargs: object) -> Array:
