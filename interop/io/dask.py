@@ -31,18 +31,8 @@ from ..errors import (
 from ..pipeline.hostcopy import run_chunk
 from ..pipeline.plan import nbytes_of, plan_chunks
 from ..pipeline.start import empty_device
-from ._format import (
-    FileReader,
-    FileWriter,
-    Layout,
-    Runs,
-    header_bytes,
-    move,
-    open_unchanged,
-    read_npy_header,
-    refuse_masked,
-    write_all,
-)
+from . import _format
+from ._format import read_npy_header, write_all
 from .destination import Destination, prepare_destination
 
 try:
@@ -87,7 +77,7 @@ class SaveError(TransferError):
         self.nblocks = nblocks
 
 
-def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tuple[Any, ...]:
+def _block(info: dict, layout: _format.Layout, func: str, fortran: bool = False) -> tuple[Any, ...]:
     """A task's block: its first element, shape (in file order) and name for messages."""
     location = [tuple(map(int, loc)) for loc in info["array-location"]]
     if fortran:
@@ -106,18 +96,18 @@ def _still_saving(fd: int, what: str) -> None:
         raise PathNotFoundError(_errno.ENOENT, f"{what}: {why}")
 
 
-def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
+def _block_writer(fd: int, runs: _format.Runs, what: str, array: Any = None) -> _format.FileWriter:
     """The file stage writing a block at its runs, stopping once the save was given up."""
-    return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
+    return _format.FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
 
 
 def _write_block(
-    block: Any, *, layout: Layout, chunk_bytes: int | None, block_info: Any = None
+    block: Any, *, layout: _format.Layout, chunk_bytes: int | None, block_info: Any = None
 ) -> np.ndarray:
     """Task: write one block at its offsets (idempotent); return its byte count as a block."""
     func = "interop.dask.save_npy"
     origin, shape, what = _block(block_info[0], layout, func)
-    refuse_masked(block, f"{what}: expected a block", _FILLED)  # a mask its meta did not show
+    _format.refuse_masked(block, f"{what}: expected a block", _FILLED)  # meta showed no mask
     src = array_source(block, func)
     got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
@@ -141,7 +131,7 @@ def _write_block(
         _still_saving(fd, what)
         writer = _block_writer(fd, layout.runs(origin, shape), what, src.obj)
         if src.on_device:  # through the staging ring, whose host threads write each slot
-            move(src, writer, func, "the block's C order", chunk_bytes=chunk)
+            _format.move(src, writer, func, "the block's C order", chunk_bytes=chunk)
         else:  # chunk by chunk on this thread, the block's errors raised as they are
             plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
             for i in range(len(plan.chunks)):
@@ -292,7 +282,7 @@ def save_npy(
             f"{func} expected a dask.array.Array (got {type(darr).__module__}."
             f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
-    refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
+    _format.refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
     dtype = np.dtype(darr.dtype)
     if dtype.hasobject:
         raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
@@ -311,13 +301,13 @@ def save_npy(
         )
     path = destination.path
     shape = tuple(int(n) for n in darr.shape)
-    header = header_bytes(shape, dtype)
+    header = _format.header_bytes(shape, dtype)
     nbytes = nbytes_of(shape, dtype.itemsize)
     # A save has side effects: its keys are new for every call.
     token = tokenize(darr.name, str(destination.target), chunk_bytes, uuid.uuid4().hex)
     _create(destination, header, len(header) + nbytes)
     try:
-        layout = Layout(str(destination.temporary), shape, dtype, len(header))
+        layout = _format.Layout(str(destination.temporary), shape, dtype, len(header))
         writes = da.map_blocks(  # one element per block: its byte count
             _write_block,
             darr,
@@ -357,7 +347,7 @@ def save_npy(
 
 @dataclass(frozen=True)
 class _Source:
-    layout: Layout  # in file order (a Fortran-order file: the transposed shape)
+    layout: _format.Layout  # in file order (a Fortran-order file: the transposed shape)
     fortran: bool
     identity: tuple[int, int, int, int]  # npy.file_identity when the header was read
     host: str  # the machine that read the header (where the device number holds)
@@ -368,15 +358,15 @@ def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
     origin, shape, what = _block(block_info[None], layout, "interop.dask.load_npy", source.fortran)
     # a file replaced in between would give blocks of two files, silently
     same_machine = source.host == socket.gethostname()
-    fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
+    fd = _format.open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
     try:
         if device is None or device[0] != "cuda":
             block = np.empty(shape, layout.dtype)
         else:  # non-native byte order is converted in the slots
             block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
-        reader = FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
+        reader = _format.FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
         dst = array_source(block, "interop.dask.load_npy")
-        move(dst, reader, "interop.dask.load_npy", "the block's C order")
+        _format.move(dst, reader, "interop.dask.load_npy", "the block's C order")
     finally:
         os.close(fd)
     return block.T if source.fortran else block
@@ -430,7 +420,7 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
         dtypes.check_cupy_dtype(dtype)
     meta = xp.empty((0,) * len(header.shape), dtype)  # the empty block describing the blocks
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
-    layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
+    layout = _format.Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
     source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())
     name = f"interop-load-npy-{tokenize(source, normalized, target)}"
     return da.map_blocks(

@@ -31,18 +31,8 @@ from ..errors import (
 from ..pipeline.plan import nbytes_of
 from ..pipeline.request import check_options
 from ..pipeline.start import empty_device
-from ._format import (
-    FileReader,
-    FileWriter,
-    NpyHeader,
-    Runs,
-    file_dtype,
-    header_bytes,
-    move,
-    open_unchanged,
-    read_npy_header,
-    refuse_masked,
-)
+from . import _format
+from ._format import NpyHeader, read_npy_header
 from .destination import Destination, prepare_destination, same_file
 
 if TYPE_CHECKING:
@@ -90,24 +80,28 @@ def save_npy(
         A device chunk failed otherwise; the destination is untouched.
     """
     check_options(chunk_bytes, progress)  # refused before any file is made
-    refuse_masked(x, "save_npy expected an array", "x.filled(fill_value)")
+    _format.refuse_masked(x, "save_npy expected an array", "x.filled(fill_value)")
     src = array_source(x, "save_npy")
     if src.dtype.hasobject:
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
-    dtype = file_dtype(src.dtype)
-    header = header_bytes(src.shape, dtype)
+    dtype = _format.file_dtype(src.dtype)
+    header = _format.header_bytes(src.shape, dtype)
     nbytes = nbytes_of(src.shape, dtype.itemsize)
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
-    writer: FileWriter | None = None
+    writer: _format.FileWriter | None = None
     try:
         with dest.open() as f:  # commit when complete, discard on any error
             f.write(header)
             f.flush()
-            runs = None if dest.streaming else Runs(np.array([len(header)], np.int64), nbytes)
-            writer = FileWriter(f.fileno(), runs, repr(str(dest.path)), src.obj, dtype=dtype)
+            runs = (
+                None if dest.streaming else _format.Runs(np.array([len(header)], np.int64), nbytes)
+            )
+            writer = _format.FileWriter(
+                f.fileno(), runs, repr(str(dest.path)), src.obj, dtype=dtype
+            )
             threads = 1 if dest.streaming else 0  # a FIFO or device: in order, by one thread
             options = {"chunk_bytes": chunk_bytes, "progress": progress, "threads": threads}
-            move(src, writer, "save_npy", "the file's data", **options)
+            _format.move(src, writer, "save_npy", "the file's data", **options)
     except TransferError as exc:
         cause = exc.__cause__
         if writer is not None and any(cause is e for e in writer.failed):
@@ -273,9 +267,8 @@ def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
         if dev == st.st_dev or (name.startswith("/") and same_file(Path(name), st)):
             raise InvalidValueError(
                 f"expected out for {str(header.path)!r} not to be a memory map of that file "
-                f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it, which "
-                "the read would change before reading them); load into new memory and copy: "
-                "out[...] = interop.load_npy(path)"
+                f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it); load "
+                "into new memory and copy: out[...] = interop.load_npy(path)"
             )
 
 
@@ -345,12 +338,14 @@ def load_npy(
     dest, host = _destination(header, out, target)
     result = dest if out is None else out
     view = _c_order_view(dest if host else result, header.fortran_order)
-    fd = open_unchanged(header.path, header.identity, "load_npy")
+    fd = _format.open_unchanged(header.path, header.identity, "load_npy")
     try:
-        runs = Runs(np.array([header.offset], np.int64), header.nbytes)
-        reader = FileReader(fd, runs, repr(str(header.path)), view, dtype=header.dtype)
+        runs = _format.Runs(np.array([header.offset], np.int64), header.nbytes)
+        reader = _format.FileReader(fd, runs, repr(str(header.path)), view, dtype=header.dtype)
         options = {"chunk_bytes": chunk_bytes, "progress": progress}
-        move(array_source(view, "load_npy"), reader, "load_npy", "the file's data", **options)
+        _format.move(
+            array_source(view, "load_npy"), reader, "load_npy", "the file's data", **options
+        )
     finally:
         os.close(fd)
     return result
