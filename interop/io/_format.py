@@ -25,21 +25,7 @@ from ..pipeline.request import TransferRequest
 from ..pipeline.start import start
 from .destination import checked_path, file_kind
 
-__all__ = [
-    "FileReader",
-    "FileWriter",
-    "Layout",
-    "NpyHeader",
-    "Runs",
-    "file_dtype",
-    "file_identity",
-    "header_bytes",
-    "move",
-    "open_unchanged",
-    "read_npy_header",
-    "refuse_masked",
-    "write_all",
-]
+__all__: list[str] = []  # internal, as _backends: used by npy, dask and safetensors
 
 
 @dataclass(frozen=True)

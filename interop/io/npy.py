@@ -10,14 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _backends
-from ..arrays import (
-    array_source,
-    check_elements_apart,
-    is_device_array,
-    numpy_view_of_cpu_tensor,
-    parse_device,
-    target_str,
-)
+from ..arrays import array_source, check_elements_apart, is_device_array, parse_device, target_str
+from ..dtypes import numpy_view_of_cpu_tensor
 from ..errors import (
     BackendUnavailableError,
     InteropError,
