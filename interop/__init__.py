@@ -1,9 +1,4 @@
-"""interop: zero-copy, stream-ordered exchange and chunked transfers between
-PyTorch, CuPy and NumPy.
-
-``import interop`` imports neither torch nor cupy; each is imported the first
-time a call needs it.
-"""
+"""interop: zero-copy exchange and chunked transfers between PyTorch, CuPy and NumPy."""
 
 from __future__ import annotations
 

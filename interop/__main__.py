@@ -6,36 +6,26 @@ import argparse
 import json
 import sys
 
-DESCRIPTION = (
-    "interop: zero-copy exchange and chunked transfers between PyTorch, CuPy and NumPy. "
-    "'info' shows versions and devices; 'bench' measures interop against the usual ways."
-)
+DESCRIPTION = "interop: zero-copy exchange and chunked transfers between PyTorch, CuPy and NumPy."
 
 BENCH_DESCRIPTION = """\
-Measure interop's exchange and transfer calls against what people write by hand
-(numpy.from_dlpack, cupy.asnumpy, t.cpu(), ...) and against the link's limit, each
-figure as a ratio measured in the same run. GPU rows run where CuPy and PyTorch
-both see a CUDA device (elsewhere they are listed as skipped)."""
+Measure interop's calls against what people write by hand (numpy.from_dlpack,
+cupy.asnumpy, t.cpu(), ...) and the link's limit, as ratios measured in the same
+run. GPU rows run where CuPy and PyTorch see a CUDA device (else: skipped)."""
 
 BENCH_EPILOG = """\
 environment variables:
   INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1:
-                        the GPU rows move 1 GiB float32 arrays; --quick a
-                        quarter of that or less)
-  INTEROP_BENCH_DIR     where the file rows write (default: the system
-                        temporary directory)
-  INTEROP_CHUNK_BYTES   bytes per chunk (one staging buffer) of a transfer
-  INTEROP_NUM_BUFFERS   staging buffers in the ring
-  INTEROP_HOST_THREADS  threads copying between staging buffers and host memory
-                        (the bench runs with these settings and reports them)
+                        1 GiB GPU arrays; --quick a quarter of that or less)
+  INTEROP_BENCH_DIR     where the file rows write (default: the temporary directory)
+  INTEROP_CHUNK_BYTES, INTEROP_NUM_BUFFERS, INTEROP_HOST_THREADS
+                        the transfer settings the bench runs with and reports
 
 exit status: 0 when every row ran or was skipped for a stated reason; 1 when a
 row raised or returned wrong data; 2 for bad arguments, a bad
 INTEROP_BENCH_SCALE or a --json PATH that cannot be written.
 
-examples:
-  python -m interop bench --quick
-  python -m interop bench --json results/bench.json"""
+example: python -m interop bench --quick --json results/bench.json"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog=BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke run: small sizes, few repeats; checks that every row runs",
-    )
+    bench.add_argument("--quick", action="store_true", help="a smoke run: small sizes, few repeats")
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
 

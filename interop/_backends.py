@@ -1,31 +1,26 @@
-"""Lazy detection of NumPy, PyTorch and CuPy, and the one place that answers "is
-library X usable here?" (:func:`torch`, :func:`cupy` and the ``require_*`` checks).
-
-``import interop`` imports neither torch nor cupy: arrays are recognised through
-``sys.modules`` (a library never imported has no arrays).
-"""
+"""The one place that answers "is library X usable here?", without importing it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from .errors import BackendUnavailableError, CudaAfterForkError, NoDeviceError
 
 __all__: list[str] = []
 
-# The name to install interop under. The PyPI name "interop" is an unrelated
-# package (Illumina's InterOp) that also imports as ``interop``.
+# The name to install interop under (PyPI's "interop" is Illumina's InterOp).
 DISTRIBUTION = "torch-cupy-interop"
 
 
 def install_command(extra: str) -> str:
-    """The pip command that adds ``extra`` to this installation: from the source tree
-    it was installed from where that still exists (PEP 610's ``direct_url.json``,
-    ``-e`` if editable), else from the index."""
+    """The pip command adding ``extra``: from the source tree installed from (PEP 610), or PyPI."""
     import shlex  # not at import: only error messages need it
 
     tree, editable = _source_tree()
@@ -93,25 +88,18 @@ def is_cupy_array(x: Any) -> bool:
 
 
 class _NotImported:
-    """No object is an instance of this: the type of a library not imported."""
+    """The type of a library not imported: nothing is an instance."""
 
 
 def array_types() -> tuple[Any, Any]:
-    """``(torch.Tensor, cupy.ndarray)``, each a type of nothing where its library was
-    never imported (imports neither)."""
+    """``(torch.Tensor, cupy.ndarray)``, or :class:`_NotImported` where not imported."""
     th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
-    return (
-        _NotImported if th is None else th.Tensor,
-        _NotImported if cp is None else cp.ndarray,
-    )
+    return (_NotImported if th is None else th.Tensor, _NotImported if cp is None else cp.ndarray)
 
 
 def cupy_device_count() -> int:
-    """Number of CUDA devices CuPy can use (0 without a driver or device). Asking
-    initialises the driver: where a device is found, this process is noted as
-    one that initialised CUDA."""
-    count, _ = _cupy_device_count_or_error()
-    return count
+    """Number of CUDA devices CuPy can use (0 without a driver); notes CUDA initialised."""
+    return _cupy_device_count_or_error()[0]
 
 
 def _cupy_device_count_or_error() -> tuple[int, Exception | None]:
@@ -125,9 +113,7 @@ def _cupy_device_count_or_error() -> tuple[int, Exception | None]:
     return count, None
 
 
-# The process in which the CUDA driver was first seen initialised, or None: where
-# interop found a usable device, or where the driver said so just before a fork. A
-# forked child inherits the value with another pid: there, CUDA is unusable.
+# The pid where CUDA was first seen initialised; a forked child inherits it with another pid.
 _cuda_initialised_in: int | None = None
 
 
@@ -139,9 +125,7 @@ def note_cuda_initialised() -> None:
 
 
 def cuda_driver_initialised() -> bool:
-    """True if anyone initialised the CUDA driver in this process, as far as CuPy's
-    driver bindings tell without initialising it (``cuCtxGetCurrent``); False where
-    CuPy was never imported or there is no driver."""
+    """True if the CUDA driver was initialised here, asked without initialising it."""
     cp = sys.modules.get("cupy")
     driver = getattr(getattr(cp, "cuda", None), "driver", None)
     get_current = getattr(driver, "ctxGetCurrent", None)
@@ -155,45 +139,32 @@ def cuda_driver_initialised() -> bool:
 
 
 def note_if_driver_initialised() -> None:
-    """Note this process where nothing is noted yet and the driver says it was
-    initialised (the fork handler asks, before a fork: CuPy keeps no record of it)."""
-    if _cuda_initialised_in is None and cuda_driver_initialised():
-        note_cuda_initialised()
-
-
-def _torch_in_bad_fork() -> bool:
-    """True in a child forked after PyTorch initialised CUDA in its parent."""
-    th = sys.modules.get("torch")
-    check = getattr(getattr(th, "cuda", None), "_is_in_bad_fork", None)
-    return bool(check()) if callable(check) else False
+    """Note this process if the driver says it was initialised (a fork handler: never raises)."""
+    with contextlib.suppress(Exception):
+        if _cuda_initialised_in is None and cuda_driver_initialised():
+            note_cuda_initialised()
 
 
 def check_not_forked() -> None:
-    """Raise :class:`CudaAfterForkError` in a child forked after an ancestor
-    initialised CUDA, where every driver call fails (a pid comparison, and
-    PyTorch's flag; docs/config.md says which initialisations are seen)."""
+    """Raise :class:`CudaAfterForkError` in a child forked after CUDA was initialised."""
     parent = _cuda_initialised_in
-    if (parent is None or parent == os.getpid()) and not _torch_in_bad_fork():
+    bad_fork = getattr(getattr(sys.modules.get("torch"), "cuda", None), "_is_in_bad_fork", None)
+    if (parent is None or parent == os.getpid()) and not (callable(bad_fork) and bad_fork()):
         return
     who = "its parent" if parent is None else f"process {parent}"
     raise CudaAfterForkError(
         f"expected a process that may use CUDA (got process {os.getpid()}, forked after CUDA "
-        f"was initialised in {who}); CUDA cannot be used after fork. Start processes that "
-        "use the GPU with multiprocessing's 'spawn' start method "
-        "(multiprocessing.get_context('spawn'), or "
-        "torch.multiprocessing.set_start_method('spawn')), or fork before the parent first "
-        "uses CUDA"
+        f"was initialised in {who}); CUDA cannot be used after fork: use multiprocessing's "
+        "'spawn' start method (multiprocessing.get_context('spawn')), or fork before CUDA is used"
     )
 
 
-# The process in which PyTorch last said it has a usable CUDA device: the answer
-# cannot change within a process, and torch.cuda.is_available() costs microseconds.
+# The pid where PyTorch said it has a CUDA device (torch.cuda.is_available() costs us).
 _torch_cuda_in: int | None = None
 
 
 def require_cupy_device() -> ModuleType:
-    """``cupy``, once a CUDA device is visible to it (else ``BackendUnavailableError``,
-    ``CudaAfterForkError`` or ``NoDeviceError``)."""
+    """``cupy``, once a CUDA device is visible to it, else the error."""
     cp = cupy()
     check_not_forked()
     count, error = _cupy_device_count_or_error()
@@ -207,15 +178,13 @@ def require_cupy_device() -> ModuleType:
         )
         raise NoDeviceError(
             f"expected a CUDA device for CuPy (got none: cupy.cuda.is_available() is False{said}); "
-            "run on a machine with an NVIDIA GPU and driver, or keep the data on the host "
-            f"with interop.to_numpy / interop.to_torch{forked}"
+            f"run on a machine with an NVIDIA GPU, or keep the data on the host{forked}"
         )
     return cp
 
 
 def require_torch_cuda() -> ModuleType:
-    """``torch``, once PyTorch sees a CUDA device (else ``BackendUnavailableError``,
-    ``CudaAfterForkError`` or ``NoDeviceError``)."""
+    """``torch``, once PyTorch sees a CUDA device, else the error."""
     global _torch_cuda_in
     th = torch()
     check_not_forked()
@@ -225,8 +194,7 @@ def require_torch_cuda() -> ModuleType:
     if not th.cuda.is_available():
         raise NoDeviceError(
             "expected a CUDA device for PyTorch (got none: torch.cuda.is_available() is False, "
-            f"torch {th.__version__}); install a CUDA build of PyTorch on a machine with an "
-            "NVIDIA GPU, or use device='cpu'"
+            f"torch {th.__version__}); use a CUDA build on an NVIDIA GPU, or device='cpu'"
         )
     note_cuda_initialised()
     _torch_cuda_in = pid
@@ -235,18 +203,14 @@ def require_torch_cuda() -> ModuleType:
 
 def cupy_supports_bfloat16() -> bool:
     """True if the installed CuPy can hold ``bfloat16`` arrays."""
-    import numpy as np
-
     return bfloat16_capable(cupy().__version__, np.__version__)
 
 
 def bfloat16_capable(cupy_version: str, numpy_version: str) -> bool:
-    """True if CuPy ``cupy_version`` has ``bfloat16`` arrays next to NumPy
-    ``numpy_version`` (CuPy >= 14, which turns them off below NumPy 2.1.2)."""
-    import numpy as np
-
+    """True if CuPy ``cupy_version`` has bfloat16 with this NumPy (CuPy >= 14, NumPy >= 2.1.2)."""
     try:
-        major = int(cupy_version.split(".")[0])
-        return major >= 14 and np.lib.NumpyVersion(numpy_version) >= "2.1.2"
+        return (
+            int(cupy_version.split(".")[0]) >= 14 and np.lib.NumpyVersion(numpy_version) >= "2.1.2"
+        )
     except ValueError:
         return False

@@ -1,18 +1,8 @@
-"""Process-wide state, and the one fork handler that resets it.
-
-What every transfer shares lives here, each piece one object with one lock: the
-host threads, the idle pinned buffers, the ticks of the streams ``interop.stream``
-made current. The modules above register the state they build (running transfers,
-the allocator's deferred frees, CuPy stream objects, ``config``'s blocks, the
-replaced-files closer) with :func:`at_fork`. A forked child has only the thread
-that forked: other threads' locks stay held, and the parent's threads, CUDA memory
-and events are not its own; the handler resets every piece, in :data:`ORDER`.
-"""
+"""Process-wide state, and the one fork handler resetting it and what :func:`at_fork` got."""
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -25,12 +15,8 @@ from . import _backends
 
 __all__: list[str] = []
 
-# The resets in a forked child, in this order. The allocator's deferred frees first: every
-# later step allocates, so the garbage collector may run CuPy's destructors during it, and
-# they must find the parent's blocks forgotten (else one goes back to PyTorch's pool,
-# through the parent's CUDA context); then the stream ticks those frees read; then what
-# the parent's threads held, and their config blocks. The replaced-files closer last: the
-# only step that calls the OS (fstat, close); the others only replace locks and objects.
+# The resets in a forked child, in order: deferred frees first (later steps allocate, and
+# CuPy's destructors must find no parent's block), replaced files (which call the OS) last.
 ORDER = (
     "deferred frees",
     "stream uses",
@@ -49,18 +35,13 @@ def at_fork(step: str, reset: Callable[[], None]) -> None:
     _resets[step].append(reset)
 
 
-def _before_fork() -> None:
-    with contextlib.suppress(Exception):  # never stop a fork
-        _backends.note_if_driver_initialised()
-
-
-def _after_fork_in_child() -> None:
+def _reset_in_child() -> None:
     for step in ORDER:
         for reset in _resets[step]:
             reset()
 
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_backends.note_if_driver_initialised, after_in_child=_reset_in_child)
 
 
 class HostPool:
@@ -77,8 +58,7 @@ class HostPool:
         self._size = 0
 
     def at_least(self, threads: int) -> Executor:
-        """The pool, with at least ``threads`` threads (a larger one replaces it; the
-        old one finishes its work and its threads end)."""
+        """The pool, with at least ``threads`` threads (a larger one replaces it)."""
         threads = max(1, int(threads))
         with self._lock:
             if self._pool is None or self._size < threads:
@@ -101,12 +81,10 @@ class Idle:
 
 
 class RingCache:
-    """Idle pinned buffers by (backend key, size class), lent as rings (the policy:
-    pipeline/ring.py), kept within twice the largest ring lent since it was emptied."""
+    """Idle pinned buffers by (backend key, size class), lent as rings (pipeline/ring.py)."""
 
     def __init__(self) -> None:
-        # pinned frees that wait for a capture to end (pipeline.ring.free_pinned); no
-        # lock: finalizers append from any thread, and several threads may drain it
+        # pinned frees waiting for a capture to end (no lock: finalizers append anywhere)
         self.waiting: collections.deque[tuple[Any, Callable[[], None]]] = collections.deque()
         self.reset()
         at_fork("ring cache", self.reset)
@@ -128,8 +106,7 @@ class RingCache:
         self._largest = max(self._largest, size)
 
     def take(self, key: tuple[Any, int], count: int) -> list[Idle]:
-        """Up to ``count`` idle buffers of ``key``, the most recently returned, for a
-        ring of ``count`` now lent."""
+        """Up to ``count`` idle buffers of ``key``, the most recently returned."""
         with self._lock:
             idle = self._by_key.get(key, [])
             take = idle[len(idle) - min(count, len(idle)) :]
@@ -145,8 +122,7 @@ class RingCache:
     def put(
         self, backend: Any, key: tuple[Any, int], buffers: Iterable[Any], count: int
     ) -> list[Idle]:
-        """Keep a returned ring's ``(ptr, array)`` buffers; return the idle buffers
-        beyond the budget, least recently returned first, for the caller to free."""
+        """Keep a ring's ``(ptr, array)`` buffers; return those beyond the budget, to free."""
         group = next(self._groups)
         evicted: list[Idle] = []
         with self._lock:
@@ -183,9 +159,7 @@ class RingCache:
 
 
 class StreamUses:
-    """Which streams ``interop.stream`` made current, and since when: the shared
-    memory pool asks before it frees a block, which may have been used on any of
-    them while it was alive."""
+    """Which streams ``interop.stream`` made current, and since when (asked by frees)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -215,8 +189,7 @@ class StreamUses:
                 del self.active[key]
 
     def since(self, tick: int, device: int) -> set[int]:
-        """Handles of ``device``'s streams entered after ``tick``, or still open (no
-        lock: asked from CuPy's destructors; copying a dict is atomic under the GIL)."""
+        """Handles of ``device``'s streams entered after ``tick`` or still open (no lock)."""
         if self.latest <= tick and not self.active:  # the common case, answered first
             return set()
         entered = list(self.last_entered.items())

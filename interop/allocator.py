@@ -1,14 +1,4 @@
-"""One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator``.
-
-CuPy's allocations are served by PyTorch's stream-ordered caching allocator,
-through one CuPy allocator, :class:`TorchAllocator` (each ``interop.torch_op``
-call uses it too). docs/streams.md states the rules that keep this safe: an
-allocation only while CuPy's and PyTorch's current streams agree; a block used
-on another stream goes back only once an event recorded there at the free has
-completed; no event is recorded or queried during a CUDA graph capture. Frees
-come from CuPy's destructors, which the garbage collector may run anywhere, so
-nothing a destructor reaches here waits for a lock.
-"""
+"""One memory pool for PyTorch and CuPy: ``interop.use_torch_allocator`` (docs/streams.md)."""
 
 from __future__ import annotations
 
@@ -19,15 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _backends, _process, streams
-from .errors import BackendUnavailableError, InteropError
-from .streams import (
-    LEGACY_DEFAULT,
-    PER_THREAD_DEFAULT,
-    capture_under_way,
-    cupy_stream,
-    same_stream,
-    torch_stream_handle,
-)
+from .errors import InteropError
 
 __all__ = ["StreamMismatchError", "use_torch_allocator"]
 
@@ -37,17 +19,8 @@ class StreamMismatchError(InteropError, RuntimeError):
 
 
 class DeferredFrees:
-    """The frees of a stream-ordered pool, deferred while other streams may
-    still use a block, and while a CUDA graph capture forbids events.
-
-    ``record(device, handle)`` records an event (with ``query()``) on a stream;
-    ``delete(ptr)`` gives a block back to the pool; ``capturing()`` is True
-    while a capture forbids events (asked only before recording or querying).
-    :meth:`free` comes from CuPy's destructors, which the garbage collector may
-    run inside any method here: it only queues the block, and the lock is only
-    ever tried, never waited for; a call that finds it held leaves the queue to
-    the holder, who looks again after releasing it.
-    """
+    """Frees deferred while other streams may use a block (:meth:`free`: from destructors,
+    anywhere, so it only queues and the lock is only tried)."""
 
     def __init__(
         self,
@@ -62,8 +35,7 @@ class DeferredFrees:
 
     def reset(self) -> None:
         """Forget every block (a forked child's are its parent's CUDA context's)."""
-        # ptr -> (device, stream, tick); first, so that a free the garbage collector
-        # runs meanwhile finds no block of the parent's
+        # ptr -> (device, stream, tick); first: a free run meanwhile finds no parent's block
         self._live: dict[int, tuple[int, int, int]] = {}
         # guards the handling of _freed and all of _aside and _waiting (only ever tried)
         self._lock = threading.Lock()
@@ -72,18 +44,15 @@ class DeferredFrees:
         self._waiting: list[tuple[int, list[Any]]] = []  # ptr, events not yet seen complete
 
     def allocated(self, ptr: int, device: int, handle: int) -> None:
-        """Remember that ``ptr`` was allocated on stream ``handle`` of ``device``."""
         self._live[ptr] = (device, handle, streams.stream_uses.now())  # one store: atomic
 
     def free(self, ptr: int) -> None:
-        """Give ``ptr`` back now, or once the other streams it may be used on
-        have reached this point (and no capture forbids finding that out)."""
+        """Give ``ptr`` back now, or once the other streams it was used on reach this point."""
         self._freed.append(ptr)
         self._drain()
 
     def collect(self) -> None:
-        """Hand on queued frees, record the events of frees set aside during a
-        capture, and give back every block whose events have completed."""
+        """Hand on queued frees and give back every block whose events completed."""
         if self._freed or self._aside or self._waiting:  # each allocation asks: stay cheap
             self._drain()
 
@@ -97,15 +66,12 @@ class DeferredFrees:
                 return
 
     def _step(self) -> None:
-        """With the lock held: one pass over the queue, the frees set aside and
-        the blocks waiting for their events."""
+        """One pass over the queue, the frees set aside and the waiting blocks (lock held)."""
         while self._freed:
             ptr = self._freed.popleft()
             entry = self._live.pop(ptr, None)
             if entry is None:
-                # Not allocated through this pool: a parent's block in a forked
-                # child, whose CUDA context is gone. CuPy frees from a destructor,
-                # where an exception would only be printed.
+                # a parent's block in a forked child (a destructor: no exception)
                 continue
             device, handle, tick = entry
             others = streams.stream_uses.since(tick, device)
@@ -114,10 +80,7 @@ class DeferredFrees:
                 self._aside.append((ptr, device, sorted(others)))
             else:
                 self._delete(ptr)
-        # A block whose event cannot be recorded or queried, or that cannot be
-        # given back, is dropped (lost to the pool rather than handed out while
-        # a stream may still use it); the error goes to the caller, the other
-        # blocks stay.
+        # a block whose event or delete fails is lost (never handed out early); the error raises
         if not (self._aside or self._waiting) or self._capturing():
             return
         if self._aside:
@@ -160,14 +123,13 @@ class _RecordedEvent:
         cp = _backends.cupy()
         with cp.cuda.Device(device):
             self._event = cp.cuda.Event(disable_timing=True)
-            self._event.record(cupy_stream(handle, device))
+            self._event.record(streams.cupy_stream(handle, device))
 
     def query(self) -> bool:
         return bool(self._event.done)
 
 
-# ptr -> the tensor of a block CuPy freed, kept until _frees gives the block back (for
-# ever in a forked child, for a block of its parent: the child's _frees never saw it)
+# ptr -> the tensor of a block CuPy freed, kept until _frees gives it back (a parent's: forever)
 _held: dict[int, Any] = {}
 
 
@@ -175,13 +137,12 @@ def _release(ptr: int) -> None:
     _held.pop(ptr, None)  # the last reference: PyTorch's pool has the block again
 
 
-_frees = DeferredFrees(_RecordedEvent, _release, capture_under_way)
+_frees = DeferredFrees(_RecordedEvent, _release, streams.capture_under_way)
 _process.at_fork("deferred frees", _frees.reset)
 
 
 class TorchBlock:
-    """The owner of CuPy memory a :class:`TorchAllocator` made: a ``uint8`` tensor,
-    handed to the deferred frees (``deferred``: its pointer, else 0) when freed."""
+    """Owner of a :class:`TorchAllocator` block: its tensor, deferred (``deferred``: ptr) or not."""
 
     __slots__ = ("deferred", "maker", "tensor")
 
@@ -195,18 +156,8 @@ class TorchBlock:
 
 
 class TorchAllocator:
-    """A CuPy allocator (``size -> MemoryPointer``) over PyTorch's caching
-    allocator: each allocation a ``torch.empty(size, dtype=torch.uint8)`` tensor
-    on PyTorch's current stream of CuPy's current device (ordinary storage, which
-    CUDA graphs account for like any tensor's).
-
-    ``pinned``, ``(device, CuPy stream pointer)``, is the one stream it may
-    allocate on (a ``torch_op`` call), whose blocks go straight back to PyTorch's
-    pool; without it, CuPy's current stream must be PyTorch's, and a freed block
-    goes through :class:`DeferredFrees`. Raises :class:`StreamMismatchError` on
-    another stream, and CuPy's ``OutOfMemoryError`` (chained to PyTorch's) when
-    PyTorch's pool cannot serve it.
-    """
+    """A CuPy allocator of ``uint8`` tensors on PyTorch's current stream (``pinned``: the
+    ``(device, stream ptr)`` of a ``torch_op`` call, whose frees are not deferred)."""
 
     __slots__ = ("pinned",)
 
@@ -222,9 +173,8 @@ class TorchAllocator:
             _check_streams(device, handle)
         elif (device, handle) != self.pinned:
             raise StreamMismatchError(
-                f"expected CuPy to allocate on PyTorch's current stream of cuda:{self.pinned[0]} "
-                f"inside an interop.torch_op (got stream {handle:#x} of cuda:{device}); do not "
-                "switch CuPy's device or stream inside the function"
+                f"expected an interop.torch_op to allocate on cuda:{self.pinned[0]}'s stream (got "
+                f"{handle:#x} of cuda:{device}); do not switch CuPy's device or stream in it"
             )
         try:
             tensor = th.empty((size,), dtype=th.uint8, device=th.device("cuda", device))
@@ -232,37 +182,31 @@ class TorchAllocator:
             # CuPy's own error, which CuPy code and its users catch (PyTorch's is a RuntimeError)
             raise cp.cuda.memory.OutOfMemoryError(size, th.cuda.memory_allocated(device)) from exc
         ptr = tensor.data_ptr()
-        # A torch_op call's blocks are used on its stream only: PyTorch gives them back
-        # when CuPy drops them, as for any tensor; the others go through _frees.
+        # a torch_op call's blocks are used on its stream only: no deferred free
         deferred = ptr if self.pinned is None else 0
         if deferred:
-            _frees.allocated(ptr, device, 0 if handle == LEGACY_DEFAULT else handle)
+            _frees.allocated(ptr, device, 0 if handle == streams.LEGACY_DEFAULT else handle)
         memory = cp.cuda.UnownedMemory(ptr, size, TorchBlock(tensor, deferred, self), device)
         return cp.cuda.MemoryPointer(memory, 0)
 
 
 def _check_streams(device: int, cupy_handle: int) -> None:
     """Raise unless CuPy's current stream ``cupy_handle`` is PyTorch's on ``device``."""
-    torch_handle = torch_stream_handle(device)
-    if cupy_handle == PER_THREAD_DEFAULT and torch_handle != PER_THREAD_DEFAULT:
+    torch_handle = streams.torch_stream_handle(device)
+    if cupy_handle == streams.PER_THREAD_DEFAULT and torch_handle != streams.PER_THREAD_DEFAULT:
         raise StreamMismatchError(
-            "expected CuPy's current stream to be one PyTorch can allocate on (got the "
-            "per-thread default stream: CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1); run the CuPy code "
-            "inside `with interop.stream(s):` with an explicit stream, or unset "
-            "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
+            "expected a CuPy stream PyTorch can allocate on (got the per-thread default stream: "
+            "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1); use `with interop.stream(s):`, or unset it"
         )
-    if not same_stream(cupy_handle, torch_handle):
+    if not streams.same_stream(cupy_handle, torch_handle):
         raise StreamMismatchError(
-            f"expected CuPy and PyTorch to share the current stream on cuda:{device} while "
-            f"CuPy allocates from PyTorch's pool (got CuPy stream {cupy_handle:#x}, PyTorch "
-            f"stream {torch_handle:#x}); use `with interop.stream(s):` instead of "
-            "torch.cuda.stream / cupy.cuda.Stream alone"
+            f"expected CuPy and PyTorch to share the current stream on cuda:{device} (got CuPy "
+            f"{cupy_handle:#x}, PyTorch {torch_handle:#x}); use `with interop.stream(s):`"
         )
 
 
 def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
-    """The tensor whose storage holds CuPy ``memory`` if a TorchAllocator
-    (``maker``, where given) made it, else None."""
+    """The tensor holding CuPy ``memory`` if a TorchAllocator (``maker``) made it, else None."""
     owner = getattr(memory, "_owner", None)
     if isinstance(owner, TorchBlock) and (maker is None or owner.maker is maker):
         return owner.tensor
@@ -270,28 +214,15 @@ def torch_storage_of(memory: Any, maker: TorchAllocator | None = None) -> Any:
 
 
 def thread_setting(cp: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """CuPy's getter and setter of the calling thread's own allocator."""
-    memory = cp.cuda.memory
-    get = getattr(memory, "_get_thread_local_allocator", None)
-    set_ = getattr(memory, "_set_thread_local_allocator", None)
-    if get is None or set_ is None:
-        raise BackendUnavailableError(
-            "expected a CuPy with thread-local allocators (cupy.cuda.using_allocator) (got "
-            f"CuPy {getattr(cp, '__version__', '?')!r} without them); upgrade CuPy"
-        )
-    return get, set_
+    """CuPy's getter and setter of the calling thread's own allocator (CuPy >= 7)."""
+    return cp.cuda.memory._get_thread_local_allocator, cp.cuda.memory._set_thread_local_allocator
 
 
-# The two forms (docs/streams.md): a scope is the calling thread's allocator from the
-# moment it is made; entered, for the block; dropped without having been entered, it
-# was the plain call and installs the allocator process-wide. No lock is taken: the
-# garbage collector may drop a scope in the middle of anything.
 _process_allocator = TorchAllocator()  # the one use_torch_allocator installs
 
 
 class AllocatorScope:
-    """CuPy allocator ``malloc``, the calling thread's from construction on: for the
-    block where entered; for every thread once dropped without having been entered."""
+    """``malloc`` as this thread's allocator: for the block, or process-wide once dropped."""
 
     def __init__(self, cp: Any, malloc: Any) -> None:
         self._get, self._set = thread_setting(cp)
@@ -324,8 +255,7 @@ class AllocatorScope:
             self._set(self._blocks.pop())
 
     def __del__(self) -> None:
-        # Runs wherever the last reference goes, in any thread: no lock, and nothing let
-        # out (a finalizer could only have it printed).
+        # runs in any thread: no lock, and nothing let out (a finalizer could only print it)
         with contextlib.suppress(BaseException):
             if self.__dict__.get("_plain"):
                 self._plain = False
@@ -349,34 +279,24 @@ def use_torch_allocator() -> Any:
     """Serve CuPy's device allocations from PyTorch's caching allocator.
 
     A plain call (every thread, for the rest of the process) or a ``with`` block
-    (this thread, until the block exits; blocks nest and overlap across threads)::
-
-        interop.use_torch_allocator()
-        with interop.use_torch_allocator(): ...
+    (this thread, until the block exits; blocks nest).
 
     Returns
     -------
     AllocatorScope
-        The calling thread's CuPy allocator from the call on: for the block
-        where entered (in the thread that made it, ``RuntimeError`` otherwise);
-        every thread's, for the rest of the process, once discarded unentered.
+        Enter it in the thread that made it (``RuntimeError`` otherwise).
 
     Notes
     -----
-    One pool: memory CuPy frees goes back to PyTorch's cache. Each allocation is
-    ordered on PyTorch's current stream, which must be CuPy's (set both with
-    :func:`interop.stream`); a block used on another stream inside
-    ``interop.stream`` goes back once the work queued there before the free is
-    done (docs/streams.md has the rules, CUDA graph capture included).
+    Allocations are on PyTorch's current stream, which must be CuPy's (see
+    :func:`interop.stream`); a block used on other streams waits for them when freed.
 
     Raises
     ------
     StreamMismatchError
         On allocation: CuPy's current stream is not PyTorch's.
-    BackendUnavailableError
-        PyTorch or CuPy is not installed.
-    NoDeviceError
-        No CUDA device is visible.
+    BackendUnavailableError, NoDeviceError
+        PyTorch or CuPy is not installed, or no CUDA device is visible.
     """
     _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()

@@ -1,5 +1,4 @@
-"""What an array is to interop: is it one, where it lives, whether two overlap (asked
-by exchange, transfers and io alike); nothing here moves data."""
+"""What an array is to interop: is it one, where it lives, whether two overlap."""
 
 from __future__ import annotations
 
@@ -42,7 +41,6 @@ def describe(x: object) -> str:
 
 
 def not_an_array(func: str, x: object) -> InvalidTypeError:
-    """The error for an argument that is not an array."""
     return InvalidTypeError(
         f"{func} expected a NumPy array (or scalar), a PyTorch tensor, a CuPy array, or an "
         f"object with __dlpack__ or __cuda_array_interface__ (got {describe(x)})"
@@ -169,8 +167,7 @@ def check_elements_apart(out: Any, func: str, where: str = "") -> None:
     shape = tuple(out.shape)
     if 0 in shape:
         return
-    # Apart for certain: sorted by stride, each axis steps past the extent of the axes
-    # inside it (every view but broadcast or as_strided ones; rarer layouts are refused)
+    # apart for certain: sorted by stride, each axis steps past the axes inside it
     extent = itemsize
     for stride, n in sorted((abs(s), n) for s, n in zip(strides, shape, strict=True) if n > 1):
         if stride < extent:
@@ -207,8 +204,7 @@ def import_foreign(
     require: Callable[[], Any] | None = None,
     context: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> Any:
-    """NumPy or CuPy sharing a foreign producer's memory, once it is one and ``require()``
-    passed (the library the caller needs); CUDA data imported inside ``context``."""
+    """NumPy or CuPy sharing a foreign producer's memory (CUDA data inside ``context``)."""
     dlpack = hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")
     if not dlpack and not hasattr(x, "__cuda_array_interface__"):
         raise not_an_array(func, x)
@@ -273,17 +269,13 @@ def check_host_out(out: Any, src: Source, func: str, cast: np.dtype | None = Non
             f"{func} expected out to be a writable NumPy array (numpy.memmap included) (got "
             f"{type(out).__module__}.{type(out).__qualname__}); use copy_to_device for devices"
         )
-    if out.shape != tuple(src.shape):
-        raise InvalidValueError(
-            f"{func} expected out of shape {tuple(src.shape)} (got {out.shape})"
-        )
+    if out.shape != src.shape:
+        raise InvalidValueError(f"{func} expected out of shape {src.shape} (got {out.shape})")
     if not out.flags.writeable:
         raise InvalidValueError(f"{func} expected a writable out (got a read-only array)")
     check_elements_apart(out, func)
     if not src.on_device and overlaps(out, raw_host_memory(src.obj)):
-        raise InvalidValueError(
-            f"{func} expected out not to overlap the source (got overlapping memory)"
-        )
+        raise InvalidValueError(f"{func} expected out not to overlap the source (got an overlap)")
     want = src.dtype if cast is None else cast
     if out.dtype != want:
         raise InvalidValueError(dtypes.mismatch_message(func, want, out.dtype, cast is None))

@@ -1,5 +1,4 @@
-"""Dtype correspondence between PyTorch, NumPy (with ``ml_dtypes``) and CuPy, and the
-zero-copy views through it (``bfloat16``/``float8`` cross as same-sized integer views)."""
+"""Dtypes of PyTorch, NumPy (with ``ml_dtypes``) and CuPy, and bit views between them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Exception classes of interop: each derives from :class:`InteropError` and from
-the built-in exception a user would already catch (docs/errors.md)."""
+"""Exception classes of interop, each also a built-in exception class (docs/errors.md)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ class InvalidTypeError(InteropError, TypeError):
 
 
 class InvalidValueError(InteropError, ValueError):
-    """An argument of the right type whose value interop refuses (an ``out`` of the
-    wrong shape, a device that does not exist, a setting out of bounds...)."""
+    """An argument of the right type whose value interop refuses (an ``out``'s shape...)."""
 
 
 class UnknownSettingError(InteropError, AttributeError):
@@ -64,25 +62,19 @@ class NpyFormatError(InteropError, ValueError):
 
 
 class CheckpointFormatError(InteropError, ValueError):
-    """A file that is not a safetensors checkpoint (or index) interop can read:
-    a header that lies about the file, corrupt or truncated, or an index that
-    disagrees with its shards. Refused before anything is allocated from it."""
+    """A safetensors checkpoint or index interop cannot read (corrupt, truncated, inconsistent)."""
 
 
 class CheckpointMismatchError(InteropError, ValueError, RuntimeError):
-    """A checkpoint whose tensors do not match the ones to fill (names, shapes,
-    dtypes); refused before a byte is written. Also a ``RuntimeError``, as
-    PyTorch's ``load_state_dict`` raises it."""
+    """A checkpoint whose tensors do not match the ones to fill (as ``load_state_dict``'s)."""
 
 
 class SharedTensorsError(InteropError, RuntimeError):
-    """Tensors that share memory (tied weights) where each must be saved or
-    filled on its own; a ``RuntimeError``, as the safetensors package raises."""
+    """Tensors that share memory (tied weights) where each must be saved or filled alone."""
 
 
 class PathError(InteropError, OSError):
-    """A path that cannot be used, or a file that could not be written or read; each
-    instance is also the ``OSError`` subclass its ``errno`` stands for."""
+    """A path or file that cannot be used; also the ``OSError`` subclass of its ``errno``."""
 
 
 class PathPermissionError(PathError, PermissionError):
@@ -130,18 +122,15 @@ class NoDeviceError(InteropError, RuntimeError):
 
 
 class CudaAfterForkError(NoDeviceError):
-    """A CUDA device is needed, but this process was forked after its parent
-    initialised CUDA."""
+    """A CUDA device is needed, but this process was forked after CUDA was initialised."""
 
 
 class CaptureError(InteropError, RuntimeError):
-    """A call that cannot run inside CUDA graph capture, refused before anything was
-    queued (the capture stays valid)."""
+    """A call that cannot run inside CUDA graph capture (refused before anything is queued)."""
 
 
 class MissingFakeError(InteropError, RuntimeError):
-    """An :func:`interop.torch_op` without a fake implementation was traced: pass
-    ``like=`` or register one with ``op.register_fake``."""
+    """An :func:`interop.torch_op` without a fake implementation was traced."""
 
 
 class TransferError(InteropError, RuntimeError):
@@ -150,8 +139,7 @@ class TransferError(InteropError, RuntimeError):
     Attributes
     ----------
     bytes_done : int
-        Length of the prefix of the destination (in source element order, in
-        bytes) known to be complete and correct.
+        Bytes of the destination's prefix (in source element order) known complete.
     nbytes : int
         Total size of the transfer in bytes.
     """
@@ -163,8 +151,7 @@ class TransferError(InteropError, RuntimeError):
 
 
 class UsageError(InteropError, RuntimeError):
-    """A call that cannot work whatever its arguments (a ``config.set(...)`` entered
-    twice, ``Transfer.result()`` from its own progress callback...)."""
+    """A call that cannot work whatever its arguments (``config.set(...)`` entered twice...)."""
 
 
 class TransferTimeoutError(InteropError, TimeoutError):

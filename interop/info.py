@@ -24,10 +24,6 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}" if v else "none"
-
-
 def _torch_info() -> dict[str, Any]:
     try:
         th = _backends.torch()
@@ -57,28 +53,24 @@ def _cupy_info() -> dict[str, Any]:
     rt = cp.cuda.runtime
     for key, version in (("runtime", rt.runtimeGetVersion), ("driver", rt.driverGetVersion)):
         try:
-            info[key] = _cuda_version(version())
+            v = version()
+            info[key] = f"{v // 1000}.{(v % 1000) // 10}" if v else "none"
         except Exception as exc:  # CUDARuntimeError, missing libcudart
             info[key] = f"unavailable ({exc})"
-    devices = []
+    info["devices"] = []
     for i in range(_backends.cupy_device_count()):
         props = rt.getDeviceProperties(i)
-        name = props["name"]
-        devices.append(
-            {
-                "index": i,
-                "name": name.decode() if isinstance(name, bytes) else str(name),
-                "memory_gib": round(props["totalGlobalMem"] / 2**30, 1),
-                "compute_capability": f"{props['major']}.{props['minor']}",
-            }
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        gib = round(props["totalGlobalMem"] / 2**30, 1)
+        capability = f"{props['major']}.{props['minor']}"
+        info["devices"].append(
+            dict(index=i, name=name, memory_gib=gib, compute_capability=capability)
         )
-    info["devices"] = devices
     return info
 
 
 def collect_info() -> dict[str, Any]:
-    """Versions of Python and the array libraries, CUDA driver/runtime and devices
-    (what is missing is reported, never raised)."""
+    """Versions, CUDA driver/runtime and devices (what is missing is reported, never raised)."""
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -109,13 +101,12 @@ def format_info(info: dict[str, Any]) -> str:
         bf16 = "yes" if cp["bfloat16"] else "no, needs CuPy >= 14"
         lines.append(f"cupy       {cp['version']} (bfloat16 exchange: {bf16})")
         lines.append(f"CUDA       driver {cp['driver']}, runtime {cp['runtime']}")
-        if cp["devices"]:
-            for d in cp["devices"]:
-                lines.append(
-                    f"device {d['index']}   {d['name']}, {d['memory_gib']} GiB, "
-                    f"compute capability {d['compute_capability']}"
-                )
-        else:
+        for d in cp["devices"]:
+            lines.append(
+                f"device {d['index']}   {d['name']}, {d['memory_gib']} GiB, "
+                f"compute capability {d['compute_capability']}"
+            )
+        if not cp["devices"]:
             lines.append("devices    no CUDA device")
     else:
         lines.append(

@@ -1,14 +1,9 @@
-"""One CUDA stream for PyTorch and CuPy: ``interop.stream`` and stream helpers.
-
-A stream-like is a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
-``__cuda_stream__`` or a raw handle (0 and 1 are the legacy default stream).
-"""
+"""One CUDA stream for PyTorch and CuPy: ``interop.stream`` and stream helpers."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -20,24 +15,19 @@ from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["stream"]
 
-# cudaStreamLegacy: the legacy default stream, which PyTorch and CuPy call 0. PyTorch
-# takes 1 for one of its own pool streams' ids and refuses it as an external stream.
+# cudaStreamLegacy, which PyTorch and CuPy call 0 (PyTorch refuses 1 as an external stream)
 LEGACY_DEFAULT = 1
 # cudaStreamPerThread: CuPy's default stream with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
 PER_THREAD_DEFAULT = 2
 
 
 def cupy_consumer_handle(s: Any) -> int:
-    """The handle CuPy's ``from_dlpack`` hands a producer for CuPy stream ``s``:
-    its own, or for the null stream CuPy's default (legacy or per-thread) one."""
+    """The handle CuPy's ``from_dlpack`` names for stream ``s`` (null: the default one)."""
     handle = int(s.ptr)
     if handle:
         return handle
-    try:
-        from cupy_backends.cuda.stream import get_default_stream_ptr
-    except ImportError:  # a CuPy without it: the variable, read as CuPy reads it
-        on = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
-        return PER_THREAD_DEFAULT if on else LEGACY_DEFAULT
+    from cupy_backends.cuda.stream import get_default_stream_ptr  # CuPy >= 8
+
     return int(get_default_stream_ptr())
 
 
@@ -57,8 +47,7 @@ class _StreamHandle:
 
 
 def resolve_stream(s: Any) -> tuple[int, int | None]:
-    """``(handle, device index or None)`` of a stream-like; ``TypeError`` for
-    anything else (or a bad ``__cuda_stream__``), ``ValueError`` for a negative handle."""
+    """``(handle, device index or None)`` of a stream-like, or the error."""
     if isinstance(s, bool) or s is None:
         raise _not_a_stream(s)
     if isinstance(s, int):
@@ -74,11 +63,8 @@ def resolve_stream(s: Any) -> tuple[int, int | None]:
     protocol = getattr(s, "__cuda_stream__", None)
     if protocol is not None:
         value = protocol() if callable(protocol) else protocol
-        if (
-            not isinstance(value, tuple)
-            or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
+        pair = isinstance(value, tuple) and len(value) == 2
+        if not (pair and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
             raise InvalidTypeError(
                 f"expected __cuda_stream__() to return (version, handle) ints (got {value!r})"
             )
@@ -94,9 +80,7 @@ def _not_a_stream(s: Any) -> InvalidTypeError:
 
 
 def capturing(query: Callable[[], Any]) -> bool:
-    """``query()``'s answer to "does this stream capture?"; a query the runtime
-    refuses (an invalidated capture, the legacy stream while a blocking stream
-    captures) counts as yes: work there would fail."""
+    """``query()``'s "does this stream capture?"; a refused query counts as yes."""
     try:
         return bool(query())
     except RuntimeError:
@@ -104,9 +88,7 @@ def capturing(query: Callable[[], Any]) -> bool:
 
 
 def capture_under_way() -> bool:
-    """True while a CUDA graph capture interop can see is under way: on PyTorch's
-    or CuPy's current stream of this thread, or on a stream made current through
-    :func:`stream` in any thread (CUDA cannot list a process's captures)."""
+    """True while a capture interop can see is under way (docs/streams.md says which)."""
     th, cp = sys.modules.get("torch"), sys.modules.get("cupy")
     initialized = th is not None and th.cuda.is_initialized()  # no capture of PyTorch's before
     if initialized and capturing(th.cuda.is_current_stream_capturing):  # type: ignore[union-attr]
@@ -125,9 +107,7 @@ _process.at_fork("cupy streams", _cupy_streams.clear)  # the parent's, of its CU
 
 
 def cupy_stream(handle: int, device: int) -> Any:
-    """A CuPy stream object for a raw handle (``Stream.from_external`` where the
-    installed CuPy has it, else the older ``ExternalStream``; cached, as making
-    one costs microseconds)."""
+    """A CuPy stream object for a raw handle (cached: making one costs microseconds)."""
     key = (device, handle)
     found = _cupy_streams.get(key)
     if found is not None:
@@ -148,8 +128,7 @@ def cupy_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream(handle: int, device: int) -> Any:
-    """A PyTorch stream object for a raw handle (the default stream for 0 and 1,
-    which PyTorch refuses as an external stream)."""
+    """A PyTorch stream object for a raw handle (0 and 1: the default stream)."""
     th = _backends.torch()
     if handle in (0, LEGACY_DEFAULT):
         return th.cuda.default_stream(device)
@@ -157,8 +136,7 @@ def torch_stream(handle: int, device: int) -> Any:
 
 
 def torch_stream_handle(index: int) -> int:
-    """The handle of PyTorch's current stream on device ``index`` (the raw query
-    where PyTorch has one: a ``torch.cuda.Stream`` costs microseconds)."""
+    """The handle of PyTorch's current stream on device ``index`` (raw: no Stream object)."""
     th = _backends.torch()
     raw = getattr(th._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
@@ -173,9 +151,7 @@ def stream(s: Any) -> Iterator[Any]:
     Parameters
     ----------
     s : stream-like
-        A ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, an object with
-        ``__cuda_stream__``, or a raw handle (int); the last two belong to the
-        current CuPy device. Keep ``s`` alive for the block.
+        A PyTorch or CuPy stream, a ``__cuda_stream__`` object, or a raw handle (int).
 
     Yields
     ------
@@ -183,32 +159,27 @@ def stream(s: Any) -> Iterator[Any]:
 
     Notes
     -----
-    Its device is both libraries' current device in the block: data one produces
-    is consumed by the other in stream order. Nothing is synchronised; both
-    libraries' previous streams and devices come back on exit.
+    Its device is both libraries' current device in the block; nothing is
+    synchronised; the previous streams and devices come back on exit.
 
     Raises
     ------
     InvalidTypeError, InvalidValueError
         ``s`` is not a stream-like, or a negative handle; checked first.
-    BackendUnavailableError
-        PyTorch or CuPy is not installed.
-    NoDeviceError
-        No CUDA device is visible (:class:`~interop.CudaAfterForkError` after a fork).
+    BackendUnavailableError, NoDeviceError
+        PyTorch or CuPy is not installed, or no CUDA device is visible.
     """
     handle, device = resolve_stream(s)
     th = _backends.require_torch_cuda()
     cp = _backends.require_cupy_device()
     if device is None:
         device = int(cp.cuda.runtime.getDevice())
-    if type(s).__module__.startswith("torch") and hasattr(s, "cuda_stream"):
-        torch_side = s
-    else:
-        torch_side = torch_stream(handle, device)
-    if type(s).__module__.startswith("cupy") and hasattr(s, "ptr"):
-        cupy_side = s
-    else:
-        cupy_side = cupy_stream(handle, device)
+    module = type(s).__module__
+    is_torch = module.startswith("torch") and hasattr(s, "cuda_stream")
+    torch_side = s if is_torch else torch_stream(handle, device)
+    cupy_side = (
+        s if module.startswith("cupy") and hasattr(s, "ptr") else cupy_stream(handle, device)
+    )
     key = (int(device), 0 if handle == LEGACY_DEFAULT else int(handle))
     with contextlib.ExitStack() as stack:
         stack.enter_context(cp.cuda.Device(device))
@@ -221,8 +192,7 @@ def stream(s: Any) -> Iterator[Any]:
 
 
 class Unsynchronised:
-    """A CUDA tensor exported over DLPack with ``stream=-1`` (no synchronisation:
-    the caller ordered the streams already; PyTorch refuses the per-thread one)."""
+    """A CUDA tensor exported over DLPack with ``stream=-1``: the caller ordered the streams."""
 
     def __init__(self, t: Any) -> None:
         self._t = t

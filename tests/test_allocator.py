@@ -461,7 +461,7 @@ def test_the_torch_allocator_serves_cupy_with_pytorch_tensors_given_back_after_t
     current = {"cupy": a.id, "torch": a.id}
     backends, made = _fake_libraries(current)
     monkeypatch.setattr(allocator, "_backends", backends)
-    monkeypatch.setattr(allocator, "torch_stream_handle", lambda index: current["torch"])
+    monkeypatch.setattr(allocator.streams, "torch_stream_handle", lambda index: current["torch"])
     frees = allocator.DeferredFrees(record, allocator._release)
     monkeypatch.setattr(allocator, "_frees", frees)
 

@@ -1,5 +1,4 @@
-"""``interop.torch_op``: CuPy and NumPy functions as PyTorch operators (named
-``_torch_op``: ``interop/torch_op/`` would shadow the decorator for mkdocstrings)."""
+"""``interop.torch_op`` (named ``_torch_op``: a ``torch_op/`` would shadow it in the API docs)."""
 
 from .register import torch_op
 from .schema import Array, array_namespace

@@ -1,5 +1,4 @@
-"""One call of a :func:`~interop.torch_op`: tensors in as arrays, the function run
-(on a GPU: on PyTorch's current stream and pool), arrays out as tensors."""
+"""One call of a :func:`~interop.torch_op`: tensors in as arrays, arrays out as tensors."""
 
 from __future__ import annotations
 
@@ -152,10 +151,8 @@ class Call:
             )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The operator's kernel: tensors in, tensors out."""
         if self.positions and len(args) >= self.needed:
-            # the common case first, without tensors()'s checks: every array parameter
-            # positional, every tensor on the CPU (saves about 1 us of 17)
+            # the common case first, without tensors()'s checks (saves about 1 us of 17)
             values = [args[i] for i in self.positions]
             for v in values:
                 if v is None or not v.is_cpu:
@@ -175,8 +172,7 @@ class Call:
         null = self.default_stream
         if null is None:
             cp = _backends.require_cupy_device()
-            # PyTorch's default stream is the legacy one, which CuPy's null stream is
-            # not under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1
+            # PyTorch's default is the legacy stream, CuPy's null not always (per-thread)
             per_thread = (
                 streams.cupy_consumer_handle(cp.cuda.Stream.null) == streams.PER_THREAD_DEFAULT
             )
@@ -320,8 +316,7 @@ class Call:
             base = torch_storage_of(r.data.mem)
             offset = -1 if base is None else r.data.ptr - base.data_ptr()
             if base is not None and offset >= 0 and offset % r.itemsize == 0:
-                # Memory PyTorch allocated: a view of its storage, so the output is an
-                # ordinary PyTorch tensor (CUDA-graph trees checkpoint such storages).
+                # a view of PyTorch's storage: an ordinary tensor (CUDA-graph trees need it)
                 tdtype = dtypes.torch_dtype_of_numpy(r.dtype)
                 out = sys.modules["torch"].empty((0,), dtype=tdtype, device=base.device)
                 strides = _contiguous_strides(r.shape)

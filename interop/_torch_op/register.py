@@ -107,8 +107,7 @@ def _registered(th: Any, name: str, fn: Any, options: tuple[Any, ...]) -> Any:
 
 def _math_bits_to_kernel(th: Any, op: Any) -> None:
     """Send tensors with the conjugate or negative bit on to ``op``'s kernel."""
-    # The kernel refuses them for a mutated argument (PyTorch's fallback for these bits
-    # fails there) and resolves them into a copy for the others.
+    # the kernel refuses them for a mutated argument, resolves them into a copy otherwise
     keys = th._C.DispatchKey
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -128,48 +127,32 @@ def torch_op(
 ) -> Callable[[Callable[..., Any]], Any]:
     """Turn a function of CuPy or NumPy arrays into a PyTorch operator.
 
-    ::
-
-        @interop.torch_op("mylib::scale", like=0)
-        def scale(x, factor: float = 2.0):
-            xp = interop.array_namespace(x)  # cupy for CUDA tensors, numpy for CPU
-            return xp.multiply(x, factor)
-
     Parameters
     ----------
     name : str
-        ``"namespace::name"`` (``torch.ops.namespace.name``) of two identifiers,
-        taken for the whole process (only the same function, re-imported, may reuse it).
+        ``"namespace::name"`` (``torch.ops.namespace.name``), taken for the process.
     mutates_args : sequence of str or "unknown"
-        The array parameters the function writes into, as in
-        ``torch.library.custom_op``: handed over without a copy, or refused.
+        The array parameters the function writes into, as in ``torch.library.custom_op``.
     like : int, str, tuple of them, or None
-        The fake implementation: output ``k`` has the shape, dtype and device
-        of the input ``like[k]`` names (an index or a name), checked at each
-        call. ``None``: register one with ``op.register_fake``.
+        The fake: output ``k`` like input ``like[k]``; else use ``op.register_fake``.
 
     Returns
     -------
     callable
-        A decorator returning the ``torch.library.custom_op`` object itself.
-        Parameters and returns: see :class:`interop.Array`.
+        A decorator returning the ``torch.library.custom_op`` (see :class:`interop.Array`).
 
     Notes
     -----
-    Copy semantics: inputs arrive as :func:`interop.to_cupy` and :func:`interop.to_numpy`
-    give them, without a copy; outputs become tensors without a copy unless not
-    C-contiguous or sharing memory with an input or an earlier output.
-    Stream order: a CUDA call runs on PyTorch's current stream and caching allocator
-    of the inputs' device; nothing is synchronised (CUDA graph capture works).
+    Copy semantics: inputs arrive as :func:`interop.to_cupy` / :func:`interop.to_numpy`
+    give them; outputs are copied only if not C-contiguous or aliasing another array.
+    Stream order: a CUDA call runs on PyTorch's current stream and caching allocator.
 
     Raises
     ------
     InvalidTypeError
-        A ``name`` not a ``str``, a signature PyTorch's schema cannot hold, a ``like``
-        naming no array parameter; at a call, a non-tensor argument or a wrong return.
+        A bad signature or ``like``; at a call, a non-tensor argument or a wrong return.
     InvalidValueError
-        A bad or taken ``name``; at a call, tensors on different devices, an expanded
-        view for a mutated argument, an output unlike ``like`` or on another device.
+        A bad or taken ``name``; at a call, tensors on two devices, a wrong output.
     CopyRequiredError
         At a call: a conjugate or negative bit on a mutated argument.
     StreamMismatchError

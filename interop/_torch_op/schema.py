@@ -1,5 +1,4 @@
-"""A :func:`~interop.torch_op`'s schema, from its function's annotations, and
-:func:`array_namespace`."""
+"""A :func:`~interop.torch_op`'s schema from its annotations, and :func:`array_namespace`."""
 
 from __future__ import annotations
 
@@ -22,13 +21,9 @@ __all__ = ["Array", "array_namespace"]
 class Array:
     """Annotation marker (no instances): an array parameter or return of a :func:`torch_op`.
 
-    A parameter annotated ``interop.Array``, or not at all, is a ``Tensor`` in the
-    schema, received as a ``cupy.ndarray`` (CUDA) or ``numpy.ndarray`` (CPU);
-    ``Optional[interop.Array]`` or a default of ``None`` makes it optional.
-    ``int``, ``float``, ``bool``, ``str``, ``list`` of the first three, and
-    ``Optional`` of those pass through. A return annotation is ``interop.Array``,
-    a ``tuple`` of them, or ``None``; without one the function returns one
-    array (or one per ``like`` entry when ``like`` is a tuple).
+    Unannotated or ``Array``: a tensor, received as a CuPy or NumPy array (``Optional``:
+    optional); ``int``, ``float``, ``bool``, ``str`` and ``list``/``Optional`` of them
+    pass through. Returns: ``Array``, a ``tuple`` of them, or ``None``.
     """
 
     def __new__(cls, *args: object, **kwargs: object) -> Array:
@@ -59,19 +54,17 @@ def _namespace_of(x: Any) -> types.ModuleType:
 
 
 def array_namespace(*arrays: object) -> types.ModuleType:
-    """The array library of ``arrays``, ``cupy`` or ``numpy``, so that one
-    :func:`torch_op` body serves both devices (``xp = interop.array_namespace(x)``).
+    """The array library of ``arrays``, ``cupy`` or ``numpy`` (``xp = interop.array_namespace(x)``).
 
     Parameters
     ----------
     *arrays : array
-        NumPy or CuPy arrays, PyTorch tensors (CPU: NumPy, CUDA: CuPy), or
-        objects with ``__dlpack__`` or ``__cuda_array_interface__``.
+        Arrays or tensors (CPU: NumPy, CUDA: CuPy), as :func:`interop.to_numpy` takes.
 
     Returns
     -------
     module
-        ``numpy`` or ``cupy`` (imported for device data only); nothing is copied.
+        ``numpy`` or ``cupy``; nothing is copied.
 
     Raises
     ------

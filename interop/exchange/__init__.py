@@ -1,5 +1,4 @@
-"""Zero-copy exchange between NumPy, PyTorch and CuPy (the rules: docs/exchange.md): each
-function checks its arguments, then hands ``x`` to its source library's module."""
+"""Zero-copy exchange between NumPy, PyTorch and CuPy (docs/exchange.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["to_cupy", "to_numpy", "to_torch"]
 
-# (library, array type) -> the module with to_numpy(x, copy), to_torch(x, target, copy) and
-# to_cupy(x, target, copy) of its arrays (else _foreign), through sys.modules: no imports
+# (library, array type) -> the module exchanging its arrays (else _foreign), via sys.modules
 _SOURCES: dict[tuple[str, str], ModuleType] = {
     ("numpy", "ndarray"): _numpy,
     ("torch", "Tensor"): _torch,
@@ -58,21 +56,14 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
     Parameters
     ----------
     x : array
-        A NumPy array or scalar, a PyTorch tensor, a CuPy array, or an object
-        with ``__dlpack__`` or ``__cuda_array_interface__``.
+        NumPy, PyTorch, CuPy, or ``__dlpack__`` / ``__cuda_array_interface__`` data.
     copy : bool or None
-        ``None``: share where the values stay right, else copy. ``False``: share
-        or raise. ``True``: always an independent copy.
+        ``None``: share where correct, else copy; ``False``: share or raise; ``True``: copy.
 
     Notes
     -----
-    Copy semantics: CPU data is shared, read-only for broadcast views and
-    read-only sources; device data and a conjugate/negative bit are copied.
-    ``bfloat16``/``float8`` give the ``ml_dtypes`` dtype of that name. In all three
-    functions a shared result keeps ``x``'s memory alive, and a ``requires_grad``
-    tensor gives its detached data.
-    Stream order: device data is copied by :func:`interop.copy_to_host`, after
-    the producer's current stream, complete on return.
+    Copy semantics: CPU data is shared (read-only where the source is); device data
+    and a conjugate/negative bit are copied. Stream order: as :func:`interop.copy_to_host`.
 
     Raises
     ------
@@ -80,11 +71,8 @@ def to_numpy(x: Any, /, *, copy: bool | None = None) -> np.ndarray:
         ``copy=False`` where a copy is needed.
     UnsupportedDtypeError
         NumPy and ``ml_dtypes`` cannot hold the dtype (``complex32``, quantized).
-    InvalidTypeError
-        ``x`` is not an array (or a nested or sparse tensor); ``copy`` not None/bool.
-    InvalidValueError
-        A meta or data-less tensor (FakeTensor, inside ``torch.func``), a device
-        other than CPU or CUDA, or a foreign export that fails.
+    InvalidTypeError, InvalidValueError
+        ``x`` is not an array (or a tensor without strided data), ``copy`` not None/bool.
     """
     tensor = _TENSOR[0]
     if tensor is None:
@@ -111,11 +99,9 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
 
     Notes
     -----
-    Copy semantics: what PyTorch cannot share as it is (negative or odd strides,
-    a misaligned start, non-native byte order) is copied; a read-only NumPy
-    array is shared with an :class:`interop.ReadOnlyWarning`.
-    Stream order: CUDA data is exported (or copied) on PyTorch's current stream
-    of its device, after the producer's work; the host is not blocked.
+    Copy semantics: what PyTorch cannot share (negative strides, misaligned, swapped
+    bytes) is copied; a read-only array is shared with :class:`interop.ReadOnlyWarning`.
+    Stream order: CUDA data is exported on PyTorch's current stream; no host wait.
 
     Raises
     ------
@@ -123,10 +109,8 @@ def to_torch(x: Any, /, *, device: Any = None, copy: bool | None = None) -> torc
         ``copy=False`` where a copy is needed.
     UnsupportedDtypeError
         PyTorch has no such dtype (object, string, datetime).
-    BackendUnavailableError
-        PyTorch (or, for CUDA data, CuPy) is not installed.
-    NoDeviceError
-        CUDA data or ``device='cuda'`` without a usable CUDA device (or after a fork).
+    BackendUnavailableError, NoDeviceError
+        PyTorch (for CUDA data: CuPy) is not installed, or no CUDA device is usable.
     InvalidTypeError, InvalidValueError
         As for :func:`interop.to_numpy`; a ``device`` of the wrong type or naming none.
     """
@@ -150,9 +134,8 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
 
     Notes
     -----
-    Copy semantics: host data is always copied, on CuPy's current stream.
-    Stream order: a CUDA tensor is exported on CuPy's current stream of its
-    device (usable there at once; the host is not blocked).
+    Copy semantics: host data is always copied. Stream order: on CuPy's current
+    stream of the data's device (usable there at once; the host is not blocked).
 
     Raises
     ------
@@ -163,8 +146,7 @@ def to_cupy(x: Any, /, *, device: Any = None, copy: bool | None = None) -> cupy.
     BackendUnavailableError, NoDeviceError, InvalidTypeError, InvalidValueError
         As for :func:`interop.to_torch`, for CuPy; ``device='cpu'``.
     CaptureError
-        Inside CUDA graph capture: a copy CuPy's own pool would allocate (see
-        :func:`interop.use_torch_allocator`), or two different current streams.
+        Inside CUDA graph capture: a copy CuPy's pool would allocate, or two current streams.
     """
     x = _checked(x, copy)
     target = parse_device(device)

@@ -53,8 +53,7 @@ def _share_with_torch(c: cupy.ndarray, copy: bool | None) -> torch.Tensor:
     if problem or (copy and c.size > 0):
         return torch_copy(c, index)
     cp = _backends.cupy()
-    # CuPy's device only (torch.from_dlpack names the array's device itself): CuPy's
-    # __dlpack__ orders PyTorch's current stream there after CuPy's current stream
+    # CuPy's __dlpack__ orders PyTorch's current stream after CuPy's, on its device
     here = cp.cuda.runtime.getDevice() == index
     with ALREADY_CURRENT if here else cp.cuda.Device(index):
         if c.size == 0 and (copy or unshareable(c)):

@@ -1,5 +1,4 @@
-"""``__dlpack__`` and ``__cuda_array_interface__`` objects as the source of an exchange:
-imported zero-copy as a NumPy or CuPy array, then exchanged as one."""
+"""``__dlpack__`` / ``__cuda_array_interface__`` objects, exchanged as NumPy or CuPy arrays."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The layout rules of the exchange: which memory PyTorch can share as it is (strides
-in elements, none negative, elements aligned to their itemsize: its kernels crash on
-other memory), and read-only broadcast views, as ``numpy.broadcast_to`` makes them."""
+"""Which memory PyTorch can share as it is, and read-only broadcast views."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ from ..errors import CopyRequiredError
 
 
 def copy_required(what: str) -> CopyRequiredError:
-    """The error for ``copy=False`` where ``what`` needs a copy."""
     return CopyRequiredError(f"copy=False, but {what} needs a copy; pass copy=None or copy=True")
 
 

@@ -39,8 +39,7 @@ def plain_torch_view(a: np.ndarray) -> torch.Tensor | None:
 
 
 def _shareable(dtype: np.dtype) -> bool:
-    # NumPy's "aligned" means aligned to dtype.alignment, which for complex128 is
-    # 8: PyTorch needs the whole itemsize (the general path checks the address)
+    # NumPy's "aligned" is to dtype.alignment (8 for complex128); PyTorch needs the itemsize
     if not dtype.isnative or not dtypes.is_standard(dtype) or dtype.alignment != dtype.itemsize:
         return False
     try:

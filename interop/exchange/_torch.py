@@ -1,5 +1,4 @@
-"""PyTorch tensors as the source of an exchange, and the device and stream rules of
-CUDA exchanges between PyTorch and CuPy."""
+"""PyTorch tensors as the source of an exchange, and CUDA exchanges' device and stream rules."""
 
 from __future__ import annotations
 
@@ -118,8 +117,7 @@ def _export_to_cupy(t: torch.Tensor, copy: bool | None) -> cupy.ndarray:
         else:
             c = cp.from_dlpack(t)
         if copied:
-            # the resolved copy goes back to PyTorch's pool when CuPy drops it: not for
-            # reuse before the work CuPy queued on it is done
+            # not reused by PyTorch's pool before the work CuPy queued on it is done
             t.record_stream(streams.torch_stream(handle, index))
         return c
 
@@ -158,8 +156,7 @@ def cupy_stream_handle(func: str, index: int) -> int:
     if capturing(current.is_capturing) or capturing(th.cuda.is_current_stream_capturing):
         raise CaptureError(
             f"{func} expected PyTorch and CuPy to use one stream inside CUDA graph capture (got "
-            "two different current streams); run the block under `with interop.stream(s):`, "
-            "s the capturing stream"
+            "two); run the block under `with interop.stream(s):`, s the capturing stream"
         )
     return handle
 

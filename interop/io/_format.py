@@ -1,7 +1,4 @@
-"""The ``.npy`` file: its header (``numpy.lib.format``'s, formats 1.0 to 3.0), where
-an array's bytes lie in it, and the pipeline's host stages that write and read
-them with positioned I/O (never through a mapping, whose pages would stay resident).
-"""
+"""The ``.npy`` header, where an array's bytes lie, and host stages moving them by pread/pwrite."""
 
 from __future__ import annotations
 
@@ -28,21 +25,7 @@ from ..pipeline.request import TransferRequest
 from ..pipeline.start import start
 from .destination import checked_path, file_kind
 
-__all__ = [
-    "FileReader",
-    "FileWriter",
-    "Layout",
-    "NpyHeader",
-    "Runs",
-    "file_dtype",
-    "file_identity",
-    "header_bytes",
-    "move",
-    "open_unchanged",
-    "read_npy_header",
-    "refuse_masked",
-    "write_all",
-]
+__all__: list[str] = []  # internal, as _backends: used by npy, dask and safetensors
 
 
 @dataclass(frozen=True)
@@ -58,8 +41,7 @@ class NpyHeader:
     identity: tuple[int, int, int, int]  # file_identity() when the header was read
 
 
-# numpy.load's default max_header_size: a longer header is not parsed (its
-# literal_eval could take unbounded memory and time on an untrusted file).
+# numpy.load's default max_header_size (literal_eval of an untrusted header)
 _MAX_HEADER_SIZE = 10_000
 
 
@@ -71,8 +53,7 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
 def open_unchanged(
     path: str | os.PathLike[str], identity: tuple[int, ...], what: str, *, same_machine: bool = True
 ) -> int:
-    """Open ``path`` for reading unless it is no longer the file of ``identity``
-    (the device number is compared on the same machine only)."""
+    """Open ``path`` for reading unless it is no longer the file of ``identity``."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     now = file_identity(os.fstat(fd))
     first = 0 if same_machine else 1
@@ -86,15 +67,13 @@ def open_unchanged(
 
 
 def file_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a file stores ``dtype``'s values in: bfloat16 and float8 in
-    native byte order (a header names them without one), others as they are."""
+    """The dtype a file stores ``dtype``'s values in (bfloat16 and float8: native order)."""
     native = dtype.newbyteorder("=")
     return native if dtypes.is_ml_dtype(native) else dtype
 
 
 def header_bytes(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    """The header of a C-order file; bfloat16 and float8 under their ``ml_dtypes``
-    name, which ``numpy.load`` reads once ``ml_dtypes`` is imported."""
+    """The header of a C-order file; bfloat16 and float8 under their ``ml_dtypes`` name."""
     descr = dtype.name if dtypes.is_ml_dtype(dtype) else npformat.dtype_to_descr(dtype)
     header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
@@ -120,10 +99,9 @@ def _header_text(f: BinaryIO, shown: str) -> bytes:
     (length,) = struct.unpack(size, raw)
     if length > _MAX_HEADER_SIZE:
         raise NpyFormatError(
-            f"{shown} is not read by load_npy: its header is {length} bytes, more than the "
-            f"{_MAX_HEADER_SIZE} bytes numpy.load parses by default. If you trust the file, map "
-            f"it with numpy.load(path, mmap_mode='r', max_header_size={length}) and copy from "
-            "the map with interop.copy_to_device or interop.copy_to_host"
+            f"{shown} is not read by load_npy: its header is {length} bytes, more than "
+            f"{_MAX_HEADER_SIZE}; if you trust the file, copy from "
+            f"numpy.load(path, mmap_mode='r', max_header_size={length})"
         )
     text = f.read(length)
     if len(text) < length:
@@ -134,8 +112,7 @@ def _header_text(f: BinaryIO, shown: str) -> bytes:
 
 
 def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and check the header of a ``.npy`` file (format 1.0, 2.0 or 3.0) and
-    its size, reading no data (NpyFormatError, or a PathError for no regular file)."""
+    """Read and check the header of a ``.npy`` file and its size (or raise NpyFormatError)."""
     path = Path(checked_path(path, "load_npy"))
     shown = repr(str(path))
     try:
@@ -202,8 +179,7 @@ def refuse_masked(x: Any, expected: str, filled: str) -> None:
     if ma is not None and isinstance(x, ma.MaskedArray):
         raise InvalidTypeError(
             f"{expected} without a mask (got a numpy.ma.MaskedArray: a .npy file holds no "
-            f"mask); save {filled} for the masked values replaced, or the data and the mask "
-            "as two files"
+            f"mask); save {filled}, or the data and the mask as two files"
         )
 
 
@@ -215,8 +191,7 @@ class Runs:
     nbytes: int
 
     def segments(self, start: int, count: int) -> Iterator[tuple[int, int, int]]:
-        """``(file_offset, position, length)`` pieces of block bytes
-        ``[start, start + count)``; ``position`` counts from ``start``."""
+        """``(file_offset, position from start, length)`` of block bytes from ``start`` on."""
         if count <= 0:
             return
         run, within = divmod(start, self.nbytes)
@@ -239,16 +214,14 @@ class Layout:
     offset: int  # where the data starts (the header's length)
 
     def runs(self, start: tuple[int, ...], shape: tuple[int, ...]) -> Runs:
-        """The runs of the block at ``start`` (element index) with ``shape``: one
-        per row of its leading axes, or one where it spans whole trailing axes."""
+        """The runs of the block at ``start`` (element index) with ``shape``."""
         full = self.shape
         itemsize = self.dtype.itemsize
         strides = [itemsize] * len(full)  # C-order strides of the whole array, in bytes
         for axis in range(len(full) - 2, -1, -1):
             strides[axis] = strides[axis + 1] * full[axis + 1]
         base = self.offset + sum(s * st for s, st in zip(start, strides, strict=True))
-        # Axes from `whole` on are spanned entirely by the block: together with
-        # the axis before them they form one contiguous run.
+        # axes from `whole` on are spanned by the block: with the one before, one run
         whole = len(full)
         while whole > 0 and shape[whole - 1] == full[whole - 1]:
             whole -= 1
@@ -272,9 +245,7 @@ def write_all(fd: int, view: memoryview, offset: int | None) -> None:
 
 
 class _FileStage:
-    """A host stage of chunks that lie at ``runs`` in the file ``fd`` (None: a
-    FIFO or device, written in order); ``array``: the host array of a
-    host-to-host copy, which the stage reads or writes itself."""
+    """A host stage of chunks at ``runs`` in ``fd`` (None: in order); ``array``: a host source."""
 
     align = 1  # pieces start on a multiple of this many bytes
 
@@ -290,23 +261,20 @@ class _FileStage:
     def segments(
         self, plan: Plan, i: int, piece: tuple[int, int]
     ) -> Iterator[tuple[int, int, int]]:
-        """``(file offset, position in the chunk, length)`` of a piece."""
         assert self.runs is not None
         lo, hi = piece
         for offset, at, length in self.runs.segments(plan.starts[i] + lo, hi - lo):
             yield offset, lo + at, length
 
     def bounce(self, plan: Plan, like: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """One chunk buffer (reused) of ``like``'s shape and ``dtype``, for host
-        chunks that are not contiguous in the array."""
+        """A reused chunk buffer of ``like``'s shape and ``dtype`` (for non-contiguous chunks)."""
         if self._bounce is None:
             self._bounce = np.empty(plan.slot_bytes, np.uint8)
         return self._bounce[: like.size * dtype.itemsize].view(dtype).reshape(like.shape)
 
 
 class FileWriter(_FileStage):
-    """Write each chunk from its slot, or from ``array``'s values in ``dtype``; ``check``
-    runs before each piece; a failed write is kept in ``failed`` and re-raised."""
+    """Write each chunk from its slot or ``array``; ``check`` runs before each piece."""
 
     def __init__(
         self,
@@ -368,7 +336,7 @@ class FileReader(_FileStage):
         np.copyto(part, copy)
 
     def read(self, plan: Plan, i: int, piece: tuple[int, int], buf: np.ndarray) -> None:
-        """Read ``piece`` of chunk ``i`` into ``buf``, the chunk's bytes (EOFError: short file)."""
+        """Read ``piece`` of chunk ``i`` into ``buf``, the chunk's bytes."""
         for offset, at, length in self.segments(plan, i, piece):
             view, got = buf[at : at + length].data, 0
             while got < length:
@@ -376,7 +344,7 @@ class FileReader(_FileStage):
                 if n == 0:
                     raise EOFError(
                         f"{self.what} ended early: expected {length} bytes at offset {offset}, "
-                        f"read {got}; was it truncated or replaced since its header was read?"
+                        f"read {got}; was it truncated since its header was read?"
                     )
                 got += n
 
@@ -384,16 +352,11 @@ class FileReader(_FileStage):
 def move(
     arr: Source, stage: FileWriter | FileReader, func: str, order: str, **options: Any
 ) -> None:
-    """Move ``arr``'s chunks through ``stage``: device data through the staging ring
-    (host threads run the stage on each slot), host data chunk by chunk on this
-    thread; ``options``: ``chunk_bytes``, ``progress``, ``threads``."""
+    """Move ``arr``'s chunks through ``stage`` (device data via the staging ring)."""
+    to: Literal["d2h", "h2d", "h2h"] = "d2h" if isinstance(stage, FileWriter) else "h2d"
     if arr.on_device:
-        to: Literal["d2h", "h2d"] = "d2h" if isinstance(stage, FileWriter) else "h2d"
-        request = TransferRequest(func, to, None, stage, device=arr, order=order, **options)
+        options["device"] = arr
     else:
-        options.update(threads=1, inline=True)
-        shape, itemsize = arr.shape, arr.dtype.itemsize
-        request = TransferRequest(
-            func, "h2h", None, stage, shape=shape, itemsize=itemsize, order=order, **options
-        )
-    start(request).result()
+        to = "h2h"
+        options.update(threads=1, inline=True, shape=arr.shape, itemsize=arr.dtype.itemsize)
+    start(TransferRequest(func, to, None, stage, order=order, **options)).result()

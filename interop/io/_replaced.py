@@ -1,6 +1,4 @@
-"""Replaced files, freed by a background thread: a descriptor held across the
-rename moves the freeing of the old file's blocks (about half a second per GiB
-on ext4) from the rename to its close. Reset in a forked child by interop._process."""
+"""Replaced files freed by a thread: rename costs no block freeing (0.5 s/GiB on ext4)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ __all__ = ["replaced_files", "wait_for_replaced_files"]
 # Smaller files are freed in the rename (a hand-over costs more); at most this many are held.
 _FREE_LATER_BYTES = 8 << 20
 _FREE_LATER_MAX = 4
-# Local file systems, where the last close frees a file with no name left (an NFS
-# client would rename it to a visible ".nfs..." name until the close).
+# Local file systems, where the last close frees a file with no name left (not NFS)
 _FREE_ON_CLOSE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "overlay"})
 
 
@@ -40,10 +37,7 @@ def _file_system_types() -> dict[tuple[int, int], str]:
 
 
 class _ReplacedFiles:
-    """Descriptors of replaced files (:meth:`hold` before the rename), closed by a
-    thread (:meth:`close_later`) that leaves after a second without work (a process
-    with threads warns at ``os.fork``). ``_held`` maps each to its file's (device,
-    inode), so that a forked child closes its copies and only those."""
+    """Descriptors of replaced files, closed by a thread that leaves after a second idle."""
 
     _IDLE_SECONDS = 1.0
 
@@ -57,9 +51,7 @@ class _ReplacedFiles:
         self._thread: threading.Thread | None = None
 
     def hold(self, target: Path, st: os.stat_result) -> int | None:
-        """A read-only descriptor of ``target`` (the regular file ``st``) for
-        :meth:`close_later`; None for a small file, one with other links, on a
-        network or unknown file system, unreadable, or changed since ``st``."""
+        """A descriptor of ``target`` (the file ``st``) for :meth:`close_later`, or None."""
         if st.st_nlink != 1 or st.st_blocks * 512 < _FREE_LATER_BYTES:
             return None
         # read each time: device numbers of tmpfs, overlay or NFS mounts are reused
@@ -93,8 +85,7 @@ class _ReplacedFiles:
         """A running thread (called with the lock held); False if none can start."""
         if self._thread is not None:
             return True
-        # Not named "interop-...": the exit handler joins those (transfer threads).
-        # At exit the kernel closes what is still held.
+        # not "interop-...": the exit handler joins those; at exit the kernel closes the rest
         thread = threading.Thread(target=self._run, name="free-replaced-files", daemon=True)
         try:
             thread.start()
@@ -104,8 +95,7 @@ class _ReplacedFiles:
         return True
 
     def _close(self, fd: int) -> None:
-        """Close a held descriptor, then forget it (a child forked in between leaves
-        it); the number may be held again meanwhile, for another file: keep that."""
+        """Close a held descriptor, then forget it unless its number was held again since."""
         with self._lock:
             key = self._held.get(fd)
         with contextlib.suppress(OSError):

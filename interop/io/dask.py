@@ -1,6 +1,4 @@
-"""Save and load dask arrays as one ``.npy`` file, one task per block on the workers
-(:mod:`interop.dask`'s implementation). The caller makes and renames a save's
-temporary file, and removes it once no task writes it after a failure."""
+"""Dask arrays to and from one ``.npy`` file, one task per block (:mod:`interop.dask`)."""
 
 from __future__ import annotations
 
@@ -33,18 +31,8 @@ from ..errors import (
 from ..pipeline.hostcopy import run_chunk
 from ..pipeline.plan import nbytes_of, plan_chunks
 from ..pipeline.start import empty_device
-from ._format import (
-    FileReader,
-    FileWriter,
-    Layout,
-    Runs,
-    header_bytes,
-    move,
-    open_unchanged,
-    read_npy_header,
-    refuse_masked,
-    write_all,
-)
+from . import _format
+from ._format import read_npy_header, write_all
 from .destination import Destination, prepare_destination
 
 try:
@@ -89,7 +77,7 @@ class SaveError(TransferError):
         self.nblocks = nblocks
 
 
-def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tuple[Any, ...]:
+def _block(info: dict, layout: _format.Layout, func: str, fortran: bool = False) -> tuple[Any, ...]:
     """A task's block: its first element, shape (in file order) and name for messages."""
     location = [tuple(map(int, loc)) for loc in info["array-location"]]
     if fortran:
@@ -104,36 +92,28 @@ def _block(info: dict, layout: Layout, func: str, fortran: bool = False) -> tupl
 def _still_saving(fd: int, what: str) -> None:
     """Raise if the caller gave the save up (it removed the temporary file)."""
     if os.fstat(fd).st_nlink == 0:
-        raise PathNotFoundError(
-            _errno.ENOENT,
-            f"{what}: the save failed or was cancelled (its temporary file was removed); "
-            "this block stopped writing",
-        )
+        why = "the save failed or was cancelled: this block stopped writing"
+        raise PathNotFoundError(_errno.ENOENT, f"{what}: {why}")
 
 
-def _block_writer(fd: int, runs: Runs, what: str, array: Any = None) -> FileWriter:
+def _block_writer(fd: int, runs: _format.Runs, what: str, array: Any = None) -> _format.FileWriter:
     """The file stage writing a block at its runs, stopping once the save was given up."""
-    return FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
+    return _format.FileWriter(fd, runs, what, array, check=partial(_still_saving, fd, what))
 
 
 def _write_block(
-    block: Any,
-    *,
-    layout: Layout,
-    chunk_bytes: int | None,
-    block_info: Any = None,
+    block: Any, *, layout: _format.Layout, chunk_bytes: int | None, block_info: Any = None
 ) -> np.ndarray:
     """Task: write one block at its offsets (idempotent); return its byte count as a block."""
     func = "interop.dask.save_npy"
     origin, shape, what = _block(block_info[0], layout, func)
-    refuse_masked(block, f"{what}: expected a block", _FILLED)  # a mask its meta did not show
+    _format.refuse_masked(block, f"{what}: expected a block", _FILLED)  # meta showed no mask
     src = array_source(block, func)
     got_shape, got_dtype = tuple(int(n) for n in src.shape), src.dtype
     if got_shape != shape or got_dtype != layout.dtype:
         raise InvalidValueError(
-            f"{what}: expected a block of shape {shape} and dtype {layout.dtype} "
-            f"(got shape {got_shape} and dtype {got_dtype}); the dask array's chunks or dtype "
-            "do not describe its blocks: fix the function that makes them"
+            f"{what}: expected a block of shape {shape} and dtype {layout.dtype} (got shape "
+            f"{got_shape} and dtype {got_dtype}); fix the function that makes the blocks"
         )
     result = np.full((1,) * len(shape), 0, np.int64)
     if 0 in shape:
@@ -142,20 +122,16 @@ def _write_block(
     try:
         fd = os.open(layout.path, os.O_WRONLY | os.O_CLOEXEC)  # never creates: see save_npy
     except FileNotFoundError as exc:
-        raise PathNotFoundError(
-            _errno.ENOENT,
-            f"{what}: the temporary file is gone (the save failed or was cancelled), or this "
-            "worker does not share the client's file system",
-        ) from exc
+        why = "the save failed or was cancelled, or the worker sees another file system"
+        raise PathNotFoundError(_errno.ENOENT, f"{what}: temporary file gone ({why})") from exc
     try:
-        # A shared lock until the close: the caller, giving the save up, takes
-        # the exclusive one to know that no task writes any more.
+        # a shared lock until the close: _abandon's exclusive one waits for it
         with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: no locks here
             fcntl.flock(fd, fcntl.LOCK_SH)
         _still_saving(fd, what)
         writer = _block_writer(fd, layout.runs(origin, shape), what, src.obj)
         if src.on_device:  # through the staging ring, whose host threads write each slot
-            move(src, writer, func, "the block's C order", chunk_bytes=chunk)
+            _format.move(src, writer, func, "the block's C order", chunk_bytes=chunk)
         else:  # chunk by chunk on this thread, the block's errors raised as they are
             plan = plan_chunks(src.shape, layout.dtype.itemsize, chunk, 1)
             for i in range(len(plan.chunks)):
@@ -198,9 +174,7 @@ def _create(destination: Destination, header: bytes, size: int) -> None:
 
 def _abandon(destination: Destination) -> None:
     """Remove the temporary file; return once no block task writes it any more."""
-    # Removing it stops the running tasks (each checks before every piece) and
-    # keeps later ones out; the exclusive lock comes once every task closed the
-    # file; truncating frees the space even while a stopped task holds it.
+    # tasks stop at a link count of 0; truncating frees the space a stopped one still holds
     fd = -1
     if destination.temporary is not None:
         with contextlib.suppress(OSError):
@@ -229,8 +203,7 @@ def _blocks(keys: list[tuple[int, ...]], limit: int = 8) -> str:
 
 
 def _run(writes: Any) -> tuple[list, list, BaseException | None] | None:
-    """Run the writes on the scheduler in use: None once all are written, else the
-    blocks written, the blocks that failed (where the scheduler says) and the cause."""
+    """Run the writes: None once all are written, else (blocks written, failed, cause)."""
     scheduler = get_scheduler(collections=[writes])
     client = getattr(scheduler, "__self__", None)  # a distributed Client's client.get
     distributed = sys.modules.get("distributed")  # imported where a Client exists
@@ -276,18 +249,13 @@ def save_npy(
     Parameters
     ----------
     darr : dask.array.Array
-        NumPy or CuPy blocks (any strides and chunking, known chunk sizes) of
-        any dtype :func:`interop.save_npy` accepts.
+        NumPy or CuPy blocks with known chunk sizes.
     path : str or os.PathLike
-        On a file system every worker shares, with the path rules of
-        :func:`interop.save_npy`, checked before any block is computed; written
-        to a hidden temporary file renamed to ``path`` once every block is written.
+        On a file system every worker shares; the rules of :func:`interop.save_npy`.
     chunk_bytes : int, optional
-        Largest piece a task copies at once; default: each worker's
-        ``interop.config.chunk_bytes``.
+        Largest piece a task copies at once; default: each worker's config.
     compute : bool
-        False: create the temporary file now and return a ``dask.delayed.Delayed``
-        that writes the blocks and renames the file when computed.
+        False: return a ``dask.delayed.Delayed`` that writes and renames when computed.
 
     Returns
     -------
@@ -296,25 +264,17 @@ def save_npy(
 
     Notes
     -----
-    ``darr`` is computed once, each block written at its C-order offsets by the
-    task that makes it, never gathered (device blocks through the staging ring,
-    after the work queued on their library's current stream). Dask schedules:
-    the distributed client in use, else dask's default scheduler.
+    Each block is written by the task that makes it (device blocks through the staging
+    ring, after their library's current stream), then a temporary file is renamed.
 
     Raises
     ------
     TypeError, ValueError
-        ``darr`` is not a dask array, holds Python objects, is masked or has
-        unknown chunk sizes; a bad ``chunk_bytes``; a FIFO or device ``path``.
-    IsADirectoryError, PermissionError, FileNotFoundError, OSError
-        ``path`` is refused, before any block is computed.
-    PathError
-        The file system cannot hold the array (``ENOSPC``, ``EFBIG``,
-        ``EDQUOT``), before any block is computed; nothing is left.
+        Not a dask array, object, masked, unknown chunk sizes, a FIFO ``path``.
+    OSError
+        ``path`` is refused or too small (``PathError``), before any block is computed.
     SaveError
-        A block raised (the ``__cause__``), a worker died too often, or the
-        compute was cancelled; raised once no task writes the file any more,
-        no file left under ``path``.
+        A block raised (the ``__cause__``) or it was cancelled; no file is left.
     """
     func = "interop.dask.save_npy"
     if not isinstance(darr, da.Array):
@@ -322,7 +282,7 @@ def save_npy(
             f"{func} expected a dask.array.Array (got {type(darr).__module__}."
             f"{type(darr).__qualname__}); for one in-memory array use interop.save_npy"
         )
-    refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
+    _format.refuse_masked(darr._meta, f"{func} expected blocks", _FILLED)
     dtype = np.dtype(darr.dtype)
     if dtype.hasobject:
         raise InvalidTypeError(f"{func} expected numeric data (got dtype {dtype!r})")
@@ -337,18 +297,17 @@ def save_npy(
     if destination.streaming:
         raise InvalidValueError(
             f"{func} expected a regular file or a new path (got {str(destination.path)!r}, a "
-            "FIFO or character device); the blocks are written at their offsets, which needs a "
-            "regular file: save to a file and copy it, or use interop.save_npy"
+            "FIFO or character device): writing at offsets needs a regular file"
         )
     path = destination.path
     shape = tuple(int(n) for n in darr.shape)
-    header = header_bytes(shape, dtype)
+    header = _format.header_bytes(shape, dtype)
     nbytes = nbytes_of(shape, dtype.itemsize)
     # A save has side effects: its keys are new for every call.
     token = tokenize(darr.name, str(destination.target), chunk_bytes, uuid.uuid4().hex)
     _create(destination, header, len(header) + nbytes)
     try:
-        layout = Layout(str(destination.temporary), shape, dtype, len(header))
+        layout = _format.Layout(str(destination.temporary), shape, dtype, len(header))
         writes = da.map_blocks(  # one element per block: its byte count
             _write_block,
             darr,
@@ -371,15 +330,14 @@ def save_npy(
                 "was cancelled" if cause is None else f"failed ({type(cause).__name__}: {cause})"
             )
             culprit = f"block(s) {_blocks(failed)} could not be written; " if failed else ""
-            err = SaveError(
+            raise SaveError(
                 f"{func} of {str(path)!r} {reason}; {culprit}{len(done)} of {nblocks} blocks "
                 f"were written {_blocks(done)}; no file was left under {str(path)!r} (an "
                 "existing one is untouched)",
                 blocks_done=done,
                 nblocks=nblocks,
                 nbytes=nbytes,
-            )
-            raise err from cause
+            ) from cause
         destination.commit()
     except BaseException:
         _abandon(destination)  # returns once no block task writes the file any more
@@ -389,30 +347,26 @@ def save_npy(
 
 @dataclass(frozen=True)
 class _Source:
-    """What the read tasks need to know about the file (its identity checked by each)."""
-
-    layout: Layout  # in file order (a Fortran-order file: the transposed shape)
+    layout: _format.Layout  # in file order (a Fortran-order file: the transposed shape)
     fortran: bool
     identity: tuple[int, int, int, int]  # npy.file_identity when the header was read
     host: str  # the machine that read the header (where the device number holds)
 
 
 def _read_block(*, source: _Source, device: Any, block_info: Any = None) -> Any:
-    """Task: read one block from the file."""
     layout = source.layout
     origin, shape, what = _block(block_info[None], layout, "interop.dask.load_npy", source.fortran)
-    # Every task checks that the file is still the one load_npy described: a
-    # file replaced in between would give blocks of two files, silently.
+    # a file replaced in between would give blocks of two files, silently
     same_machine = source.host == socket.gethostname()
-    fd = open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
+    fd = _format.open_unchanged(layout.path, source.identity, what, same_machine=same_machine)
     try:
         if device is None or device[0] != "cuda":
             block = np.empty(shape, layout.dtype)
         else:  # non-native byte order is converted in the slots
             block = empty_device(shape, layout.dtype.newbyteorder("="), device[1])
-        reader = FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
+        reader = _format.FileReader(fd, layout.runs(origin, shape), what, block, dtype=layout.dtype)
         dst = array_source(block, "interop.dask.load_npy")
-        move(dst, reader, "interop.dask.load_npy", "the block's C order")
+        _format.move(dst, reader, "interop.dask.load_npy", "the block's C order")
     finally:
         os.close(fd)
     return block.T if source.fortran else block
@@ -424,30 +378,25 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
     Parameters
     ----------
     path : str or os.PathLike
-        A ``.npy`` file (format 1.0, 2.0 or 3.0, C or Fortran order) on a file
-        system every worker shares.
+        A ``.npy`` file on a file system every worker shares.
     chunks : int, tuple, dict or "auto", default "auto"
-        Block shape, as ``dask.array.from_array`` takes it (positive sizes).
+        Block shape, as ``dask.array.from_array`` takes it.
     device : optional
-        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks on that device of each
-        worker; ``None`` or ``"cpu"``: NumPy blocks.
+        ``"cuda"``, ``"cuda:N"`` or an int: CuPy blocks; ``None`` or ``"cpu"``: NumPy.
 
     Returns
     -------
     dask.array.Array
-        Lazy: the caller reads only the header; each task reads its block into
-        a new array (through the staging ring for CuPy blocks).
+        Lazy: the caller reads only the header, each task its block.
 
     Raises
     ------
     ValueError
-        Not a readable ``.npy`` file, a bad ``chunks`` or ``device``; from a
-        task, a file replaced or written since this call.
-    FileNotFoundError, OSError
+        Not a readable ``.npy`` file, bad ``chunks`` or ``device``, a file changed since.
+    OSError
         No such file, or no regular file.
     NoDeviceError, BackendUnavailableError, UnsupportedDtypeError
-        ``device="cuda"`` without a usable CUDA device or CuPy on the caller,
-        or a dtype CuPy cannot hold.
+        ``device="cuda"`` without CuPy or a device on the caller, or a dtype CuPy cannot hold.
     TransferError
         From a task: the file came up short.
     """
@@ -464,16 +413,14 @@ def load_npy(path: str | os.PathLike[str], /, *, chunks: Any = "auto", device: A
             f"interop.dask.load_npy expected chunks for shape {header.shape} (got {chunks!r}: "
             f"{why}); pass positive block sizes (-1 for a whole axis), or chunks='auto'"
         ) from exc
-    dtype, empty = header.dtype, (0,) * len(header.shape)
+    dtype, xp = header.dtype, np
     if target is not None and target[0] == "cuda":  # native byte order: CuPy holds no other
-        cp = _backends.require_cupy_device()
+        xp = _backends.require_cupy_device()
         dtype = header.dtype.newbyteorder("=")
         dtypes.check_cupy_dtype(dtype)
-        meta = cp.empty(empty, dtype)  # the empty block that describes the blocks to dask
-    else:
-        meta = np.empty(empty, dtype)
+    meta = xp.empty((0,) * len(header.shape), dtype)  # the empty block describing the blocks
     file_shape = header.shape[::-1] if header.fortran_order else header.shape
-    layout = Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
+    layout = _format.Layout(str(header.path.resolve()), file_shape, header.dtype, header.offset)
     source = _Source(layout, header.fortran_order, header.identity, socket.gethostname())
     name = f"interop-load-npy-{tokenize(source, normalized, target)}"
     return da.map_blocks(

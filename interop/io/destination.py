@@ -1,6 +1,4 @@
-"""Where a saved file goes: :func:`prepare_destination` checks it in named steps
-before any data moves (``save_npy``'s policy, which docs/npy.md states), and a
-:class:`Destination` writes a temporary file renamed over the target."""
+"""Where a saved file goes: checked in named steps, written atomically (docs/npy.md)."""
 
 from __future__ import annotations
 
@@ -28,21 +26,16 @@ __all__ = [
 
 T = TypeVar("T")
 _SUFFIX = ".npy"
-# The temporary's name: "." + the first characters of the file's name + a
-# random token: short whatever the name, so a name numpy.save takes fits.
-_NAME_CHARS = 16
+_NAME_CHARS = 16  # of the file's name in the temporary's: any name numpy.save takes fits
 _TEMPORARY_TRIES = 16
-# An unnamed temporary (O_TMPFILE) leaves nothing behind a killed process;
-# tests switch it off to exercise the named one other systems get.
+# An unnamed temporary (O_TMPFILE) leaves nothing behind a killed process
 _UNNAMED_TEMPORARY = sys.platform.startswith("linux") and hasattr(os, "O_TMPFILE")
 # open(O_TMPFILE) where there are no unnamed files (EISDIR: kernels before 3.11)
 _NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 
 
 class Destination:
-    """A checked place to write one file: a temporary renamed over the target, or a
-    FIFO / character device written in place. Write through :meth:`open`, or
-    :meth:`create` then :meth:`commit` or :meth:`discard` (other processes write it by name)."""
+    """A checked place to write one file: :meth:`open`, or :meth:`create` then :meth:`commit`."""
 
     __slots__ = ("_created", "_opened", "func", "path", "streaming", "target", "temporary")
 
@@ -50,20 +43,14 @@ class Destination:
         self.path = path  # as given, with .npy appended
         self.target = target  # what is written or replaced: absolute, symlinks followed
         self.streaming = streaming  # written in place, in order: no temporary, no offsets
-        # the hidden temporary beside target, named from create() (open(): the
-        # end of the writes) until commit() or discard()
+        # the hidden temporary beside target, from create() until commit() or discard()
         self.temporary: Path | None = None if streaming else _temporary_name(target)
         self.func = func
         self._created = False  # the named temporary exists
         self._opened = False  # create() or open() was called
 
-    def __repr__(self) -> str:
-        how = "streaming" if self.streaming else f"temporary={str(self.temporary)!r}"
-        return f"Destination({str(self.path)!r}, target={str(self.target)!r}, {how})"
-
     def create(self) -> int:
-        """Open the FIFO or device, or create :attr:`temporary` (exclusively, never
-        through a link); return the descriptor, closed by the caller before :meth:`commit`."""
+        """Open the FIFO or device, or create :attr:`temporary` exclusively; return the fd."""
         flags = os.O_WRONLY | os.O_CLOEXEC
         if self.streaming:
             self._first_open()
@@ -78,7 +65,7 @@ class Destination:
     def _first_open(self) -> int:
         """The temporary's mode: open()'s, 0600 until :meth:`commit` where it replaces a file."""
         if self._opened:
-            raise RuntimeError(f"{self!r}: create() was already called")
+            raise RuntimeError(f"{str(self.path)!r}: create() was already called")
         return 0o600 if self.target.exists() else 0o666
 
     def _under_a_free_name(self, make: Callable[[Path], T]) -> T:
@@ -89,12 +76,8 @@ class Destination:
                 return make(self.temporary)
             except FileExistsError:
                 self.temporary = _temporary_name(self.target)
-        raise path_error(
-            errno.EEXIST,
-            f"{self.func} could not create a temporary file beside {str(self.target)!r} "
-            f"after {_TEMPORARY_TRIES} tries (every drawn name existed)",
-            str(self.temporary),
-        )
+        message = f"{self.func} could not create a temporary file beside {str(self.target)!r}"
+        raise path_error(errno.EEXIST, message, str(self.temporary))
 
     def _create_unnamed(self) -> int | None:
         """An unnamed temporary beside the target (``O_TMPFILE``); None where there is none."""
@@ -116,8 +99,7 @@ class Destination:
     def _name_unnamed(self, fd: int) -> None:
         """Give the unnamed file ``fd`` its hidden name, ready for :meth:`commit`."""
         assert self.temporary is not None
-        # A directory descriptor makes os.link call linkat (a plain link(2)
-        # would link the /proc entry itself, not follow it to the file).
+        # a directory fd makes os.link call linkat, which follows the /proc entry
         directory = os.open(self.temporary.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             self._under_a_free_name(
@@ -130,12 +112,11 @@ class Destination:
         self._created = True
 
     def commit(self) -> None:
-        """Rename the temporary over the target (streaming: nothing to do), keeping
-        a replaced file's mode, owner and group; on an error, remove the temporary."""
+        """Rename the temporary over the target, keeping a replaced file's mode and owner."""
         if self.streaming:
             return
         if not self._created or self.temporary is None:
-            raise RuntimeError(f"{self!r}: nothing to commit (create() first)")
+            raise RuntimeError(f"{str(self.path)!r}: nothing to commit (create() first)")
         old = None
         try:
             try:
@@ -144,11 +125,10 @@ class Destination:
                 pass  # a new file: it already has open()'s mode
             else:
                 if not stat.S_ISREG(st.st_mode):
+                    shown = str(self.target)
+                    why = f"it became {file_kind(st.st_mode)} while the data was written"
                     raise path_error(
-                        errno.EEXIST,
-                        f"{self.func} will not replace {str(self.target)!r}: it became "
-                        f"{file_kind(st.st_mode)} while the data was written; nothing was changed",
-                        str(self.target),
+                        errno.EEXIST, f"{self.func} will not replace {shown!r}: {why}", shown
                     )
                 _copy_owner_and_mode(self.temporary, st)
                 old = replaced_files.hold(self.target, st)
@@ -189,16 +169,13 @@ class Destination:
 
 
 def _copy_owner_and_mode(temporary: Path, st: os.stat_result) -> None:
-    """Give ``temporary`` the replaced file's owner/group where permitted, then its
-    mode (chown clears the set-user/group-ID bits)."""
+    """Give ``temporary`` the file's owner/group where permitted, then its mode (after chown)."""
     mine = os.stat(temporary)
     if (mine.st_uid, mine.st_gid) != (st.st_uid, st.st_gid):
         for uid in (st.st_uid, -1):
-            try:
+            with contextlib.suppress(PermissionError):
                 os.chown(temporary, uid, st.st_gid)
                 break
-            except PermissionError:
-                continue
     os.chmod(temporary, stat.S_IMODE(st.st_mode))
 
 
@@ -209,15 +186,12 @@ def _temporary_name(target: Path) -> Path:
 def prepare_destination(
     path: str | os.PathLike[str], func: str = "save_npy", suffix: str | None = _SUFFIX
 ) -> Destination:
-    """Check where ``path`` leads and how a file written there must be made, creating
-    nothing; raise what :func:`interop.save_npy` lists for a refused ``path``.
-    ``suffix``: appended to a name without one (None: the name is kept)."""
+    """Check where ``path`` leads, creating nothing; ``suffix``: added to a name without one."""
     dest = _file_name(path, func, suffix)
     st, streaming = _kind(dest, func)
     if streaming:
         real = _follow_links(dest)
-        # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]":
-        # open the path as given when the link's text does not name the file.
+        # /dev/stdout and /proc/self/fd/N lead to names like "pipe:[123]": open as given
         target = real if same_file(real, st) else dest.absolute()
         return Destination(dest, target, streaming=True, func=func)
     target = _replaced_target(dest, st, func)
@@ -235,9 +209,7 @@ def checked_path(path: object, func: str) -> str:
             f"{func} expected path to be a str or os.PathLike (got {type(path).__name__} {path!r})"
         ) from None
     if "\0" in given:
-        raise InvalidValueError(
-            f"{func} expected a path without a NUL byte (got {given!r}); remove it"
-        )
+        raise InvalidValueError(f"{func} expected a path without a NUL byte (got {given!r})")
     return given
 
 
@@ -247,12 +219,10 @@ def _file_name(path: object, func: str, suffix: str | None = _SUFFIX) -> Path:
     if given == "":
         raise InvalidValueError(f"{func} expected a file path (got {path!r}); pass a file name")
     if given.endswith(os.sep) or (os.altsep and given.endswith(os.altsep)):
-        raise path_error(
-            errno.EISDIR,
-            f"{func} expected a file path (got {given!r}, which names a directory); "
-            "add a file name",
-            given,
+        message = (
+            f"{func} expected a file path (got {given!r}, which names a directory); add a file name"
         )
+        raise path_error(errno.EISDIR, message, given)
     name = Path(given)
     if suffix is None or name.suffix or name.name.endswith(suffix):
         return name
@@ -268,51 +238,36 @@ def _streams(st: os.stat_result) -> bool:
 
 
 def _kind(dest: Path, func: str) -> tuple[os.stat_result | None, bool]:
-    """Step 2: what ``dest`` is (None: nothing) and whether it streams (a writable
-    FIFO or character device); anything else but a regular file is refused."""
+    """Step 2: what ``dest`` is (None: nothing) and whether it streams (a FIFO or device)."""
     shown = str(dest)
     try:
         st = os.stat(dest)
     except FileNotFoundError:
         return None, False
     except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, EACCES on a directory above
-        raise path_error(
-            exc.errno,
-            f"{func} cannot write {shown!r}: {exc.strerror}{_FIXES.get(exc.errno, '')}",
-            shown,
-        ) from exc
+        message = f"{func} cannot write {shown!r}: {exc.strerror}{_FIXES.get(exc.errno, '')}"
+        raise path_error(exc.errno, message, shown) from exc
     if stat.S_ISDIR(st.st_mode):
-        raise path_error(
-            errno.EISDIR,
-            f"{func} expected a file path (got {shown!r}, a directory); "
-            f"pass a file name inside it, e.g. {str(dest / ('array' + _SUFFIX))!r}",
-            shown,
+        message = (
+            f"{func} expected a file path (got {shown!r}, a directory); pass a file name inside it"
         )
+        raise path_error(errno.EISDIR, message, shown)
     if _streams(st):
         if not os.access(dest, os.W_OK, effective_ids=True):
             raise _not_writable(func, dest, st)
         return st, True
     if not stat.S_ISREG(st.st_mode):
-        raise path_error(
-            errno.EINVAL,
-            f"{func} will not write {shown!r}: it is {file_kind(st.st_mode)}; save to a regular "
-            "file (or a FIFO or character device to stream the data)",
-            shown,
-        )
+        why = f"it is {file_kind(st.st_mode)}; save to a regular file"
+        raise path_error(errno.EINVAL, f"{func} will not write {shown!r}: {why}", shown)
     return st, False
 
 
 def _replaced_target(dest: Path, st: os.stat_result | None, func: str) -> Path:
-    """Step 3: the file replaced (or created), symlinks followed; it must be the
-    file ``dest`` names (a link into ``/proc`` may not lead there)."""
+    """Step 3: the file replaced (or created), symlinks followed: the file ``dest`` names."""
     target = _follow_links(dest)
     if st is not None and not same_file(target, st):
-        raise path_error(
-            errno.EINVAL,
-            f"{func} cannot replace {str(dest)!r}: it resolves to {str(target)!r}, which is not "
-            "the same file (a link into /proc?); pass the file's own path",
-            str(dest),
-        )
+        why = f"it resolves to {str(target)!r}, another file (a link into /proc?)"
+        raise path_error(errno.EINVAL, f"{func} cannot replace {str(dest)!r}: {why}", str(dest))
     return target
 
 
@@ -321,66 +276,39 @@ def _check_directory(target: Path, shown: str, func: str) -> os.stat_result:
     directory = target.parent
     try:
         dir_st = os.stat(directory)
-    except FileNotFoundError:
-        raise path_error(
-            errno.ENOENT,
-            f"{func} cannot write {shown!r}: its directory {str(directory)!r} does not exist; "
-            "create it first (os.makedirs)",
-            shown,
-        ) from None
     except OSError as exc:
-        raise path_error(
-            exc.errno, f"{func} cannot write {shown!r}: {exc.strerror}", shown
-        ) from exc
+        missing = f"its directory {str(directory)!r} does not exist; create it first"
+        why = missing if isinstance(exc, FileNotFoundError) else str(exc.strerror)
+        raise path_error(exc.errno, f"{func} cannot write {shown!r}: {why}", shown) from exc
     if not stat.S_ISDIR(dir_st.st_mode):
-        raise path_error(
-            errno.ENOTDIR, f"{func} cannot write {shown!r}: {str(directory)!r} is a file", shown
-        )
+        why = f"{str(directory)!r} is a file"
+        raise path_error(errno.ENOTDIR, f"{func} cannot write {shown!r}: {why}", shown)
     try:
         limit = os.pathconf(directory, "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 0
     if limit > 0 and len(os.fsencode(target.name)) > limit:
-        raise path_error(
-            errno.ENAMETOOLONG,
-            f"{func} cannot write {shown!r}: its name is {len(os.fsencode(target.name))} bytes, "
-            f"the file system allows {limit}; use a shorter name",
-            shown,
-        )
+        why = f"its name is {len(os.fsencode(target.name))} bytes, the file system allows {limit}"
+        raise path_error(errno.ENAMETOOLONG, f"{func} cannot write {shown!r}: {why}", shown)
     return dir_st
 
 
 def _check_permissions(
     target: Path, dest: Path, st: os.stat_result | None, dir_st: os.stat_result, func: str
 ) -> None:
-    """Step 5: this process may write the file, make the temporary beside it
-    and rename it over the file (a sticky directory's rule included)."""
+    """Step 5: this process may write the file and make and rename a temporary beside it."""
     shown, directory = str(dest), target.parent
     if st is not None and not os.access(target, os.W_OK, effective_ids=True):
         raise _not_writable(func, dest, st)
     if not os.access(directory, os.W_OK | os.X_OK, effective_ids=True):
         why = "is on a read-only file system" if _read_only_fs(directory) else "is not writable"
         action = "replace" if st is not None else "create"
-        raise path_error(
-            errno.EACCES,
-            f"{func} cannot {action} {shown!r}: its directory {str(directory)!r} {why} "
-            "(an atomic save writes a temporary file there); save elsewhere or make the "
-            "directory writable",
-            shown,
-        )
-    euid = os.geteuid()
-    if (
-        st is not None
-        and dir_st.st_mode & stat.S_ISVTX
-        and euid != 0
-        and euid not in (st.st_uid, dir_st.st_uid)
-    ):
-        raise path_error(
-            errno.EPERM,
-            f"{func} cannot replace {shown!r}: its directory {str(directory)!r} is sticky "
-            "(like /tmp) and neither the file nor the directory is yours; save elsewhere",
-            shown,
-        )
+        why = f"its directory {str(directory)!r} {why} (a temporary file is written there)"
+        raise path_error(errno.EACCES, f"{func} cannot {action} {shown!r}: {why}", shown)
+    sticky = dir_st.st_mode & stat.S_ISVTX
+    if st is not None and sticky and os.geteuid() not in (0, st.st_uid, dir_st.st_uid):
+        why = f"its directory {str(directory)!r} is sticky and neither it nor the file is yours"
+        raise path_error(errno.EPERM, f"{func} cannot replace {shown!r}: {why}", shown)
 
 
 _FIXES: dict[int | None, str] = {  # what to do about a failed stat of the path
@@ -392,10 +320,8 @@ _FIXES: dict[int | None, str] = {  # what to do about a failed stat of the path
 
 
 def _follow_links(path: Path) -> Path:
-    """``path`` made absolute, the symlinks of its last component followed (as
-    ``open`` follows them)."""
-    # The directory part is kept as written: its links lead to the same
-    # directory, and resolving them could need permissions that open does not.
+    """``path`` made absolute, the symlinks of its last component followed (as ``open`` does)."""
+    # the directory part is kept: resolving it could need permissions open does not
     path = path.absolute()
     for _ in range(40):  # the kernel's own limit on links followed
         try:
@@ -434,11 +360,7 @@ def _not_writable(func: str, dest: Path, st: os.stat_result) -> PathError:
     if _read_only_fs(dest):
         why, fix = "on a read-only file system", "save elsewhere"
     else:
-        why = "which this process may not write"
-        fix = "make it writable (chmod u+w) or save elsewhere"
-    return path_error(
-        errno.EACCES,
-        f"{func} expected a writable file (got {str(dest)!r}, mode "
-        f"{stat.filemode(st.st_mode)}, {why}); numpy.save refuses it too: {fix}",
-        str(dest),
-    )
+        why, fix = "which this process may not write", "chmod u+w it or save elsewhere"
+    mode = stat.filemode(st.st_mode)
+    message = f"{func} expected a writable file (got {str(dest)!r}, mode {mode}, {why}); {fix}"
+    return path_error(errno.EACCES, message, str(dest))

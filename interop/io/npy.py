@@ -1,5 +1,4 @@
-"""``save_npy`` / ``load_npy``: each chunk goes between the file (at its offset)
-and the array, through the staging ring for device data."""
+"""``save_npy`` / ``load_npy``: chunks between the file and the array (docs/npy.md)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _backends
-from ..arrays import (
-    array_source,
-    check_elements_apart,
-    is_device_array,
-    numpy_view_of_cpu_tensor,
-    parse_device,
-    target_str,
-)
+from ..arrays import array_source, check_elements_apart, is_device_array, parse_device, target_str
+from ..dtypes import numpy_view_of_cpu_tensor
 from ..errors import (
     BackendUnavailableError,
     InteropError,
@@ -32,18 +25,8 @@ from ..errors import (
 from ..pipeline.plan import nbytes_of
 from ..pipeline.request import check_options
 from ..pipeline.start import empty_device
-from ._format import (
-    FileReader,
-    FileWriter,
-    NpyHeader,
-    Runs,
-    file_dtype,
-    header_bytes,
-    move,
-    open_unchanged,
-    read_npy_header,
-    refuse_masked,
-)
+from . import _format
+from ._format import NpyHeader, read_npy_header
 from .destination import Destination, prepare_destination, same_file
 
 if TYPE_CHECKING:
@@ -65,64 +48,54 @@ def save_npy(
     Parameters
     ----------
     x : array
-        A NumPy array (memmaps included), a PyTorch tensor (CPU or CUDA) or a
-        CuPy array, any strides.
+        A NumPy array, a PyTorch tensor or a CuPy array, any strides.
     path : str or os.PathLike
-        ``.npy`` is appended to a name without a suffix, as by ``numpy.save``.
-        A new or regular file is replaced atomically (a temporary file renamed
-        once complete; mode kept), a symlink's target is replaced, a FIFO or
-        character device is written into; anything else is refused.
-    chunk_bytes : int, optional
-        Chunk size; default ``interop.config.chunk_bytes``.
-    progress : bool or callable
+        Replaced atomically (a FIFO: written into); ``.npy`` added as by ``numpy.save``.
+    chunk_bytes, progress
         As for :func:`interop.copy_to_host_async`.
 
     Returns
     -------
     pathlib.Path
-        The path written (``.npy`` appended where it was added).
+        The path written.
 
     Notes
     -----
-    The file is a copy, made without a full-size host copy: device data goes
-    through the pinned staging ring, ordered after the work queued on the
-    producer's current stream. Returns when the file is complete (not synced
-    to disk, as ``numpy.save``).
+    Device data goes through the pinned staging ring, ordered after the
+    producer's current stream; returns when the file is complete (not synced).
 
     Raises
     ------
-    InvalidTypeError, InvalidValueError
-        ``x`` is not an array (a masked array, object data), ``path`` is not a
-        path, a bad ``chunk_bytes``. Before any data moves.
-    UnsupportedDtypeError
-        ``x``'s dtype has no NumPy equivalent (``torch.complex32``, quantized).
-    PathIsADirectoryError, PathNotFoundError, PathNotADirectoryError, PathPermissionError
-        The destination is refused, before any data moves.
+    InvalidTypeError, InvalidValueError, UnsupportedDtypeError
+        ``x`` is not an array (masked, object or ``torch.complex32`` data), a bad ``path``.
     PathError
-        The file cannot be written (``ENOSPC``, ``EFBIG``); the destination is untouched.
+        The destination is refused, or cannot be written (``ENOSPC``); it is untouched.
     TransferError
         A device chunk failed otherwise; the destination is untouched.
     """
     check_options(chunk_bytes, progress)  # refused before any file is made
-    refuse_masked(x, "save_npy expected an array", "x.filled(fill_value)")
+    _format.refuse_masked(x, "save_npy expected an array", "x.filled(fill_value)")
     src = array_source(x, "save_npy")
     if src.dtype.hasobject:
         raise InvalidTypeError(f"save_npy expected numeric data (got dtype {src.dtype!r})")
-    dtype = file_dtype(src.dtype)
-    header = header_bytes(src.shape, dtype)
+    dtype = _format.file_dtype(src.dtype)
+    header = _format.header_bytes(src.shape, dtype)
     nbytes = nbytes_of(src.shape, dtype.itemsize)
     dest = prepare_destination(path, "save_npy")  # every check before any data moves
-    writer: FileWriter | None = None
+    writer: _format.FileWriter | None = None
     try:
         with dest.open() as f:  # commit when complete, discard on any error
             f.write(header)
             f.flush()
-            runs = None if dest.streaming else Runs(np.array([len(header)], np.int64), nbytes)
-            writer = FileWriter(f.fileno(), runs, repr(str(dest.path)), src.obj, dtype=dtype)
-            # a FIFO or device is written in order, by one thread
-            threads = 1 if dest.streaming else 0
+            runs = (
+                None if dest.streaming else _format.Runs(np.array([len(header)], np.int64), nbytes)
+            )
+            writer = _format.FileWriter(
+                f.fileno(), runs, repr(str(dest.path)), src.obj, dtype=dtype
+            )
+            threads = 1 if dest.streaming else 0  # a FIFO or device: in order, by one thread
             options = {"chunk_bytes": chunk_bytes, "progress": progress, "threads": threads}
-            move(src, writer, "save_npy", "the file's data", **options)
+            _format.move(src, writer, "save_npy", "the file's data", **options)
     except TransferError as exc:
         cause = exc.__cause__
         if writer is not None and any(cause is e for e in writer.failed):
@@ -155,12 +128,9 @@ def _what_is_left(dest: Destination, data_done: int | None = None) -> str:
 
 def _write_failed(dest: Destination, exc: OSError, data_done: int | None = None) -> PathError:
     """The :class:`PathError` (with its ``errno``) of a write or rename that failed."""
-    return path_error(
-        exc.errno,
-        f"save_npy could not write {str(dest.path)!r}: {exc.strerror or exc}; "
-        f"{_what_is_left(dest, data_done)}",
-        str(dest.path),
-    )
+    shown, left = str(dest.path), _what_is_left(dest, data_done)
+    message = f"save_npy could not write {shown!r}: {exc.strerror or exc}; {left}"
+    return path_error(exc.errno, message, shown)
 
 
 def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[Any, bool]:
@@ -188,10 +158,7 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
             "requires_grad=True); pass out.detach(), the same memory"
         )
     if _backends.is_torch_tensor(out) and (out.is_conj() or out.is_neg()):
-        raise InvalidValueError(
-            f"expected an out {where} without the conjugate/negative bit (got one with it); "
-            "resolve it first"
-        )
+        raise InvalidValueError(f"expected an out {where} without the conjugate/negative bit")
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise InvalidValueError(f"expected a writable out {where} (got a read-only array)")
     dst = array_source(out, "load_npy")
@@ -204,11 +171,8 @@ def _destination(header: NpyHeader, out: Any, target: Target | None) -> tuple[An
         )
     want = header.dtype if host else header.dtype.newbyteorder("=")
     if dst.shape != header.shape or dst.dtype != want:
-        if (
-            host
-            and dst.shape == header.shape
-            and dst.dtype.newbyteorder("=") == want.newbyteorder("=")
-        ):
+        swapped = dst.dtype.newbyteorder("=") == want.newbyteorder("=")
+        if host and dst.shape == header.shape and swapped:
             name = "out" if isinstance(out, np.ndarray) else "out.numpy()"
             raise InvalidValueError(
                 f"expected out {where} in the file's byte order, dtype {want.str!r} (got "
@@ -241,8 +205,7 @@ _Map = tuple[int, int, str, int, int]  # device, inode, name, start and end file
 
 
 def _shared_file_maps(out: np.ndarray, lo: int, hi: int) -> Iterator[_Map]:
-    """The shared file mappings under addresses ``[lo, hi)`` (where there is no
-    :data:`_MAPS`: ``out``'s ``numpy.memmap``)."""
+    """The shared file mappings under addresses ``[lo, hi)`` (no :data:`_MAPS`: the memmap)."""
     try:
         with open(_MAPS) as f:
             lines = f.readlines()
@@ -282,8 +245,7 @@ def _memmap_of(out: np.ndarray, lo: int, hi: int) -> Iterator[_Map]:
 
 def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
     """Refuse an ``out`` over a shared mapping of bytes of the file being read."""
-    # Each chunk written into out would change bytes later chunks read, and two
-    # mappings of one file have different addresses, so no overlap check sees it.
+    # later chunks would read changed bytes; no overlap check sees two mappings of one file
     if not out.size or not _may_map_a_file(out):
         return
     lo, hi = np.lib.array_utils.byte_bounds(out)
@@ -299,9 +261,8 @@ def _refuse_a_map_of_the_file(header: NpyHeader, out: np.ndarray) -> None:
         if dev == st.st_dev or (name.startswith("/") and same_file(Path(name), st)):
             raise InvalidValueError(
                 f"expected out for {str(header.path)!r} not to be a memory map of that file "
-                f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it, which "
-                "the read would change before reading them); load into new memory and copy: "
-                "out[...] = interop.load_npy(path)"
+                f"(got an array over bytes [{max(start, 0)}, {min(end, size)}) of it); load "
+                "into new memory and copy: out[...] = interop.load_npy(path)"
             )
 
 
@@ -332,11 +293,9 @@ def load_npy(
     out : numpy.ndarray, cupy.ndarray or torch.Tensor, optional
         The file's shape and dtype, any strides.
     device : optional
-        Without ``out``: None or ``"cpu"`` (a NumPy array, the default), or
-        ``"cuda"``, ``"cuda:N"``, an int, a ``torch.device`` or a
-        ``cupy.cuda.Device`` (a CuPy array there). With ``out``: where ``out`` is.
+        Without ``out``: None or ``"cpu"`` (NumPy), or a CUDA device (CuPy).
     chunk_bytes, progress
-        As for :func:`save_npy`.
+        As for :func:`interop.copy_to_host_async`.
 
     Returns
     -------
@@ -345,23 +304,18 @@ def load_npy(
 
     Notes
     -----
-    The file is never read whole: chunks go straight into host memory, or
-    through the pinned staging ring to the device, ordered after the
-    destination library's current stream; returns when the data is there.
+    Chunks go straight into host memory, or through the pinned staging ring
+    after the destination library's current stream; returns when the data is there.
 
     Raises
     ------
     NpyFormatError
         A corrupt, truncated or object-dtype file, or a header ``numpy.load`` would not parse.
     InvalidValueError, InvalidTypeError
-        A wrong ``out`` (shape, dtype, byte order, read-only, a memory map of
-        the file itself) or ``device``, ``path`` not a path; a file replaced
-        since its header was read. Nothing is written.
-    BackendUnavailableError, NoDeviceError
-        A CUDA ``device`` without CuPy or a visible GPU.
-    CaptureError
-        A device destination inside CUDA graph capture.
-    PathNotFoundError, PathPermissionError, PathIsADirectoryError, PathError
+        A wrong ``out``, ``device`` or ``path``; a file replaced since its header was read.
+    BackendUnavailableError, NoDeviceError, CaptureError
+        A CUDA ``device`` without CuPy or a visible GPU, or inside CUDA graph capture.
+    PathError
         The file cannot be opened, or is no regular file.
     TransferError
         Reading failed part-way; the message says which byte range is complete.
@@ -378,12 +332,14 @@ def load_npy(
     dest, host = _destination(header, out, target)
     result = dest if out is None else out
     view = _c_order_view(dest if host else result, header.fortran_order)
-    fd = open_unchanged(header.path, header.identity, "load_npy")
+    fd = _format.open_unchanged(header.path, header.identity, "load_npy")
     try:
-        runs = Runs(np.array([header.offset], np.int64), header.nbytes)
-        reader = FileReader(fd, runs, repr(str(header.path)), view, dtype=header.dtype)
+        runs = _format.Runs(np.array([header.offset], np.int64), header.nbytes)
+        reader = _format.FileReader(fd, runs, repr(str(header.path)), view, dtype=header.dtype)
         options = {"chunk_bytes": chunk_bytes, "progress": progress}
-        move(array_source(view, "load_npy"), reader, "load_npy", "the file's data", **options)
+        _format.move(
+            array_source(view, "load_npy"), reader, "load_npy", "the file's data", **options
+        )
     finally:
         os.close(fd)
     return result

@@ -375,12 +375,12 @@ def test_another_machine_compares_a_files_identity_without_its_device(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(2))
     header = read_npy_header(tmp_path / "a.npy")
     elsewhere = (header.identity[0] + 1, *header.identity[1:])  # a shared file's other number
-    os.close(interop.io.npy.open_unchanged(header.path, elsewhere, "x", same_machine=False))
+    os.close(interop.io._format.open_unchanged(header.path, elsewhere, "x", same_machine=False))
     with pytest.raises(interop.InvalidValueError, match="x: expected the file whose header"):
-        interop.io.npy.open_unchanged(header.path, elsewhere, "x")
+        interop.io._format.open_unchanged(header.path, elsewhere, "x")
     moved = (header.identity[0], header.identity[1] + 1, *header.identity[2:])  # another inode
     with pytest.raises(interop.InvalidValueError, match="replaced or changed since"):
-        interop.io.npy.open_unchanged(header.path, moved, "x", same_machine=False)
+        interop.io._format.open_unchanged(header.path, moved, "x", same_machine=False)
 
 
 def test_missing_file(tmp_path):
