@@ -1,12 +1,7 @@
 """How fast are interop.safetensors checkpoints? ``python -m benchmarks.ckpt [--quick] [--json P]``
 
-``ckpt_save_cpu`` / ``ckpt_load_cpu``: the GPU rows' size (1 GiB at scale 1) in 64 float32 CPU
-tensors saved and loaded on a tmpfs (``/dev/shm`` where it has room, so that the disk's noise
-does not decide), the load touching every tensor (a sum of each), against ``safetensors.torch``
-in the same run, alternated. ``ckpt_save`` / ``ckpt_load`` (GPU): 8 times that in 64 CUDA
-tensors, to and from ``INTEROP_BENCH_DIR``, against the package and against min(the disk's
-ceiling, the link): one plain write (read) of the same bytes from (into) host memory, one
-``cudaMemcpyAsync`` of the GPU rows' array. Every row: interop's peak extra RSS, to the ring.
+``ckpt_save_cpu``/``ckpt_load_cpu``: CPU tensors on a tmpfs against ``safetensors.torch``;
+``ckpt_save``/``ckpt_load`` (GPU): CUDA tensors, also against min(disk, link).
 """
 
 from __future__ import annotations
@@ -15,17 +10,15 @@ import importlib
 import os
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import lab
-from benchmarks.dask_save import tmpfs_directory
+from benchmarks.dask_save import alternate, tmpfs_directory
 from benchmarks.targets import CKPT_LOAD, CKPT_SAVE, RING
-from interop.bench.measure import GiB, Measured, PeakRss, Ratio, WrongResultError, measure
+from interop.bench.measure import GiB, Measured, Ratio, WrongResultError, measure
 from interop.bench.rows import BenchContext, RowSpec, ring_bytes
 from interop.info import install_command
 
@@ -45,52 +38,20 @@ def package_unavailable() -> str | None:
     return None
 
 
-def _alternate(
-    calls: dict[str, Callable[[], Any]],
-    nbytes: int,
-    repeats: int,
-    check: Callable[[str, Any], None],
-    tidy: Callable[[Any], None] = lambda result: None,
-) -> dict[str, Measured]:
-    """Each call once untimed (its peak extra RSS measured, its result checked), then
-    ``repeats`` timed rounds, alternated; ``tidy(result)`` untimed after every call."""
-    got = {}
-    for label, call in calls.items():
-        with PeakRss() as rss:
-            result = call()
-        check(label, result)
-        tidy(result)
-        del result  # before the next call: two results need not fit at once
-        got[label] = Measured([], nbytes, 1, rss.extra_bytes, None, True)
-    for _ in range(repeats):
-        for label, call in calls.items():
-            start = time.perf_counter()
-            result = call()
-            got[label].seconds.append(time.perf_counter() - start)
-            tidy(result)
-            del result
-    return got
-
-
 def _fields(
     got: dict[str, Measured], ours: str, size: str, rss: bool = True, **bound: float
 ) -> dict[str, Any]:
-    """``ours``'s GB/s, to each other call's and to ``bound`` (its name: GB/s), and (``rss``)
-    its extra RSS to the ring."""
+    """``ours``'s GB/s to each other call's and to ``bound``, and (``rss``) its RSS to the ring."""
     gbps = {label: m.gbps for label, m in got.items()}
     others = {k: v for k, v in gbps.items() if k != ours} | bound
     ratios = [Ratio.between(ours, "throughput", k, gbps[ours], v) for k, v in others.items()]
     extra, ring = got[ours].extra_host_bytes, ring_bytes()
     if rss:  # a host load's result is host memory: no bound
         ratios.append(Ratio.between(f"extra host RSS of {ours}", "memory", RING, extra, ring))
-    return {
-        "size": size,
-        "gbps": gbps[ours],
-        "anchors": {f"{k} GB/s": v for k, v in others.items()},
-        "ratios": ratios,
-        "memory": {"extra_host_rss_bytes": extra, "ring_bytes": ring},
-        "samples": {label: m.record() for label, m in got.items()},
-    }
+    fields: dict[str, Any] = {"size": size, "gbps": gbps[ours], "ratios": ratios}
+    fields["anchors"] = {f"{k} GB/s": v for k, v in others.items()}
+    fields["memory"] = {"extra_host_rss_bytes": extra, "ring_bytes": ring}
+    return fields | {"samples": {k: m.record() for k, m in got.items()}}
 
 
 def _tensors(th: Any, nbytes: int, device: str) -> dict[str, Any]:
@@ -108,6 +69,13 @@ def _same(loaded: dict[str, Any], tensors: dict[str, Any], what: str) -> None:
         raise WrongResultError(f"{what} gave tensors that differ from the saved ones")
 
 
+def _libraries() -> tuple[Any, Any]:
+    """``safetensors.torch`` and ``interop.safetensors``."""
+    return importlib.import_module("safetensors.torch"), importlib.import_module(
+        "interop.safetensors"
+    )
+
+
 def _size(nbytes: int, where: str) -> str:
     return f"{nbytes / GiB:.2f} GiB in {TENSORS} float32 {where} tensors"
 
@@ -115,20 +83,16 @@ def _size(nbytes: int, where: str) -> str:
 # ------------------------------------------------------------------ CPU rows
 
 
-def _cpu_files(ctx: BenchContext) -> tuple[Path, dict[str, Any]]:
+def _cpu_files(ctx: BenchContext) -> tuple[Path, dict[str, Any], int]:
     nbytes = ctx.sizes.gpu_bytes // (4 * TENSORS) * 4 * TENSORS
     directory = tmpfs_directory(nbytes) or ctx.workdir
-    return directory, _tensors(importlib.import_module("torch"), nbytes, "cpu")
+    return directory, _tensors(importlib.import_module("torch"), nbytes, "cpu"), nbytes
 
 
 def ckpt_save_cpu(ctx: BenchContext) -> dict[str, Any]:
     """interop's ``save_file`` against the package's, CPU tensors onto a tmpfs."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
-    directory, tensors = _cpu_files(ctx)
-    nbytes = sum(t.nbytes for t in tensors.values())
+    st, ist = _libraries()
+    directory, tensors, nbytes = _cpu_files(ctx)
     ours = "interop.safetensors.save_file"
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         mine, theirs = Path(tmp) / "ours.safetensors", Path(tmp) / "theirs.safetensors"
@@ -140,7 +104,7 @@ def ckpt_save_cpu(ctx: BenchContext) -> dict[str, Any]:
         def check(label: str, path: Path) -> None:
             _same(st.load_file(path), tensors, label)
 
-        got = _alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check, tidy=Path.unlink)
+        got = alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check, tidy=Path.unlink)
     return _fields(got, ours, _size(nbytes, "CPU")) | {"directory": str(directory)}
 
 
@@ -151,12 +115,8 @@ def _touched(loaded: dict[str, Any]) -> tuple[dict[str, Any], list[float]]:
 
 def ckpt_load_cpu(ctx: BenchContext) -> dict[str, Any]:
     """interop's ``load_file`` against the package's, from a tmpfs, every tensor touched."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
-    directory, tensors = _cpu_files(ctx)
-    nbytes = sum(t.nbytes for t in tensors.values())
+    st, ist = _libraries()
+    directory, tensors, nbytes = _cpu_files(ctx)
     ours = "interop.safetensors.load_file + touch"
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = st.save_file(tensors, Path(tmp) / "a.safetensors") or Path(tmp) / "a.safetensors"
@@ -168,7 +128,7 @@ def ckpt_load_cpu(ctx: BenchContext) -> dict[str, Any]:
         def check(label: str, result: Any) -> None:
             _same(result[0], tensors, label)
 
-        got = _alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check)
+        got = alternate(calls, nbytes, CPU_REPEATS * ctx.sizes.repeats, check)
     return _fields(got, ours, _size(nbytes, "CPU"), rss=False) | {"directory": str(directory)}
 
 
@@ -195,10 +155,7 @@ def _plain(path: Path, host: np.ndarray, nbytes: int, write: bool) -> None:
 
 def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
     """CUDA tensors saved by interop and by the package, to ``INTEROP_BENCH_DIR``."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
+    st, ist = _libraries()
     g, tensors, nbytes = _gpu_tensors(ctx)
     link = measure({"d2h_limit": g.d2h_limit_case()}, ctx.sizes.repeats, sync=g.sync)
     host = np.array(g.ref).view(np.uint8)  # pageable, the GPU rows' bytes
@@ -215,7 +172,7 @@ def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
             if label != disk:
                 _same(st.load_file(path), tensors, label)
 
-        got = _alternate(calls, nbytes, ctx.sizes.repeats, check, tidy=Path.unlink)
+        got = alternate(calls, nbytes, ctx.sizes.repeats, check, tidy=Path.unlink)
     bound = min(got[disk].gbps, link["d2h_limit"].gbps)
     fields = _fields(got, ours, _size(nbytes, "CUDA"), **{CKPT_SAVE: bound})
     fields["anchors"]["d2h_limit GB/s"] = link["d2h_limit"].gbps
@@ -224,10 +181,7 @@ def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
 
 def ckpt_load(ctx: BenchContext) -> dict[str, Any]:
     """A file of CUDA tensors loaded onto the GPU by interop and by the package."""
-    import safetensors.torch as st
-
-    import interop.safetensors as ist
-
+    st, ist = _libraries()
     g, tensors, nbytes = _gpu_tensors(ctx)
     link = measure(
         {"h2d_limit": g.h2d_limit_case(g.cp.empty_like(g.x))}, ctx.sizes.repeats, sync=g.sync
@@ -251,7 +205,7 @@ def ckpt_load(ctx: BenchContext) -> dict[str, Any]:
             if label != disk:
                 _same(loaded, tensors, label)
 
-        got = _alternate(calls, nbytes, ctx.sizes.repeats, check)
+        got = alternate(calls, nbytes, ctx.sizes.repeats, check)
     bound = min(got[disk].gbps, link["h2d_limit"].gbps)
     fields = _fields(got, ours, _size(nbytes, "CUDA"), **{CKPT_LOAD: bound})
     fields["anchors"]["h2d_limit GB/s"] = link["h2d_limit"].gbps

@@ -1,15 +1,12 @@
 """How fast is copy_to_host? ``python -m benchmarks.d2h [--quick] [--json PATH]``
 
-The package's device-to-host rows (into pageable, pinned and fresh memory, from transposed
-sources) and host rows (``host_copy``, ``host_fresh``: the host engine), judged against the
-ring's ceiling that ``host_limit`` measures in the same run. ``d2h_prealloc`` also carries
-its ring stages measured alone and a traced run; ``d2h_strided`` a traced run and the
-device memory each transposed copy takes, judged against the ring.
+The package's device-to-host and host rows, judged against the ring's ceiling from ``host_limit``.
 """
 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Any
 
 import interop
@@ -20,8 +17,7 @@ from interop.bench.rows import RING, BenchContext, ring_bytes, strided
 
 
 def _strided(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:
-    """A traced ``copy_to_host(x.T, out)``, and the device memory each transposed source's
-    copy takes (its first call after the caches were emptied), against the ring."""
+    """A traced ``copy_to_host(x.T, out)`` and each transposed copy's extra device memory."""
     g = ctx.gpu()
     x_t, t_t, _, out = strided(g)
     where = lab.traced(lambda: interop.copy_to_host(x_t, out))
@@ -36,10 +32,9 @@ def _strided(ctx: BenchContext, fields: dict[str, Any]) -> dict[str, Any]:
         Ratio.between(f"extra device memory of {label}", "memory", RING, value, ring_bytes())
         for label, value in taken.items()
     ]
-    memory = fields["memory"] | {
-        "extra_device_bytes": taken["copy_to_host(x.T, out)"],
-        "copy_to_host(t.T) extra_device_bytes": taken["copy_to_host(t.T, out)"],
-    }
+    x_extra, t_extra = taken.values()
+    memory = fields["memory"] | {"extra_device_bytes": x_extra}
+    memory["copy_to_host(t.T) extra_device_bytes"] = t_extra
     return fields | {"trace": where, "ratios": [*fields["ratios"], *ratios], "memory": memory}
 
 
@@ -48,9 +43,7 @@ ROWS = (
     lab.package_row("host_copy"),
     lab.package_row("host_fresh"),
     lab.package_row("d2h_limit"),
-    lab.diagnosed(
-        lab.package_row("d2h_prealloc"), lambda ctx, f: stages_and_trace(ctx, f, to_host=True)
-    ),
+    lab.diagnosed(lab.package_row("d2h_prealloc"), partial(stages_and_trace, to_host=True)),
     lab.package_row("d2h_pinned"),
     lab.package_row("d2h_fresh"),
     lab.diagnosed(lab.package_row("d2h_strided"), _strided),

@@ -1,19 +1,11 @@
 """How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
 
-``dask_save_npy``: NumPy blocks (16 of whole 4 KiB rows, half the ``save_npy_rss`` size)
-persisted on a ``distributed.LocalCluster`` of 2 one-thread worker processes, saved by
-``interop.dask.save_npy``, ``da.to_npy_stack`` and ``da.store`` into an ``open_memmap`` file,
-alternated, with each call's peak RSS growth on every worker. ``dask_save_npy_cupy`` (GPU):
-the GPU rows' CuPy array as 16 blocks on the threaded scheduler (2 threads), against
-``numpy.save`` of each block's ``cupy.asnumpy`` copy. Both are judged on a tmpfs
-(``/dev/shm`` where it has room), so that the disk's writeback does not decide the ratios,
-with interop's save into ``INTEROP_BENCH_DIR`` beside; both need the ``dask`` extra.
+NumPy blocks on a 2-worker cluster and CuPy blocks on 2 threads, judged on a tmpfs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 import shutil
@@ -21,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +78,7 @@ def tmpfs_directory(nbytes: int) -> Path | None:
 
 
 def reset_peak_rss() -> int | None:
-    """Reset this process's peak RSS (``VmHWM``) to its RSS and return that (run on each
-    worker by ``client.run``); None where the kernel refuses or has no ``/proc``."""
+    """Reset this process's ``VmHWM`` to its RSS and return that; None where refused."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -96,19 +87,13 @@ def reset_peak_rss() -> int | None:
     return status_bytes("VmRSS")
 
 
-def peak_rss() -> int | None:
-    """This process's peak RSS (``VmHWM``) in bytes; None without ``/proc``."""
-    return status_bytes("VmHWM")
-
-
 @contextlib.contextmanager
 def _worker_rss(client: Any) -> Iterator[dict[str, int | None]]:
-    """The largest peak RSS growth of any worker over the block (None if one was not
-    measured, or was replaced meanwhile)."""
+    """The largest peak RSS growth of any worker over the block (None if one is unknown)."""
     probe: dict[str, int | None] = {"host": None, "device": None}
     base = client.run(reset_peak_rss)
     yield probe
-    peaks = client.run(peak_rss)
+    peaks = client.run(status_bytes, "VmHWM")
     grown = [(b, peaks.get(worker)) for worker, b in base.items()]
     if grown and all(b is not None and peak is not None for b, peak in grown):
         probe["host"] = max(0, *(peak - b for b, peak in grown))
@@ -124,10 +109,7 @@ def _process_memory(growth: Callable[[], Any] | None) -> Iterator[dict[str, int 
 
 
 class MemmapOnWorker:
-    """A ``da.store`` target: each block's store maps the ``.npy`` file at ``path`` (made by
-    ``open_memmap`` on the caller) on its worker, assigns the block and unmaps it. A
-    ``numpy.memmap`` made on the caller would be pickled to the workers as a copy of its
-    data, and the file never written."""
+    """A ``da.store`` target mapping the ``.npy`` file on each worker (a memmap would pickle)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -153,107 +135,93 @@ def _block_in_stack(block: np.ndarray, directory: str, block_info: Any = None) -
     return np.full((1,) * block.ndim, bool(np.array_equal(np.load(path, mmap_mode="r"), block)))
 
 
-@dataclasses.dataclass
-class _Save:
-    """One way of saving the row's array: ``write(path)`` into ``output`` (a file or a
-    directory of the row's directory); ``check(path)`` raises WrongResultError if it differs."""
-
-    label: str
-    output: str
-    write: Callable[[Path], object]
-    check: Callable[[Path], None]
+#: One way of saving: (label, output name, ``write(path)``, ``check(path)`` raising if wrong).
+Save = tuple[str, str, Callable[[Path], object], Callable[[Path], None]]
 
 
-def _alternate(
-    saves: list[_Save],
-    directory: Path,
+def alternate(
+    calls: Mapping[str, Callable[[], Any]],
     nbytes: int,
     repeats: int,
-    memory: Callable[[], Any],
+    check: Callable[[str, Any], None],
+    tidy: Callable[[Any], object] = lambda result: None,
+    memory: Callable[[], Any] = lambda: _process_memory(None),
     release: Callable[[], None] | None = None,
 ) -> dict[str, Measured]:
-    """Time ``saves`` alternated: each once untimed (after ``release``), its output checked,
-    then ``repeats`` timed rounds; every output removed after its call. Every call runs
-    inside ``memory()``; a save's memory is its largest over its calls (None if any was
-    not measured)."""
-    got = {s.label: Measured([], nbytes, checked=True) for s in saves}
-    host: dict[str, list[int | None]] = {s.label: [] for s in saves}
-    device: dict[str, list[int | None]] = {s.label: [] for s in saves}
+    """``calls`` alternated: each once untimed (after ``release``) and ``check``-ed, then
+    ``repeats`` timed rounds; ``tidy(result)`` after each; memory: the largest in ``memory()``."""
+    got = {label: Measured([], nbytes, checked=True) for label in calls}
+    probes: dict[str, list[dict[str, int | None]]] = {label: [] for label in calls}
     for round_ in range(repeats + 1):
-        for save in saves:
-            path = directory / save.output
+        for label, call in calls.items():
             if round_ == 0 and release is not None:
                 release()
             with memory() as probe:
                 start = time.perf_counter()
-                save.write(path)
+                result = call()
                 seconds = time.perf_counter() - start
-            if round_ == 0:
-                save.check(path)
-            else:
-                got[save.label].seconds.append(seconds)
-            host[save.label].append(probe["host"])
-            device[save.label].append(probe["device"])
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            check(label, result) if round_ == 0 else got[label].seconds.append(seconds)
+            probes[label].append(probe)
+            tidy(result)
+            del result  # before the next call: two results need not fit at once
     for label, measured in got.items():
-        measured.extra_host_bytes = None if None in host[label] else max(host[label])
-        measured.extra_device_bytes = None if None in device[label] else max(device[label])
+        host, device = ([p[k] for p in probes[label]] for k in ("host", "device"))
+        measured.extra_host_bytes = None if None in host else max(host)  # type: ignore[type-var]
+        measured.extra_device_bytes = None if None in device else max(device)  # type: ignore[type-var]
     return got
 
 
+def _saved(saves: Sequence[Save], directory: Path, nbytes: int, repeats: int, **kw: Any) -> Any:
+    """:func:`alternate` of ``saves`` into ``directory``, every output removed after its call."""
+    paths = {label: directory / output for label, output, _, _ in saves}
+    calls = {label: lambda w=write, p=paths[label]: (w(p), p)[1] for label, _, write, _ in saves}
+    checks = {label: check for label, _, _, check in saves}
+
+    def tidy(path: Path) -> None:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+    return alternate(calls, nbytes, repeats, lambda label, p: checks[label](p), tidy, **kw)
+
+
 def _judged_and_disk(
-    ctx: BenchContext, saves: list[_Save], nbytes: int, memory: Callable[[], Any], **kw: Any
+    ctx: BenchContext, saves: Sequence[Save], nbytes: int, memory: Callable[[], Any], **kw: Any
 ) -> tuple[dict[str, Measured], dict[str, Any]]:
-    """``saves`` alternated on a tmpfs (or, without one, in ``ctx.workdir``), then interop's
-    save alone in ``ctx.workdir``: the measured saves, and the fields that say where."""
+    """``saves`` alternated on a tmpfs, then interop's alone in ``ctx.workdir``; and where."""
     tmpfs = tmpfs_directory(nbytes)
     where: dict[str, Any] = {
         "directory": str(tmpfs or ctx.workdir),
         "disk_directory": str(ctx.workdir),
     }
     with tempfile.TemporaryDirectory(dir=tmpfs or ctx.workdir) as tmp:
-        got = _alternate(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory, **kw)
+        got = _saved(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     if tmpfs is None:
         return got, where | {"tmpfs": "not used: /dev/shm is not a tmpfs with room for the array"}
-    disk = dataclasses.replace(saves[0], label=f"{OURS} on disk")
+    disk: Save = (f"{OURS} on disk", *saves[0][1:])
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
-        got |= _alternate([disk], Path(tmp), nbytes, ctx.sizes.repeats, memory, **kw)
+        got |= _saved([disk], Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     return got, where
 
 
 def _fields(
     got: dict[str, Measured], anchors: list[str], size: str, who: str, bound: int, words: str
 ) -> dict[str, Any]:
-    """The row's figure, anchors and ratios (interop's throughput to each anchor's and to
-    its own on disk; every save's extra RSS to ``bound``), memory and samples."""
+    """The row's figure, anchors, ratios (throughput, and RSS to ``bound``), memory, samples."""
     ours = got[OURS].gbps
     others = [label for label in got if label != OURS]
     ratios = [Ratio.between(OURS, "throughput", a, ours, got[a].gbps) for a in anchors]
-    if f"{OURS} on disk" in got:
-        ratios.append(
-            Ratio.between(f"{OURS} on disk", "throughput", OURS, got[f"{OURS} on disk"].gbps, ours)
-        )
-    ratios += [
-        Ratio.between(
-            f"peak extra RSS {who} of {label}",
-            "memory",
-            f"the bound {words}",
-            m.extra_host_bytes,
-            bound,
-        )
-        for label, m in got.items()
-        if label in (OURS, *anchors)
-    ]
+    disk = f"{OURS} on disk"
+    if disk in got:
+        ratios.append(Ratio.between(disk, "throughput", OURS, got[disk].gbps, ours))
+    bounded = f"the bound {words}"
+    for k in [label for label in got if label in (OURS, *anchors)]:
+        rss = got[k].extra_host_bytes
+        ratios.append(Ratio.between(f"peak extra RSS {who} of {k}", "memory", bounded, rss, bound))
     memory = {"extra_host_rss_bytes": got[OURS].extra_host_bytes}
     memory |= {f"{label} extra_host_rss_bytes": got[label].extra_host_bytes for label in others}
-    return {
-        "size": size,
-        "gbps": ours,
-        "anchors": {f"{label} GB/s": got[label].gbps for label in others},
-        "ratios": ratios,
-        "memory": memory | {"ring_bytes": ring_bytes(), "bound_bytes": bound},
-        "samples": {label: m.record() for label, m in got.items()},
-    }
+    memory |= {"ring_bytes": ring_bytes(), "bound_bytes": bound}
+    fields = {"size": size, "gbps": ours, "anchors": {f"{k} GB/s": got[k].gbps for k in others}}
+    samples = {label: m.record() for label, m in got.items()}
+    return fields | {"ratios": ratios, "memory": memory, "samples": samples}
 
 
 def _size(nbytes: int, block_bytes: int) -> str:
@@ -262,24 +230,16 @@ def _size(nbytes: int, block_bytes: int) -> str:
 
 
 def local_cluster(env: dict[str, str]) -> Any:
-    """:data:`WORKERS` one-thread worker processes, no dashboard; the scheduler's HTTP
-    server on a free port, not 8787, which another cluster may hold (distributed then
-    warns, an error where warnings are)."""
+    """:data:`WORKERS` one-thread worker processes; the dashboard on a free port, not 8787."""
     from distributed import LocalCluster
 
-    return LocalCluster(
-        n_workers=WORKERS,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-        env=env,
-    )
+    scheduler = {"dashboard_address": "127.0.0.1:0"}
+    kw = {"n_workers": WORKERS, "threads_per_worker": 1, "processes": True, "env": env}
+    return LocalCluster(dashboard_address=None, scheduler_kwargs=scheduler, **kw)
 
 
 def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
-    """The cluster row (see the module); interop's settings reach the workers in their
-    environment."""
+    """The cluster row; interop's settings reach the workers in their environment."""
     import dask.array as da
     from distributed import Client, wait
 
@@ -315,9 +275,9 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
             da.store(x, MemmapOnWorker(str(path)), lock=False)  # type: ignore[arg-type]
 
         saves = [
-            _Save(OURS, "interop.npy", lambda p: save_npy(x, p), check(OURS, _block_in_file)),
-            _Save(STACK, "stack", lambda p: da.to_npy_stack(p, x), check(STACK, _block_in_stack)),
-            _Save(MEMMAP, "memmap.npy", memmap, check(MEMMAP, _block_in_file)),
+            (OURS, "interop.npy", lambda p: save_npy(x, p), check(OURS, _block_in_file)),
+            (STACK, "stack", lambda p: da.to_npy_stack(p, x), check(STACK, _block_in_stack)),
+            (MEMMAP, "memmap.npy", memmap, check(MEMMAP, _block_in_file)),
         ]
         got, where = _judged_and_disk(ctx, saves, nbytes, lambda: _worker_rss(client))
         workers = len(client.scheduler_info()["workers"])
@@ -327,36 +287,24 @@ def dask_save_npy(ctx: BenchContext) -> dict[str, Any]:
         "one block + 2 x num_buffers x chunk_bytes",
     )  # fmt: skip
     fields["memory"] |= {"block_bytes": block_bytes, "rss_method": "VmHWM of each worker process"}
-    return (
-        fields
-        | where
-        | {"cluster": {"workers": workers, "threads_per_worker": 1, "processes": True}}
-    )
+    cluster_facts = {"workers": workers, "threads_per_worker": 1, "processes": True}
+    return fields | where | {"cluster": cluster_facts}
 
 
-def threaded_saves(
-    ctx: BenchContext,
-    x: Any,
-    reference: np.ndarray,
-    to_host: Callable[[Any], np.ndarray],
-    recipe: str,
-    release: Callable[[], None] | None = None,
-    growth: Callable[[], lab.DeviceGrowth] | None = None,
-) -> dict[str, Any]:
-    """The CuPy row's body: ``interop.dask.save_npy`` of ``x`` (2-D, C-contiguous; CuPy on
-    a GPU) as :data:`BLOCKS` blocks of views, on the threaded scheduler, against the
-    ``recipe``: ``da.to_npy_stack`` of the blocks mapped through ``to_host``. Outputs are
-    checked against ``reference``; ``release`` empties caches before each first call and
-    ``growth`` measures device memory."""
+def dask_save_npy_cupy(ctx: BenchContext) -> dict[str, Any]:
+    """CuPy blocks of the run's GPU array saved on 2 threads, against ``recipe``, checked."""
     import dask
     import dask.array as da
 
     save_npy = importlib.import_module("interop.dask").save_npy
-    block_rows = -(-x.shape[0] // BLOCKS)
+    g = ctx.gpu()
+    rows = g.x.size // ROW
+    x, reference = (a[: rows * ROW].reshape(rows, ROW) for a in (g.x, g.ref))
+    recipe, block_rows = "cupy.asnumpy+numpy.save per block", -(-rows // BLOCKS)
     darr = da.from_array(
-        x, chunks=(block_rows, x.shape[1]), asarray=False, name=f"bench-{uuid.uuid4().hex}"
+        x, chunks=(block_rows, ROW), asarray=False, name=f"bench-{uuid.uuid4().hex}"
     )
-    host_blocks = darr.map_blocks(to_host, dtype=darr.dtype, meta=np.empty((0, 0), darr.dtype))
+    host_blocks = darr.map_blocks(g.cp.asnumpy, dtype=darr.dtype, meta=np.empty((0, 0), darr.dtype))
 
     def file_matches(path: Path) -> None:
         if not np.array_equal(np.load(path, mmap_mode="r"), reference):
@@ -369,38 +317,22 @@ def threaded_saves(
                 raise WrongResultError(f"{recipe} wrote block {i} differing from the array")
 
     saves = [
-        _Save(OURS, "interop.npy", lambda p: save_npy(darr, p), file_matches),
-        _Save(recipe, "stack", lambda p: da.to_npy_stack(p, host_blocks), stack_matches),
+        (OURS, "interop.npy", lambda p: save_npy(darr, p), file_matches),
+        (recipe, "stack", lambda p: da.to_npy_stack(p, host_blocks), stack_matches),
     ]
+    growth = functools.partial(lab.DeviceGrowth, g.cp, g.th)
+    memory = functools.partial(_process_memory, growth)
     with dask.config.set(scheduler="threads", num_workers=WORKERS):
-        got, where = _judged_and_disk(
-            ctx, saves, int(x.nbytes), lambda: _process_memory(growth), release=release
-        )
-    block_bytes = block_rows * x.shape[1] * x.itemsize
+        got, where = _judged_and_disk(ctx, saves, int(x.nbytes), memory, release=g.release)
+    block_bytes = block_rows * ROW * x.itemsize
     words = f"{WORKERS} threads x 2 x num_buffers x chunk_bytes"
-    fields = _fields(
-        got,
-        [recipe],
-        _size(int(x.nbytes), block_bytes),
-        "of the process",
-        WORKERS * 2 * ring_bytes(),
-        words,
-    )
+    size, bound = _size(int(x.nbytes), block_bytes), WORKERS * 2 * ring_bytes()
+    fields = _fields(got, [recipe], size, "of the process", bound, words)
     fields["memory"] |= {
         "block_bytes": block_bytes,
         "extra_device_bytes": got[OURS].extra_device_bytes,
     }
     return fields | where | {"scheduler": {"name": "threads", "num_workers": WORKERS}}
-
-
-def dask_save_npy_cupy(ctx: BenchContext) -> dict[str, Any]:
-    """CuPy blocks of the run's shared GPU array (see the module)."""
-    g = ctx.gpu()
-    rows = g.x.size // ROW
-    x, reference = (a[: rows * ROW].reshape(rows, ROW) for a in (g.x, g.ref))
-    recipe = "cupy.asnumpy+numpy.save per block"
-    growth = functools.partial(lab.DeviceGrowth, g.cp, g.th)
-    return threaded_saves(ctx, x, reference, g.cp.asnumpy, recipe, g.release, growth)
 
 
 ROWS = (

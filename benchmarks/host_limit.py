@@ -1,16 +1,6 @@
 """What bounds the staging ring? ``python -m benchmarks.host_limit [--quick] [--json PATH]``
 
-A transfer through the ring is bounded by its DMA (the link) and by its host threads
-copying chunks between pinned slots and the caller's pageable memory. ``host_limit``
-measures the second as the pipeline does it, one whole chunk per thread at a time, each
-thread with its own pinned slot: pinned->pageable (the D2H side) and pageable->pinned
-(H2D) by 1-16 threads, alone and while a second stream keeps the link busy in the same
-direction (the ring's real ceiling: both share the memory bus), and the rate of
-``cudaHostRegister`` + unregister of a pageable array, whole and by chunks from N threads.
-Its figure is the best D2H-side rate with the link busy; without a GPU it measures
-pageable->pageable copies and says why not the rest. ``emulated_overlap`` measures, on any
-machine, how well the pipeline overlaps its DMAs with its host copies, through the emulated
-device's 2 GB/s link. :func:`ring_stages` measures a GPU row's two stages each alone.
+``host_limit`` (the host threads' copies and pinning rates), ``emulated_overlap``.
 """
 
 from __future__ import annotations
@@ -48,9 +38,7 @@ def threaded_copies(
     chunk: int,
     to_flat: bool,
 ) -> Case:
-    """Copy ``flat`` through ``slots`` by ``threads`` threads: thread ``i`` copies chunks ``i``,
-    ``i + threads``, ... whole, between ``flat`` and its slot ``i``. The first call is
-    checked: each thread's last chunk and its slot hold the same bytes."""
+    """Copy ``flat`` through ``slots`` by ``threads`` threads, whole chunks round-robin."""
     offsets = list(range(0, flat.nbytes, chunk))
 
     def part(i: int, off: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,8 +60,7 @@ def threaded_copies(
 
 @contextmanager
 def _busy_link(g: GpuArrays | None, to_host: bool) -> Iterator[None]:
-    """While the block runs, a thread on its own stream issues whole-array DMAs (device to
-    pinned host for ``to_host``, else back), one after another."""
+    """While the block runs, a thread on its own stream keeps whole-array DMAs going."""
     if g is None:
         yield
         return
@@ -104,9 +91,7 @@ def _busy_link(g: GpuArrays | None, to_host: bool) -> Iterator[None]:
 
 
 def register_spans(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
-    """``[base, base + nbytes)`` as ``(address, bytes)`` spans of about ``chunk`` bytes, to
-    register one by one, meeting at page boundaries: ``cudaHostRegister`` locks whole pages,
-    and refuses a span sharing a page with one registered already (712)."""
+    """``[base, base + nbytes)`` as ``(address, bytes)`` spans of ~``chunk`` meeting at pages."""
     end = base + nbytes
     cuts = {min(end, -(-(base + off) // PAGE) * PAGE) for off in range(chunk, nbytes, chunk)}
     bounds = [base, *sorted(cuts), end]
@@ -114,8 +99,7 @@ def register_spans(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def _registration(g: GpuArrays, nbytes: int, repeats: int) -> dict[str, float]:
-    """GB/s of ``cudaHostRegister`` + unregister of a pageable array: whole, and by chunks
-    from each number of threads."""
+    """GB/s of ``cudaHostRegister`` + unregister: whole, and by chunks from N threads."""
     runtime = g.cp.cuda.runtime
     host = np.ones(nbytes, np.uint8)  # pageable, touched
     base = host.ctypes.data
@@ -195,11 +179,7 @@ def host_limit(ctx: BenchContext) -> dict[str, Any]:
 
 
 def ring_stages(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int) -> dict[str, Any]:
-    """A GPU row's ring stages, each alone at the current settings: ``DMA``, the array as
-    ``chunk_bytes`` copies on one stream between the device and ``num_buffers`` pinned slots;
-    ``host``, ``host_threads`` threads copying the same chunks between the slots and ``host``.
-    The pipeline overlaps them, so its throughput is at most the smaller (``bound GB/s``);
-    ``error`` where measuring failed."""
+    """A GPU row's ring stages each alone at the current settings: ``DMA``, ``host``, bound."""
     cp, runtime = g.cp, g.cp.cuda.runtime
     chunk, count, threads = chunk_bytes_or_default(None), config.num_buffers, config.host_threads
     settings = {"chunk_bytes": chunk, "num_buffers": count, "host_threads": threads}
@@ -246,8 +226,7 @@ def ring_stages(g: GpuArrays, host: np.ndarray, to_host: bool, repeats: int) -> 
 
 
 def stages_and_trace(ctx: BenchContext, fields: dict[str, Any], to_host: bool) -> dict[str, Any]:
-    """A pageable transfer row's diagnoses: its ring stages alone, with its throughput over the
-    slower one (context), and one traced run of its call."""
+    """A pageable transfer row's diagnoses: its ring stages alone and one traced run."""
     g = ctx.gpu()
     host = np.zeros(g.ref.shape, np.float32) if to_host else np.array(g.ref)  # pageable, touched
     stages = ring_stages(g, host, to_host, ctx.sizes.repeats)
@@ -281,10 +260,7 @@ def overlap_seconds(
     register: Any = None,
     **settings: int,
 ) -> dict[str, float]:
-    """Median seconds, interleaved and first calls checked, for an ``nbytes`` float64 array:
-    ``link`` (its bytes at the emulated rate, or one thread's memcpy of them where longer:
-    the emulated DMA is such a memcpy), ``host stage`` (as ``host_limit`` measures it: whole
-    chunks from a slot per thread into ``out``) and ``copy_to_host(x, out)`` through the ring."""
+    """Median seconds of ``link``, ``host`` stage and ``copy_to_host`` on the emulated device."""
     settings = SETTINGS | settings
     chunk, threads = settings["chunk_bytes"], settings["host_threads"]
     dev = EmulatedDevice(link_gbps=link_gbps, register=register)
@@ -316,8 +292,7 @@ def overlap_seconds(
 
 
 def emulated_overlap(ctx: BenchContext) -> dict[str, Any]:
-    """``copy_to_host``'s throughput over that of a perfect overlap, ``max(link, host stage)``,
-    and over none (their sum); ``overlap``: the share of the shorter stage hidden."""
+    """``copy_to_host``'s throughput over a perfect overlap's and over none's."""
     nbytes = min(ctx.sizes.host_bytes, 256 * MiB)
     s = overlap_seconds(nbytes, repeats=ctx.sizes.repeats)
     link, host, pipe = s["link"], s["host stage"], s["copy_to_host(x, out)"]
@@ -359,25 +334,15 @@ def d2h_hybrid(ctx: BenchContext) -> dict[str, Any]:
     }
 
 
-HOST_LIMIT = RowSpec(
-    "host_limit",
-    "host copies by 1-16 threads, one whole chunk each, alone and with the link busy; "
-    "cudaHostRegister rates",
-    False,
-    host_limit,
-)
+_HOST = "host copies by 1-16 threads, one whole chunk each, alone and with the link busy; "
+_OVERLAP = "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap of its "
+HOST_LIMIT = RowSpec("host_limit", _HOST + "cudaHostRegister rates", False, host_limit)
+_OVERLAP += "DMAs with its host copies, on any machine"
+_HYBRID = "the same through the hybrid form (out registered in part)"
 ROWS = (
     HOST_LIMIT,
-    RowSpec(
-        "emulated_overlap",
-        "copy_to_host(x, out) through the emulated device's 2 GB/s link: the overlap of its "
-        "DMAs with its host copies, on any machine",
-        False,
-        emulated_overlap,
-    ),
-    RowSpec(
-        "d2h_hybrid", "the same through the hybrid form (out registered in part)", False, d2h_hybrid
-    ),
+    RowSpec("emulated_overlap", _OVERLAP, False, emulated_overlap),
+    RowSpec("d2h_hybrid", _HYBRID, False, d2h_hybrid),
 )
 
 if __name__ == "__main__":

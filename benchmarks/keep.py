@@ -1,11 +1,6 @@
 """Keep a GPU run: ``python -m benchmarks keep OUTDIR [--branch main] > report.md``
 
-Checks that what ``scripts/gpu-check OUTDIR`` wrote (``bench.json``, ``sweep.json``,
-``steps.tsv``, the JUnit files) is one full run on a CUDA device at a commit of the branch
-without uncommitted changes; keeps it whole as ``benchmarks/results/<date>-<device>.json``
-(then ``...-<commit>``, ``...-<commit>-<time>``: a kept run is never replaced) with its plot
-``docs/img/throughput-<name>.png``; prints in Markdown what docs/benchmarks.md takes. Exit
-status 0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
+Exit status 0 when kept, 1 when not (nothing written, the reason on stderr), 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -19,14 +14,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lab import stages_text, trace_text
-from benchmarks.sweep import plot_results, suggest_defaults
+from benchmarks.sweep import plot_results
+from benchmarks.tables import judged
 from interop.bench import write_json
-from interop.bench.run import ratio_text
 from interop.errors import BackendUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
-VERDICT = {True: "met", False: "**missed**", None: "reference"}
 
 
 class NotKept(Exception):
@@ -66,16 +59,10 @@ def _check_commit(bench: dict[str, Any], branch: str) -> None:
 
 
 def _gpu_check(outdir: Path) -> dict[str, Any]:
-    """gpu-check's ``steps`` (``steps.tsv``) and ``tests``: counts summed over its JUnit files
-    (tests, failures, errors, skipped, passed), None without them."""
-    lines = (
-        (outdir / "steps.tsv").read_text().splitlines() if (outdir / "steps.tsv").is_file() else []
-    )
-    steps = [
-        dict(zip(lines[0].split("\t"), line.split("\t"), strict=False))
-        for line in lines[1:]
-        if line
-    ]
+    """gpu-check's ``steps`` and ``tests`` (JUnit counts summed; None without them)."""
+    tsv = outdir / "steps.tsv"
+    head, *lines = tsv.read_text().splitlines() if tsv.is_file() else [""]
+    steps = [dict(zip(head.split("\t"), line.split("\t"), strict=False)) for line in lines if line]
     suites = []
     for path in (outdir / "junit-gpu.xml", outdir / "junit.xml"):
         if path.is_file():
@@ -90,10 +77,8 @@ def _gpu_check(outdir: Path) -> dict[str, Any]:
 
 
 def report(kept: dict[str, Any], name: str) -> str:
-    """The Markdown to paste into docs/benchmarks.md for one kept run."""
-    bench, sweep = kept["bench"], kept.get("sweep")
-    commit = kept["commit"][:8]
-    lines = [f"## {kept['device']}, {kept['date'][:10]}, commit `{commit}`", ""]
+    """A kept run in Markdown: its tests, steps and judged ratios, and how to show it."""
+    lines = [f"## {kept['device']}, {kept['date'][:10]}, commit `{kept['commit'][:8]}`", ""]
     tests, steps = kept["gpu_check"]["tests"], kept["gpu_check"]["steps"]
     if tests is not None:
         lines.append(
@@ -104,43 +89,15 @@ def report(kept: dict[str, Any], name: str) -> str:
         lines.append(
             "gpu-check steps: " + ", ".join(f"{s['step']} {s['status']}" for s in steps) + "."
         )
-    lines += ["", "| row | measured | target | met |", "|---|---|---|---|"]
-    for row in bench["rows"]:
-        if row["status"] != "ok":
-            lines.append(f"| `{row['name']}` | {row['status']}: {row.get('reason', '')} | | |")
-        for r in (r for r in row.get("ratios", []) if r.get("target")):
-            lines.append(
-                f"| `{row['name']}` | {ratio_text(r)} | {r['target']} | {VERDICT[r['met']]} |"
-            )
-    missed = [row for row in bench["rows"] if row["status"] == "ok" and row["met"] is False]
-    lines += ["", "Where the time went in the missed rows:", ""] if missed else []
-    for row in missed:
-        detail = [f"ring stages alone: {stages_text(row['stages'])}"] if row.get("stages") else []
-        detail += [f"traced: {trace_text(row['trace'])}"] if row.get("trace") else []
-        lines.append(f"- `{row['name']}`: " + ("; ".join(detail) or "no trace for this row"))
-    suggested = suggest_defaults(sweep) if sweep is not None else None
-    if suggested is None:
-        lines += ["", "Sweep: no point measured in every transfer row; no defaults suggested."]
-    else:
-        s = suggested["settings"]
-        at = ", ".join(
-            f"`{row}` {v['gbps']:.2f} GB/s ({v['gbps'] / v['best_gbps']:.0%} of its best, "
-            f"{v['best_gbps']:.2f} GB/s)"
-            for row, v in suggested["rows"].items()
-        )
-        lines += [
-            "",
-            f"Suggested defaults: chunk_bytes {s['chunk_bytes'] >> 20} MiB, host_threads "
-            f"{s['host_threads']}, num_buffers {s['num_buffers']} on {kept['cpu_count']} cores: "
-            f"{at}. Rule: {suggested['rule']}.",
-        ]
-    lines += ["", f"Kept: `benchmarks/results/{name}.json`, plot `docs/img/throughput-{name}.png`."]
-    return "\n".join(lines)
+    return "\n".join(lines) + (
+        f"\n\n{judged(kept)}\n\nKept: `benchmarks/results/{name}.json`, plot "
+        f"`docs/img/throughput-{name}.png`. To show it, name `{name}` in the pages' "
+        "`<!-- table:... -->` markers, then run `python -m benchmarks tables`."
+    )
 
 
 def _free_name(name: str, bench: dict[str, Any], into: Path) -> str:
-    """The first of ``name``, ``name-<commit>``, ``name-<commit>-<time>`` that is free or holds
-    this same run (commit and date); NotKept when all three hold other runs."""
+    """The first of ``name``, ``-<commit>``, ``-<commit>-<time>`` free or holding this run."""
     time = re.sub(r"\D", "", bench["date"][11:19])  # HHMMSS of the run's start
     stem = f"{name}-{bench['commit'][:8]}"
     for candidate in (name, stem, f"{stem}-{time}"):
@@ -177,11 +134,8 @@ def keep(outdir: Path, branch: str = "main", into: Path = ROOT) -> tuple[Path, P
         plot_results([bench] + ([sweep] if sweep else []), png)
     except (ValueError, BackendUnavailableError) as exc:
         raise NotKept(f"cannot plot the results: {exc}") from exc
-    return (
-        write_json(kept, into / "benchmarks" / "results" / f"{name}.json"),
-        png,
-        report(kept, name),
-    )
+    path = write_json(kept, into / "benchmarks" / "results" / f"{name}.json")
+    return path, png, report(kept, name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,15 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks keep", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("outdir", type=Path, help="the OUTDIR that scripts/gpu-check wrote")
-    parser.add_argument(
-        "--branch", default="main", help="the results' commit must be on it (default main)"
-    )
-    parser.add_argument(
-        "--into",
-        type=Path,
-        default=ROOT,
-        help="where benchmarks/results/ and docs/img/ are (default the repository)",
-    )
+    parser.add_argument("--branch", default="main", help="the results' commit must be on it")
+    parser.add_argument("--into", type=Path, default=ROOT, help="where results/ and img/ go")
     args = parser.parse_args(argv)
     try:
         path, png, text = keep(args.outdir, args.branch, args.into)

@@ -1,13 +1,7 @@
 """What the lab's scripts share: running rows with their targets, the report, diagnoses.
 
-A script lists its rows (:class:`interop.bench.RowSpec`: the package's own, or the lab's)
-as ``ROWS`` and ends with ``sys.exit(lab.main(ROWS, __spec__.name, __doc__))``: :func:`main`
-gives it the lab's command line and runs the rows through ``interop.bench``'s runner
-(checked first calls, partial JSON after every row), judged (:mod:`benchmarks.targets`),
-with the lab's report. ``python -m benchmarks run`` runs the rows of every script of
-:data:`SCRIPTS` in one process, so that rows judged against another row (``host_limit``,
-``d2h_prealloc``) find it. A diagnosis adds fields to a row after it ran
-(:func:`diagnosed`): its failure never costs the row its figures.
+A script lists ``ROWS`` and ends with ``sys.exit(lab.main(ROWS, __spec__.name, __doc__))``;
+a diagnosis (:func:`diagnosed`) adds fields to a row after it ran, never costing its figures.
 """
 
 from __future__ import annotations
@@ -15,15 +9,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
+import os
 import sys
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.targets import RunJudge
-from interop.bench.rows import ROWS, RowSpec
+from interop.bench import write_json
+from interop.bench.rows import ROWS, RowSpec, busy_machine
 from interop.bench.run import figure_text, format_table, memory_text, ratio_text, run_bench
 from interop.pipeline import trace
 
@@ -32,21 +30,13 @@ from interop.pipeline import trace
 SCRIPTS = ("host_limit", "d2h", "h2d", "npy", "torch_op", "dask_save", "ckpt")
 
 EPILOG = """\
-environment variables:
-  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1). At
-                        scale 1 the GPU rows move 1 GiB float32 arrays, host_copy
-                        copies 256 MiB, save_npy_rss saves 768 MiB and the dask rows
-                        384 MiB (the CuPy one 1 GiB); --quick uses a quarter or less.
-  INTEROP_BENCH_DIR     where the file rows write (default: the system temporary
-                        directory); point it at the disk you use.
-  INTEROP_CHUNK_BYTES, INTEROP_NUM_BUFFERS, INTEROP_HOST_THREADS
-                        interop's transfer settings, used and reported (the sweep
-                        varies them itself)
+environment variables (docs/benchmark-method.md says more):
+  INTEROP_BENCH_SCALE   multiplies every array size and loop count (default 1)
+  INTEROP_BENCH_DIR     where the file rows write (default: the temporary directory)
+  INTEROP_CHUNK_BYTES, INTEROP_NUM_BUFFERS, INTEROP_HOST_THREADS: the settings, reported
 
-exit status: 0 when every row ran or was skipped for a stated reason (a missed target
-is a result, not a failure); 1 when a row raised or returned wrong data (traceback on
-stderr); 2 for bad arguments, a bad INTEROP_BENCH_SCALE or a --json PATH that cannot
-be written."""
+exit status: 0 when every row ran or was skipped for a stated reason (a missed target is
+a result); 1 when a row raised or returned wrong data; 2 for bad arguments."""
 
 
 def package_row(name: str) -> RowSpec:
@@ -63,15 +53,10 @@ def all_rows() -> list[RowSpec]:
     return list(rows.values())
 
 
-def _names(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def main(
     rows: Sequence[RowSpec], script: str, doc: str | None, argv: list[str] | None = None
 ) -> int:
-    """The command line ``python -m SCRIPT [--quick] [--json PATH] [--rows LIST]`` of a script
-    (``doc``: its docstring) that runs ``rows``; returns the exit status."""
+    """``python -m SCRIPT [--quick] [--json PATH] [--rows LIST] [--busy]``: the exit status."""
     prog = f"python -m {script}"
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -82,7 +67,9 @@ def main(
     quick = "a smoke run: small sizes, few repeats; checks that every row runs, judges nothing"
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--rows", type=_names, metavar="LIST", help="only these rows, in order")
+    names = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+    parser.add_argument("--rows", type=names, metavar="LIST", help="only these rows, in order")
+    parser.add_argument("--busy", action="store_true", help="a process per CPU spinning meanwhile")
     args = parser.parse_args(argv)
     named = {spec.name: spec for spec in rows}
     unknown = [name for name in args.rows or () if name not in named]
@@ -90,17 +77,22 @@ def main(
         print(f"{prog}: expected rows among {sorted(named)} (got {unknown!r})", file=sys.stderr)
         return 2
     chosen = [named[name] for name in args.rows] if args.rows else list(rows)
-    return run_bench(
-        args.quick, args.json, chosen, judge=RunJudge(), report=format_report, command=prog
-    )
+    spinners, load = (os.cpu_count() or 1) * args.busy, os.getloadavg()
+    with busy_machine(spinners):
+        status = run_bench(
+            args.quick, args.json, chosen, judge=RunJudge(), report=format_report, command=prog
+        )
+    if args.json and status != 2:  # the machine's state, beside the run's header
+        results = json.loads(Path(args.json).read_text())
+        write_json(results | {"busy_processes": spinners, "load_average": load}, args.json)
+    return status
 
 
 # ------------------------------------------------------------------ diagnoses
 
 
 def diagnosed(spec: RowSpec, diagnose: Callable[[Any, dict[str, Any]], dict[str, Any]]) -> RowSpec:
-    """``spec`` whose fields, after the row ran, go through ``diagnose(ctx, fields)``; a
-    diagnosis that raises leaves the fields and a ``diagnosis_error``."""
+    """``spec`` whose fields go through ``diagnose(ctx, fields)``, which may fail alone."""
 
     def run(ctx: Any) -> dict[str, Any]:
         fields = spec.run(ctx)
@@ -114,9 +106,7 @@ def diagnosed(spec: RowSpec, diagnose: Callable[[Any, dict[str, Any]], dict[str,
 
 
 def traced(call: Callable[[], Any]) -> dict[str, Any]:
-    """One more, untimed ``call`` with the slot pipeline traced: its
-    :meth:`~interop.pipeline.trace.SlotTrace.summary`, the call's own time beside the
-    transfer's; or ``error`` where tracing failed or no single slot transfer ran."""
+    """One more, untimed ``call`` traced: its summary, or ``error``."""
     try:
         with trace.recording() as traces:
             start = time.perf_counter()
@@ -131,8 +121,7 @@ def traced(call: Callable[[], Any]) -> dict[str, Any]:
 
 
 class DeviceGrowth:
-    """Peak device memory taken in a block from CuPy's pool (it only grows while nothing
-    frees its blocks) and PyTorch's allocator (its peak); a raw ``cudaMalloc`` is not seen."""
+    """Peak device memory taken in a block from CuPy's pool and PyTorch's allocator."""
 
     def __init__(self, cp: Any, th: Any) -> None:
         self._cp, self._th = cp, th
@@ -159,10 +148,8 @@ def _rate(gbps: float | None) -> str:
 def stages_text(stages: dict[str, Any]) -> str:
     """The DMA and host stages of a GPU row measured alone, or why they were not."""
     st = stages["settings"]
-    at = (
-        f"at chunk_bytes {st['chunk_bytes'] >> 20} MiB, num_buffers {st['num_buffers']}, "
-        f"host_threads {st['host_threads']}"
-    )
+    at = f"at chunk_bytes {st['chunk_bytes'] >> 20} MiB, num_buffers {st['num_buffers']}, "
+    at += f"host_threads {st['host_threads']}"
     if "error" in stages:
         return f"not measured ({stages['error']}) {at}"
     return f"DMA {stages['DMA GB/s']:.2f} GB/s, host copies {stages['host GB/s']:.2f} GB/s {at}"
@@ -174,16 +161,12 @@ def trace_text(where: dict[str, Any]) -> str:
         return f"not traced ({where['error']})"
     host = "no host threads (DMAs straight to or from pinned memory)"
     if where["threads"]:
-        host = (
-            f"{where['threads']} host threads {_rate(where['host_gbps_per_thread'])} each "
-            f"(busy {where['host_busy']:.0%})"
-        )
+        host = f"{where['threads']} host threads {_rate(where['host_gbps_per_thread'])} each "
+        host += f"(busy {where['host_busy']:.0%})"
     outside = ""
     if "call_seconds" in where:
-        outside = (
-            f"; the call took {where['call_seconds']:.3f} s, "
-            f"{where['outside_seconds']:.3f} s of it outside the transfer"
-        )
+        outside = f"; the call took {where['call_seconds']:.3f} s, "
+        outside += f"{where['outside_seconds']:.3f} s of it outside the transfer"
     return (
         f"{_rate(where['rate_gbps'])} in all; device copies {_rate(where['device_gbps'])} "
         f"(busy {where['device_busy']:.0%}); {host}; issuer waited "
@@ -192,8 +175,7 @@ def trace_text(where: dict[str, Any]) -> str:
 
 
 def explain(row: dict[str, Any]) -> list[str]:
-    """The lines that say what a row's diagnoses found: ring stages, trace, profile,
-    ``host_limit``'s ceilings."""
+    """What a row's diagnoses found: ring stages, trace, profile, host ceilings."""
     lines = [f"ring stages alone: {stages_text(row['stages'])}"] if row.get("stages") else []
     if row.get("trace"):
         lines.append(f"where the time went: {trace_text(row['trace'])}")
@@ -214,8 +196,7 @@ def explain(row: dict[str, Any]) -> list[str]:
 
 
 def judged_ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
-    """A ratio in words with its target where it has one: ``"... (target <= 1.2x)"``, and
-    ``": MISSED"`` or ``", not judged"``."""
+    """A ratio in words with its target and ``: MISSED`` or ``, not judged``."""
     if not ratio.get("target"):
         return ratio_text(ratio)
     verdict = ", not judged" if not judged else ": MISSED" if ratio.get("met") is False else ""
@@ -223,9 +204,7 @@ def judged_ratio_text(ratio: dict[str, Any], judged: bool = True) -> str:
 
 
 def format_report(results: dict[str, Any]) -> str:
-    """The printed report of a lab run, or of a kept results file of any schema: the
-    package's table with each row's verdict, ratios with their targets, memory and
-    diagnoses, and a summary line counting rows by verdict and status."""
+    """The lab's report of a run (any schema): rows, verdicts, diagnoses, a summary."""
     judged = bool(results.get("judged", not results.get("quick")))  # schema 2 has no judged
     counts = Counter(row["status"] for row in results["rows"] if row["status"] != "ok")
 

@@ -1,9 +1,6 @@
 """How fast and how lean is save_npy? ``python -m benchmarks.npy [--quick] [--json PATH]``
 
-The package's ``.npy`` rows: ``save_npy_rss``, the peak extra RSS of a fresh process saving
-a CPU tensor, against twice the ring; ``save_npy``, a device array saved against the link
-and a plain file write of the same bytes, with a traced run that shows the time spent
-outside the transfer (creating, renaming, replacing the file).
+``save_npy_rss`` (a fresh process's extra RSS) and ``save_npy`` (a device array, traced).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``
 
-Transfer throughput over ``chunk_bytes`` x ``host_threads`` x ``num_buffers``: each point sets
-them with ``interop.config.set`` and times the row's call interleaved with its reference (the
-pinned link for ``d2h_prealloc`` and ``h2d_pageable`` on a GPU, one ``numpy.copyto`` for
-``host_copy``, which has no ring, so ``num_buffers`` is not swept there), its first call
-checked. The anchors users compare with do not depend on the settings: measured once per
-row. It ends with the defaults it suggests (:func:`suggest_defaults`). ``python -m
-benchmarks plot PNG JSON...`` (:func:`plot_main`) draws bench and sweep results.
+Transfer throughput over the settings, and the defaults it suggests; ``plot`` draws results.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ SETTINGS = ("chunk_bytes", "host_threads", "num_buffers")
 
 @dataclasses.dataclass
 class Subject:
-    """What a row times at each point (``cases``, among them its ``call`` and ``reference``)
-    and once before them (``anchors``), made once per row; ``sync`` waits for the device."""
+    """What a row times at each point (``cases``) and once before them (``anchors``)."""
 
     size: str
     call: str
@@ -61,8 +54,7 @@ class Subject:
 
 @dataclasses.dataclass(frozen=True)
 class SweepRow:
-    """A swept row: its bench row's ``name``, its call in words, whether it needs a ``gpu``,
-    the ``setup`` that makes its :class:`Subject`, and whether ``num_buffers`` matters."""
+    """A swept row: its name, its call in words, ``gpu``, the ``setup`` making its Subject."""
 
     name: str
     what: str
@@ -113,20 +105,13 @@ SWEEP_ROWS = (
 
 
 def default_grid(quick: bool, cpu_count: int | None = None) -> dict[str, list[int]]:
-    """The values swept by default: chunk sizes, ``host_threads`` in powers of two up to the
-    cores and the core count, buffer counts (about two values each when ``quick``), each
-    list with the current setting, so the summary can set it beside the best point."""
+    """The values swept by default: chunk sizes, thread counts, buffer counts."""
     cores = max(1, cpu_count or os.cpu_count() or 1)
-    chunks, threads, buffers = (
-        ((8, 32), [1], [2, 4])
-        if quick
-        else ((4, 8, 16, 32, 64, 128), [1, 2, 4, 8, 16], [2, 3, 4, 6])
-    )
-    grid = {
-        "chunk_bytes": [n * MiB for n in chunks],
-        "host_threads": [n for n in threads if n <= cores] + [cores],
-        "num_buffers": buffers,
-    }
+    chunks, threads, buffers = ((8, 32), [1], [2, 4])
+    if not quick:
+        chunks, threads, buffers = ((4, 8, 16, 32, 64, 128), [1, 2, 4, 8, 16], [2, 3, 4, 6])
+    grid = {"chunk_bytes": [n * MiB for n in chunks], "num_buffers": buffers}
+    grid["host_threads"] = [n for n in threads if n <= cores] + [cores]
     return {name: sorted(set(values) | {getattr(config, name)}) for name, values in grid.items()}
 
 
@@ -166,10 +151,7 @@ def sweep_row(
     deadline: float | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """One row over ``grid``, the current ``num_buffers`` plane first (a sweep cut short has
-    it); points not started by ``deadline`` (monotonic) are counted in ``points_not_run``.
-    The row's ``anchors`` (GB/s) gain the reference's median over the points; ``best`` is
-    the fastest point."""
+    """One row over ``grid``; points not started by ``deadline`` are counted, not run."""
     if not row.num_buffers_matters:
         grid = grid | {"num_buffers": [config.num_buffers]}
     record: dict[str, Any] = {"name": row.name, "what": row.what, "grid": grid}
@@ -183,6 +165,7 @@ def sweep_row(
         anchors = measure(subject.anchors, repeats, sync=subject.sync) if subject.anchors else {}
         record |= {"size": subject.size, "call": subject.call, "reference": subject.reference}
         record["anchors"] = {f"{label} GB/s": m.gbps for label, m in anchors.items()}
+        record["samples"] = {label: m.record() for label, m in anchors.items()}
         for b, c, t in itertools.product(buffers, grid["chunk_bytes"], grid["host_threads"]):
             if deadline is not None and time.monotonic() >= deadline:
                 record["points_not_run"] += 1
@@ -197,9 +180,8 @@ def sweep_row(
     ctx.noting(f"after {row.name}", ctx.release)  # e.g. a sticky CUDA error: points kept
     measured = [p for p in points if "gbps" in p]
     if measured:
-        record["anchors"][f"{record['reference']} GB/s"] = statistics.median(
-            p["reference_gbps"] for p in measured
-        )
+        reference = statistics.median(p["reference_gbps"] for p in measured)
+        record["anchors"][f"{record['reference']} GB/s"] = reference
         record["best"] = max(measured, key=lambda p: p["gbps"])
     return record
 
@@ -213,12 +195,7 @@ def sweep(
     max_seconds: float | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Sweep ``rows`` over every combination of ``grid`` (``repeats`` two fewer than the
-    bench's, at least 2), each row given an equal share of what is left of ``max_seconds``
-    when it starts; ``on_point`` gets the results so far after every point (``"partial":
-    True``). Returns the run header (``kind: "sweep"``), ``grid``, ``notes``, ``rows`` and
-    ``suggested_defaults``. ValueError or TypeError for a grid value ``interop.config``
-    refuses or an empty list, before anything is measured."""
+    """Sweep ``rows`` over every combination of ``grid``, within ``max_seconds``."""
     _check_grid(grid)
     header = run_header("sweep", sizes, quick) | {"grid": grid}
     gpu_reason, host_reason = gpu_unavailable(), host_unavailable()
@@ -253,13 +230,8 @@ def suggest_defaults(
     rows: Sequence[str] = ("d2h_prealloc", "h2d_pageable"),
     tolerance: float = 0.05,
 ) -> dict[str, Any] | None:
-    """The settings to make the defaults: each point measured in every one of ``rows``
-    scores the smallest of its throughputs there, each over that row's best (both
-    directions share the settings, so neither is sacrificed to the other); of the points
-    within ``tolerance`` of the best score, the cheapest: the smallest ring (pinned memory
-    held per device), then the fewest host threads, then buffers. Returns ``settings``,
-    ``score``, ``best_score``, per row its ``gbps`` and ``best_gbps``, and the ``rule`` in
-    words; None without a point measured in every row."""
+    """The cheapest point (smallest ring, then threads, buffers) within ``tolerance`` of the
+    best worst-row fraction of each row's best; None without a point measured in every row."""
     measured = {
         row["name"]: {
             tuple(p[k] for k in SETTINGS): p["gbps"] for p in row.get("points", []) if "gbps" in p
@@ -297,9 +269,7 @@ def _settings_text(p: dict[str, Any]) -> str:
 
 
 def format_sweep(results: dict[str, Any], top: int = 8) -> str:
-    """The printed summary of a sweep: per row its anchors, best points (each "Nx the
-    throughput of" its reference) and the figure at the current settings; the suggested
-    defaults; the rows that did not run."""
+    """The printed summary of a sweep: anchors, best points, the defaults' figures."""
     now = results["config"]
     lines = [
         "benchmarks sweep" + (" (--quick: a smoke run)" if results.get("quick") else ""),
@@ -313,11 +283,8 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
             continue
         lines += ["", f"{row['name']}: {row.get('call', row['what'])}, {row.get('size', '')}"]
-        if row["status"] == "error":
-            lines.append(f"  error: {row['reason']}")
-        anchors = [
-            f"{k.removesuffix(' GB/s')} {v:.2f} GB/s" for k, v in row.get("anchors", {}).items()
-        ]
+        lines += [f"  error: {row['reason']}"] if row["status"] == "error" else []
+        anchors = [f"{k[:-5]} {v:.2f} GB/s" for k, v in row.get("anchors", {}).items()]
         lines += [f"  anchors: {', '.join(anchors)}"] if anchors else []
         measured = sorted((p for p in row["points"] if "gbps" in p), key=lambda p: -p["gbps"])
         for p in measured[:top]:
@@ -327,9 +294,8 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             lines.append(f"  {p['gbps']:7.2f} GB/s  {to}  at {_settings_text(p)}")
         current = [p for p in measured if all(p[k] == now[k] for k in SETTINGS)]
         lines += [f"  settings now: {current[0]['gbps']:.2f} GB/s"] if current else []
-        lines += [
-            f"  error at {_settings_text(p)}: {p['error']}" for p in row["points"] if "error" in p
-        ]
+        errors = [p for p in row["points"] if "error" in p]
+        lines += [f"  error at {_settings_text(p)}: {p['error']}" for p in errors]
         if row["points_not_run"]:
             lines.append(f"  {row['points_not_run']} points not run: the time budget ran out")
     suggested = suggest_defaults(results)
@@ -338,11 +304,8 @@ def format_sweep(results: dict[str, Any], top: int = 8) -> str:
             f"{name} {v['gbps']:.2f} GB/s ({v['gbps'] / v['best_gbps']:.0%} of its best)"
             for name, v in suggested["rows"].items()
         )
-        lines += [
-            "",
-            f"suggested defaults: {_settings_text(suggested['settings'])}: {at}",
-            f"  rule: {suggested['rule']}",
-        ]
+        lines += ["", f"suggested defaults: {_settings_text(suggested['settings'])}: {at}"]
+        lines.append(f"  rule: {suggested['rule']}")
     lines += [""] if not_run else []
     lines += [
         f"{status} ({', '.join(names)}): {reason}" for (status, reason), names in not_run.items()
@@ -365,9 +328,7 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks sweep``: print the summary, write JSON (rewritten after every
-    point with ``"partial": true``); exit status 0, 1 when a row or point failed, 2 for bad
-    arguments or a bad ``INTEROP_BENCH_SCALE``."""
+    """``python -m benchmarks sweep``: the exit status (1 if a row failed, 2 bad usage)."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks sweep", description=__doc__.split("\n\n")[0]
     )
@@ -384,11 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     named = {row.name: row for row in SWEEP_ROWS}
     chosen = [name.strip() for name in (args.rows or ",".join(named)).split(",") if name.strip()]
-    given = {
-        "chunk_bytes": [n << 20 for n in args.chunk_mib or []],
-        "host_threads": args.host_threads,
-        "num_buffers": args.num_buffers,
-    }
+    given = {"host_threads": args.host_threads, "num_buffers": args.num_buffers}
+    given["chunk_bytes"] = [n << 20 for n in args.chunk_mib or []]
     try:
         if any(name not in named for name in chosen):
             raise ValueError(f"expected rows among {sorted(named)} (got {chosen!r})")
@@ -404,20 +362,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmarks sweep: {exc}", file=sys.stderr)
         return 2
     save = (lambda partial: write_json(partial, args.json)) if args.json else None
+    rows = [named[n] for n in chosen]
     results = sweep(
-        sizes,
-        grid,
-        [named[n] for n in chosen],
-        quick=args.quick,
-        max_seconds=args.max_seconds,
-        on_point=save,
+        sizes, grid, rows, quick=args.quick, max_seconds=args.max_seconds, on_point=save
     )
     print(format_sweep(results))
     if args.json:
         print(f"wrote {write_json(results, args.json)}")
-    failed = any(
-        row["status"] == "error" or any("error" in p for p in row.get("points", []))
-        for row in results["rows"]
+    points = [p for row in results["rows"] for p in row.get("points", [])]
+    failed = any(row["status"] == "error" for row in results["rows"]) or any(
+        "error" in p for p in points
     )
     return 1 if failed else 0
 
@@ -440,9 +394,7 @@ PLOTTED_ROWS = {
 
 @dataclasses.dataclass
 class Panel:
-    """One panel of the plot: a ``row``'s throughput against ``x`` (a setting): swept
-    ``lines`` by label (chunk sizes in MiB), horizontal ``hlines`` (GB/s) and single bench
-    figures, ``markers``."""
+    """A ``row``'s throughput against ``x``: swept ``lines``, ``hlines`` and bench ``markers``."""
 
     row: str
     x: str
@@ -471,20 +423,10 @@ def _label(setting: str, value: int) -> str:
 
 
 def _panels(results: list[dict[str, Any]]) -> list[Panel]:
-    sweeps = {
-        r["name"]: r
-        for d in results
-        if d.get("kind") == "sweep"
-        for r in d["rows"]
-        if r.get("points")
-    }
-    bench = {
-        r["name"]: (d, r)
-        for d in results
-        if d.get("kind", "bench") == "bench"
-        for r in d["rows"]
-        if r.get("status") == "ok"
-    }
+    swept_runs = [d for d in results if d.get("kind") == "sweep"]
+    sweeps = {r["name"]: r for d in swept_runs for r in d["rows"] if r.get("points")}
+    benches = [d for d in results if d.get("kind", "bench") == "bench"]
+    bench = {r["name"]: (d, r) for d in benches for r in d["rows"] if r.get("status") == "ok"}
     panels: list[Panel] = []
     for name, (related, wanted) in PLOTTED_ROWS.items():
         swept, ran = sweeps.get(name), bench.get(name)
@@ -496,9 +438,8 @@ def _panels(results: list[dict[str, Any]]) -> list[Panel]:
         hlines |= _anchor_values(swept) if swept else {}
         hlines = {label: hlines[label] for label in wanted if label in hlines}
         points = [p for p in swept["points"] if "gbps" in p] if swept else []
-        axes = ["chunk_bytes", "host_threads"] + ["num_buffers"] * (
-            len({p["num_buffers"] for p in points}) > 1
-        )
+        buffers_swept = len({p["num_buffers"] for p in points}) > 1
+        axes = ["chunk_bytes", "host_threads"] + ["num_buffers"] * buffers_swept
         for x in axes:
             panel = Panel(name, x, hlines=dict(hlines))
             by = "chunk_bytes" if x != "chunk_bytes" else "host_threads"
@@ -510,21 +451,15 @@ def _panels(results: list[dict[str, Any]]) -> list[Panel]:
                 _label(by, key): sorted(line.items()) for key, line in sorted(best.items())
             }
             if ran is not None:
-                panel.markers[f"bench run: {name} at its settings"] = (
-                    _at(ran[0]["config"], x),
-                    ran[1]["gbps"],
-                )
+                at = (_at(ran[0]["config"], x), ran[1]["gbps"])
+                panel.markers[f"bench run: {name} at its settings"] = at
             panels.append(panel)
     return panels
 
 
 def plot_results(results: list[dict[str, Any]], path: str | os.PathLike[str]) -> list[Panel]:
-    """Draw ``results`` (bench and sweep JSON) into a PNG at ``path`` (parents made), panels
-    two a line, each legend below its plot: throughput against ``chunk_bytes`` (a line per
-    ``host_threads``), against ``host_threads`` (a line per chunk size) and ``num_buffers``
-    where swept, each point the best over the setting not shown; the link and the anchors as
-    horizontal lines, a bench run's figure as a star. Returns the panels. ValueError when no
-    row has a figure; BackendUnavailableError without matplotlib."""
+    """Draw ``results`` (bench and sweep JSON) into a PNG at ``path``, two panels a line, each
+    legend below its plot; the panels. ValueError without a figure to draw."""
     panels = _panels(results)
     if not panels:
         raise ValueError(
@@ -547,11 +482,7 @@ def plot_results(results: list[dict[str, Any]], path: str | os.PathLike[str]) ->
     fig = Figure(figsize=(6.88, sum(heights) + 0.8 * len(grid)), layout="constrained")
     axes = fig.subplots(2 * len(grid), 2, squeeze=False, height_ratios=heights)
     source = next((r for r in results if r.get("kind") == "sweep"), results[0])
-    where = (
-        "a machine without a CUDA device"
-        if source["device"] == "no CUDA device"
-        else source["device"]
-    )
+    where = source["device"].replace("no CUDA device", "a machine without a CUDA device")
     fig.suptitle(f"interop transfer throughput on {where} ({source['date'][:10]})")
     for i, line in enumerate(grid):
         for j in range(2):
@@ -575,10 +506,8 @@ def _draw(ax: Any, panel: Panel, below: Any) -> None:
         ax.axhline(
             y, linestyle=styles[k % len(styles)], color=f"C{k + 5}", label=f"{label} {y:.1f} GB/s"
         )
-    ticks = sorted(
-        {x for line in panel.lines.values() for x, _ in line}
-        | {x for x, _ in panel.markers.values()}
-    )
+    xs = [x for line in panel.lines.values() for x, _ in line]
+    ticks = sorted({*xs, *(x for x, _ in panel.markers.values())})
     if ticks:  # powers of two, labelled as plain numbers
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
@@ -612,10 +541,8 @@ def plot_main(argv: list[str] | None = None) -> int:
         return 2
     for panel in panels:
         hlines = ", ".join(f"{label} {y:.2f} GB/s" for label, y in panel.hlines.items())
-        print(
-            f"{panel.row} against {panel.x}: {len(panel.lines)} lines"
-            + (f"; horizontal lines: {hlines}" if hlines else "")
-        )
+        drawn = f"{panel.row} against {panel.x}: {len(panel.lines)} lines"
+        print(drawn + (f"; horizontal lines: {hlines}" if hlines else ""))
     print(f"wrote {args.png}")
     return 0
 

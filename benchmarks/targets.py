@@ -1,13 +1,7 @@
 """The lab's targets and verdicts (the judgement the GPU runs need, in one place).
 
-A target bounds the ratios whose ``of`` and ``to`` match its shell patterns
-(:func:`fnmatch.fnmatchcase`). A row meets its targets when each target matched at least
-one ratio and every matched ratio is within its bound; a target that matches no ratio is
-missed, so a renamed ratio cannot pass unseen. Rows without targets are references
-(``met`` None), and a ``--quick`` run carries the targets but judges none. Three targets
-compare rows of one run (:class:`RunJudge`): the pageable transfers with the lower of the
-link and the ring's ceiling that ``host_limit`` measured, ``d2h_fresh`` with
-``d2h_prealloc``; where that row did not run the ratio is None and the target missed.
+A target bounds the ratios whose ``of`` and ``to`` match its shell patterns; one that matches
+no ratio is missed, so a renamed ratio cannot pass unseen. :class:`RunJudge` compares rows.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ _SAVE, _LOAD = "interop.safetensors.save_file", "interop.safetensors.load_file"
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A bound (``at_most`` or ``at_least``) on the ratios of ``quantity`` matching ``of``
-    and ``to``."""
+    """A bound (``at_most`` or ``at_least``) on the ratios matching ``of`` and ``to``."""
 
     of: str
     to: str
@@ -42,9 +35,7 @@ class Target:
     @property
     def words(self) -> str:
         """``"<= 1.2x"`` or ``">= 0.9x"``."""
-        if self.at_most is not None:
-            return f"<= {self.at_most:g}x"
-        return f">= {self.at_least:g}x"
+        return f"<= {self.at_most:g}x" if self.at_most is not None else f">= {self.at_least:g}x"
 
     def matches(self, ratio: dict[str, Any]) -> bool:
         """Whether ``ratio`` (a JSON ratio) is one this target bounds."""
@@ -132,8 +123,7 @@ REFERENCES = ("d2h_limit", "h2d_limit", "host_limit", "emulated_overlap", "d2h_h
 
 
 def target_words(name: str) -> str:
-    """A row's targets in words, as its ratios read: ``"to_numpy: <= 1.2x the time of
-    numpy.from_dlpack"``; ``"none: a reference"`` for a row without targets."""
+    """A row's targets in words, as its ratios read; ``none: a reference`` without any."""
     words = [
         f"{t.of}: {t.words} {t.to}"
         if t.quantity == "memory"
@@ -186,11 +176,8 @@ class RunJudge:
     def _compared(self, row: dict[str, Any]) -> tuple[str, str, float | None] | None:
         """What ``row``'s throughput is compared with from other rows: (of, to, GB/s)."""
         if row["name"] == "d2h_prealloc":
-            return (
-                "copy_to_host(x, out)",
-                D2H_BOUND,
-                self._bound(row, "d2h_limit", "pinned->pageable"),
-            )
+            bound = self._bound(row, "d2h_limit", "pinned->pageable")
+            return "copy_to_host(x, out)", D2H_BOUND, bound
         if row["name"] == "h2d_pageable":
             return (
                 "copy_to_device(host)",

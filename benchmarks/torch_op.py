@@ -1,12 +1,6 @@
 """What does a call cost? ``python -m benchmarks.torch_op [--quick] [--json PATH]``
 
-Per-call overhead, 16 floats, against the plain calls: the package's exchange rows
-(``to_numpy``, ``to_torch`` on the host, ``to_cupy``/``to_torch`` on the device, the latter
-with a profile of where a call's time goes), and ``torch_op_us``: ``x + y`` as an
-``interop.torch_op`` against a hand-written ``torch.library.custom_op`` doing its own
-exchange (``numpy``/``cupy.from_dlpack`` in, ``torch.from_dlpack`` out). Both go through
-PyTorch's dispatcher and custom-op machinery, which dominate a call; the ratio is interop's
-cost on top. Timed in interleaved blocks of calls, on CUDA where usable, else the CPU.
+The exchange rows per call, and ``torch_op_us`` against a hand-written ``custom_op``.
 """
 
 from __future__ import annotations
@@ -72,9 +66,7 @@ def _block(call: Callable[[], Any], n_calls: int, sync: Callable[[], None]) -> f
 
 
 def measure(n_calls: int = 5000, *, repeats: int = 7, device: str = "cpu") -> dict[str, Any]:
-    """Both operators per call on ``device`` ("cpu" or "cuda"): ``interop_us`` and
-    ``custom_op_us`` (medians over ``repeats`` interleaved blocks of ``n_calls`` calls,
-    microseconds), ``ratio`` and the ``samples``; ValueError for fewer than one call."""
+    """Both operators' microseconds per call on ``device``, interleaved blocks."""
     import torch
 
     if n_calls < 1 or repeats < 1:
@@ -115,23 +107,14 @@ def torch_op_us(ctx: BenchContext) -> dict[str, Any]:
     calls = max(100, ctx.sizes.calls // 4)
     got = measure(calls, repeats=ctx.sizes.repeats, device=device)
     ours, hand = got["interop_us"], got["custom_op_us"]
-    return {
-        "size": f"{got['size']}, {device}",
-        "us": ours,
-        "anchors": {f"{HAND} us": hand},
-        "ratios": [Ratio.between("interop.torch_op", "time", HAND, ours, hand)],
-        "samples": {
-            label: {"seconds": [us * calls / 1e6 for us in per_call], "calls": calls}
-            for label, per_call in got["samples"].items()
-        },
-    }
+    samples = {k: [us * calls / 1e6 for us in v] for k, v in got["samples"].items()}
+    fields = {"size": f"{got['size']}, {device}", "us": ours, "anchors": {f"{HAND} us": hand}}
+    fields["ratios"] = [Ratio.between("interop.torch_op", "time", HAND, ours, hand)]
+    return fields | {"samples": {k: {"seconds": v, "calls": calls} for k, v in samples.items()}}
 
 
 def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[dict[str, Any]]:
-    """Where one call's time goes: the ``top`` functions by own time under :mod:`cProfile`
-    over ``calls`` calls (after a tenth as many unprofiled; garbage collection off), each
-    with ``function`` (``file:line(name)``), ``own_us`` and ``cumulative_us`` per call of
-    ``fn`` and ``calls`` per call. The profiler inflates every figure: they rank costs."""
+    """The ``top`` functions by own time per call of ``fn`` under cProfile."""
     for _ in range(max(1, calls // 10)):  # imports and caches are not the call's
         fn()
 
@@ -152,14 +135,9 @@ def profile_per_call(fn: Callable[[], Any], calls: int, top: int = 10) -> list[d
         if path == __file__ or "_lsprof.Profiler" in name:
             continue  # the loop that made the calls, and the profiler stopping
         where = "/".join(path.replace("\\", "/").split("/")[-2:]) if path != "~" else ""
-        rows.append(
-            {
-                "function": f"{where}:{line}({name})" if where else name,
-                "own_us": own / calls * 1e6,
-                "cumulative_us": cumulative / calls * 1e6,
-                "calls": ncalls / calls,
-            }
-        )
+        function = f"{where}:{line}({name})" if where else name
+        per_call = {"own_us": own / calls * 1e6, "cumulative_us": cumulative / calls * 1e6}
+        rows.append({"function": function, **per_call, "calls": ncalls / calls})
     return sorted(rows, key=lambda r: r["own_us"], reverse=True)[:top]
 
 

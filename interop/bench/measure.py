@@ -47,15 +47,16 @@ class Ratio:
         return dataclasses.asdict(self)
 
 
-def gpu_unavailable() -> str | None:
-    """Why the GPU rows cannot run here, or None when they can."""
+def gpu_unavailable(driver: str = "/proc/driver/nvidia/gpus") -> str | None:
+    """Why the GPU rows cannot run here, or None when they can (``driver``: a GPU per entry)."""
     try:
         _backends.require_cupy_device()
         _backends.require_torch_cuda()
     except NoDeviceError as exc:
-        return f"no CUDA device: {str(exc).split(';')[0]}"
-    except BackendUnavailableError as exc:
-        return f"no CUDA device usable: {exc}"
+        return f"no CUDA device: {str(exc).split(';')[0].split('got none: ')[-1].rstrip(')')}"
+    except BackendUnavailableError as exc:  # CuPy or torch missing: worth installing with a GPU
+        gpu = any(Path(driver).glob("*"))
+        return f"no CUDA device usable: {exc}" if gpu else "no CUDA device: the driver lists no GPU"
     return None
 
 

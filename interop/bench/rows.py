@@ -258,8 +258,7 @@ def busy_machine(processes: int) -> Iterator[None]:
 
 
 def host_fresh(ctx: BenchContext) -> Fields:
-    """At 1 MiB, 16 MiB and the ``host_copy`` size, idle then with a process per CPU spinning;
-    the figure is the largest's, idle."""
+    """At 1 MiB, 16 MiB and the host_copy size, idle then busy; the figure: the largest, idle."""
     sizes = sorted({MiB, min(16 * MiB, ctx.sizes.host_bytes), ctx.sizes.host_bytes})
     tensors = {f"{n / MiB:.0f} MiB": _backends.torch().rand(n // 4) for n in sizes}
     pairs: dict[str, str] = {}

@@ -259,8 +259,7 @@ def format_table(
     title: str = "interop bench",
     lines_of: Callable[[dict[str, Any]], list[str]] = row_lines,
 ) -> str:
-    """The printed table of a run: ``title``, the run's header, per measured row its
-    ``lines_of``, then the rows that did not run, one line per reason."""
+    """The printed table of a run: ``title``, its header, rows' ``lines_of``, rows not run."""
     cfg, sizes, facts = results["config"], results["sizes"], results.get("machine") or {}
     machine = [
         _MACHINE_WORDS[k].format(format_bytes(v) if k.endswith("_bytes") else v)
@@ -285,15 +284,16 @@ def format_table(
     not_run: dict[tuple[str, str], list[str]] = {}
     for row in results["rows"]:
         if row["status"] != "ok":
-            not_run.setdefault((row["status"], row["reason"]), []).append(row["name"])
+            not_run.setdefault((row["status"], row["reason"]), []).append(row["what"])
             continue
         first, *more = lines_of(row)
         lines.append(f"{row['name']:<{width}} {first}".rstrip())
         lines += [" " * (width + 1) + line for line in more]
-    lines += [
-        f"{status} ({len(names)} row{'s' * (len(names) > 1)}: {', '.join(names)}): {reason}"
-        for (status, reason), names in not_run.items()
-    ]
+    if results["device"] == "no CUDA device":
+        below = " below" * bool(not_run)  # --rows may have asked for host rows only
+        lines.append(f"Measured on the CPU only: the GPU rows{below} need a CUDA device.")
+    for (status, reason), whats in not_run.items():
+        lines += [f"{status} ({reason}):", *(f"  {what}" for what in whats)]
     if results.get("notes", {}).get("pinned_pages_in_rss") is False:
         lines.append("note: this driver does not count pinned pages in RSS")
     return "\n".join(lines)

@@ -116,8 +116,10 @@ def test_json_records_the_run(quick_run):
         assert (data["commit"], data["commit_source"]) == (head, "git")
     else:
         assert (data["commit"], data["commit_source"]) == ("unknown", None)
-    assert set(data["config"]) == {"chunk_bytes", "num_buffers", "host_threads"}
-    assert all(isinstance(v, int) and v > 0 for v in data["config"].values())
+    settings = {"chunk_bytes", "num_buffers", "host_threads"}
+    assert set(data["config"]) == settings | {"register_min_bytes"}  # -1: measured on first use
+    assert all(isinstance(data["config"][k], int) and data["config"][k] > 0 for k in settings)
+    assert data["config"]["register_min_bytes"] >= -1
     assert data["versions"]["numpy"] == np.__version__
     assert "torch" in data["versions"]
     assert "cupy" in data["versions"]
@@ -358,13 +360,32 @@ def test_gpu_rows_say_why_they_did_not_run(quick_run):
             assert row["reason"].startswith("no CUDA device")
             assert "gbps" not in row
             assert "ratios" not in row
-            assert row["name"] in proc.stdout
-    # one line for the group, its reason once
+    # one plain sentence for what ran, then the rows that did not, in words, their reason once
+    assert "Measured on the CPU only: the GPU rows below need a CUDA device." in proc.stdout
     reason = next(r["reason"] for r in data["rows"] if r["name"] == "d2h_limit")
     assert proc.stdout.count(reason) == 1
-    skipped = [r["name"] for r in data["rows"] if r["status"] == "skipped"]
-    assert skipped[:2] == ["d2h_limit", "d2h_prealloc"]
-    assert f"skipped ({len(skipped)} rows: {', '.join(skipped)})" in proc.stdout
+    skipped = [r["what"] for r in data["rows"] if r["status"] == "skipped"]
+    listed = proc.stdout.split(f"skipped ({reason}):\n", 1)[1].split("\nwrote ")[0]
+    assert listed.splitlines() == [f"  {what}" for what in skipped]
+    assert not any(name in proc.stdout for name in GPU_ROWS - {"save_npy"})  # no row ids
+
+
+def test_without_gpu_cupy_is_suggested_only_where_a_gpu_is(monkeypatch, tmp_path):
+    """CuPy missing: its install line helps where a GPU is there, and misleads where none is."""
+    from interop import _backends
+    from interop.bench import measure as measure_mod
+    from interop.errors import BackendUnavailableError
+
+    def no_cupy():
+        raise BackendUnavailableError("this call needs cupy; install it with: pip install x")
+
+    monkeypatch.setattr(_backends, "require_cupy_device", no_cupy)
+    driver = str(tmp_path)  # as /proc/driver/nvidia/gpus: an entry per GPU, none here
+    assert measure_mod.gpu_unavailable(driver) == "no CUDA device: the driver lists no GPU"
+    (tmp_path / "0000:01:00.0").mkdir()
+    assert measure_mod.gpu_unavailable(driver) == (
+        "no CUDA device usable: this call needs cupy; install it with: pip install x"
+    )
 
 
 def test_the_table_shows_figures_anchors_and_directions(quick_run):
@@ -501,7 +522,8 @@ def test_wrong_data_makes_an_error_row(capsys):
     assert row["status"] == "error"
     assert "differs" in row["reason"]
     assert "WrongResultError" in capsys.readouterr().err
-    assert "error (1 row: broken): WrongResultError" in format_table(data)
+    why = "WrongResultError: copy_to_host returned data that differs from the source"
+    assert f"error ({why}):\n  a row that fails" in format_table(data)  # the row in words
 
 
 def test_a_row_lacking_an_optional_library_is_not_available():
@@ -662,6 +684,9 @@ def test_no_private_references_in_the_bench_sources():
     files = [
         *sorted((REPO_ROOT / "interop" / "bench").rglob("*.py")),
         REPO_ROOT / "interop" / "__main__.py",
+        *sorted((REPO_ROOT / "benchmarks").glob("*.py")),  # the lab, its page and the runner
+        REPO_ROOT / "docs" / "benchmark-method.md",
+        REPO_ROOT / "scripts" / "gpu-check",
     ]
     for path in files:
         text = path.read_text()
