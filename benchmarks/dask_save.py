@@ -1,7 +1,4 @@
-"""How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
-
-NumPy blocks on a 2-worker cluster and CuPy blocks on 2 threads, judged on a tmpfs.
-"""
+"""How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``
-
-Transfer throughput over the settings, and the defaults it suggests; ``plot`` draws results.
-"""
+"""Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``"""
 
 from __future__ import annotations
 
@@ -369,10 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_sweep(results))
     if args.json:
         print(f"wrote {write_json(results, args.json)}")
-    points = [p for row in results["rows"] for p in row.get("points", [])]
-    failed = any(row["status"] == "error" for row in results["rows"]) or any(
-        "error" in p for p in points
-    )
+    done = results["rows"]
+    failed = [row for row in done if row["status"] == "error"]
+    failed += [p for row in done for p in row.get("points", []) if "error" in p]
     return 1 if failed else 0
 
 
