@@ -185,10 +185,8 @@ def _judged_and_disk(
 ) -> tuple[dict[str, Measured], dict[str, Any]]:
     """``saves`` alternated on a tmpfs, then interop's alone in ``ctx.workdir``; and where."""
     tmpfs = tmpfs_directory(nbytes)
-    where: dict[str, Any] = {
-        "directory": str(tmpfs or ctx.workdir),
-        "disk_directory": str(ctx.workdir),
-    }
+    where: dict[str, Any] = {"directory": str(tmpfs or ctx.workdir)}
+    where["disk_directory"] = str(ctx.workdir)
     with tempfile.TemporaryDirectory(dir=tmpfs or ctx.workdir) as tmp:
         got = _saved(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     if tmpfs is None:
