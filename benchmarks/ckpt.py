@@ -1,8 +1,4 @@
-"""How fast are interop.safetensors checkpoints? ``python -m benchmarks.ckpt [--quick] [--json P]``
-
-``ckpt_save_cpu``/``ckpt_load_cpu``: CPU tensors on a tmpfs against ``safetensors.torch``;
-``ckpt_save``/``ckpt_load`` (GPU): CUDA tensors, also against min(disk, link).
-"""
+"""How fast are interop.safetensors checkpoints? python -m benchmarks.ckpt [--quick] [--json P]"""
 
 from __future__ import annotations
 
@@ -71,9 +67,8 @@ def _same(loaded: dict[str, Any], tensors: dict[str, Any], what: str) -> None:
 
 def _libraries() -> tuple[Any, Any]:
     """``safetensors.torch`` and ``interop.safetensors``."""
-    return importlib.import_module("safetensors.torch"), importlib.import_module(
-        "interop.safetensors"
-    )
+    st, ist = "safetensors.torch", "interop.safetensors"
+    return importlib.import_module(st), importlib.import_module(ist)
 
 
 def _size(nbytes: int, where: str) -> str:
@@ -157,7 +152,7 @@ def ckpt_save(ctx: BenchContext) -> dict[str, Any]:
     """CUDA tensors saved by interop and by the package, to ``INTEROP_BENCH_DIR``."""
     st, ist = _libraries()
     g, tensors, nbytes = _gpu_tensors(ctx)
-    link = measure({"d2h_limit": g.d2h_limit_case()}, ctx.sizes.repeats, sync=g.sync)
+    link = measure({"d2h_limit": g.limit_case(True)}, ctx.sizes.repeats, sync=g.sync)
     host = np.array(g.ref).view(np.uint8)  # pageable, the GPU rows' bytes
     ours, disk = "interop.safetensors.save_file", "sequential file write"
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:
@@ -183,9 +178,7 @@ def ckpt_load(ctx: BenchContext) -> dict[str, Any]:
     """A file of CUDA tensors loaded onto the GPU by interop and by the package."""
     st, ist = _libraries()
     g, tensors, nbytes = _gpu_tensors(ctx)
-    link = measure(
-        {"h2d_limit": g.h2d_limit_case(g.cp.empty_like(g.x))}, ctx.sizes.repeats, sync=g.sync
-    )
+    link = measure({"h2d_limit": g.limit_case(False)}, ctx.sizes.repeats, sync=g.sync)
     host = np.array(g.ref).view(np.uint8)
     ours, disk = "interop.safetensors.load_file(device='cuda')", "sequential file read"
     with tempfile.TemporaryDirectory(dir=ctx.workdir) as tmp:

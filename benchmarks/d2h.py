@@ -1,7 +1,4 @@
-"""How fast is copy_to_host? ``python -m benchmarks.d2h [--quick] [--json PATH]``
-
-The package's device-to-host and host rows, judged against the ring's ceiling from ``host_limit``.
-"""
+"""How fast is copy_to_host? ``python -m benchmarks.d2h [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 

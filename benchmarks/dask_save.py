@@ -1,7 +1,4 @@
-"""How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``
-
-NumPy blocks on a 2-worker cluster and CuPy blocks on 2 threads, judged on a tmpfs.
-"""
+"""How fast is interop.dask.save_npy? ``python -m benchmarks.dask_save [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 
@@ -188,10 +185,8 @@ def _judged_and_disk(
 ) -> tuple[dict[str, Measured], dict[str, Any]]:
     """``saves`` alternated on a tmpfs, then interop's alone in ``ctx.workdir``; and where."""
     tmpfs = tmpfs_directory(nbytes)
-    where: dict[str, Any] = {
-        "directory": str(tmpfs or ctx.workdir),
-        "disk_directory": str(ctx.workdir),
-    }
+    where: dict[str, Any] = {"directory": str(tmpfs or ctx.workdir)}
+    where["disk_directory"] = str(ctx.workdir)
     with tempfile.TemporaryDirectory(dir=tmpfs or ctx.workdir) as tmp:
         got = _saved(saves, Path(tmp), nbytes, ctx.sizes.repeats, memory=memory, **kw)
     if tmpfs is None:

@@ -1,7 +1,4 @@
-"""How fast is copy_to_device? ``python -m benchmarks.h2d [--quick] [--json PATH]``
-
-The package's host-to-device rows, judged against min(link, the ring's H2D ceiling).
-"""
+"""How fast is copy_to_device? ``python -m benchmarks.h2d [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 

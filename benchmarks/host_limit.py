@@ -1,7 +1,4 @@
-"""What bounds the staging ring? ``python -m benchmarks.host_limit [--quick] [--json PATH]``
-
-``host_limit`` (the host threads' copies and pinning rates), ``emulated_overlap``.
-"""
+"""What bounds the staging ring? ``python -m benchmarks.host_limit [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 
@@ -230,17 +227,12 @@ def stages_and_trace(ctx: BenchContext, fields: dict[str, Any], to_host: bool) -
     g = ctx.gpu()
     host = np.zeros(g.ref.shape, np.float32) if to_host else np.array(g.ref)  # pageable, touched
     stages = ring_stages(g, host, to_host, ctx.sizes.repeats)
-    where = lab.traced(
-        partial(interop.copy_to_host, g.x, host)
-        if to_host
-        else partial(interop.copy_to_device, host)
-    )
+    copy = partial(interop.copy_to_host, g.x) if to_host else interop.copy_to_device
+    where = lab.traced(partial(copy, host))
     ratios = list(fields["ratios"])
     if "bound GB/s" in stages:  # context: the row against the slower stage alone
-        to = "the slower ring stage alone"
-        ratios.append(
-            Ratio.between(ratios[0].of, "throughput", to, fields["gbps"], stages["bound GB/s"])
-        )
+        to, bound = "the slower ring stage alone", stages["bound GB/s"]
+        ratios.append(Ratio.between(ratios[0].of, "throughput", to, fields["gbps"], bound))
     return fields | {"stages": stages, "trace": where, "ratios": ratios}
 
 

@@ -86,9 +86,8 @@ def report(kept: dict[str, Any], name: str) -> str:
             f"{tests['errors']} errors, {tests['skipped']} skipped (of {tests['tests']})."
         )
     if steps:
-        lines.append(
-            "gpu-check steps: " + ", ".join(f"{s['step']} {s['status']}" for s in steps) + "."
-        )
+        done = ", ".join(f"{s['step']} {s['status']}" for s in steps)
+        lines.append(f"gpu-check steps: {done}.")
     return "\n".join(lines) + (
         f"\n\n{judged(kept)}\n\nKept: `benchmarks/results/{name}.json`, plot "
         f"`docs/img/throughput-{name}.png`. To show it, name `{name}` in the pages' "

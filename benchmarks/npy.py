@@ -1,7 +1,4 @@
-"""How fast and how lean is save_npy? ``python -m benchmarks.npy [--quick] [--json PATH]``
-
-``save_npy_rss`` (a fresh process's extra RSS) and ``save_npy`` (a device array, traced).
-"""
+"""How fast and how lean is save_npy? ``python -m benchmarks.npy [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``
-
-Transfer throughput over the settings, and the defaults it suggests; ``plot`` draws results.
-"""
+"""Which settings? ``python -m benchmarks.sweep [--quick] [--json PATH] [--chunk-mib LIST] ...``"""
 
 from __future__ import annotations
 
@@ -369,10 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_sweep(results))
     if args.json:
         print(f"wrote {write_json(results, args.json)}")
-    points = [p for row in results["rows"] for p in row.get("points", [])]
-    failed = any(row["status"] == "error" for row in results["rows"]) or any(
-        "error" in p for p in points
-    )
+    done = results["rows"]
+    failed = [row for row in done if row["status"] == "error"]
+    failed += [p for row in done for p in row.get("points", []) if "error" in p]
     return 1 if failed else 0
 
 
@@ -473,8 +469,7 @@ def plot_results(results: list[dict[str, Any]], path: str | os.PathLike[str]) ->
             f"the plot needs matplotlib, which cannot be imported ({exc}); "
             "install it with: pip install matplotlib"
         ) from exc
-    # Two panels a line, each legend in an axes below its plot (0.2 inch an entry), the figure
-    # as wide as the docs' column at 1280 pixels (688) and drawn at twice that: text reads.
+    # each legend in an axes below its plot (0.2 inch an entry); 6.88 in: the docs' 688 px column
     rows = {p.row: [q for q in panels if q.row == p.row] for p in panels}
     grid = [ps[i : i + 2] for ps in rows.values() for i in range(0, len(ps), 2)]
     entries = [max(len(p.lines) + len(p.markers) + len(p.hlines) for p in ps) for ps in grid]

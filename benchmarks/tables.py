@@ -92,9 +92,8 @@ def speed(run: Run) -> str:
         instead = " / ".join(f"`{u}`" for u in calls) or "`numpy.save(path, cupy.asnumpy(x))`"
         figures = " / ".join(_num(best(run, u)) for u in calls) or "not measured"
         cells = [what, f"`{call}`", f"**{_num(ours(run, call))}**", instead, figures]
-        lines.append(
-            f"| {' | '.join(cells)} | {'disk ' * ('write' in link)}{_num(best(run, link))} |"
-        )
+        cells.append(f"{'disk ' * ('write' in link)}{_num(best(run, link))}")
+        lines.append(f"| {' | '.join(cells)} |")
     versions, size = run["versions"], run["bench"]["sizes"]
     caption = (
         f"GB/s: 10⁹ bytes per second, moving a {size['gpu_bytes'] >> 30} GiB float32 array; "

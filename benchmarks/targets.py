@@ -179,11 +179,8 @@ class RunJudge:
             bound = self._bound(row, "d2h_limit", "pinned->pageable")
             return "copy_to_host(x, out)", D2H_BOUND, bound
         if row["name"] == "h2d_pageable":
-            return (
-                "copy_to_device(host)",
-                H2D_BOUND,
-                self._bound(row, "h2d_limit", "pageable->pinned"),
-            )
+            bound = self._bound(row, "h2d_limit", "pageable->pinned")
+            return "copy_to_device(host)", H2D_BOUND, bound
         if row["name"] == "d2h_fresh":
             return "copy_to_host(x)", PREALLOC, self.rows.get("d2h_prealloc", {}).get("gbps")
         return None

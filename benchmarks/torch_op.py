@@ -1,7 +1,4 @@
-"""What does a call cost? ``python -m benchmarks.torch_op [--quick] [--json PATH]``
-
-The exchange rows per call, and ``torch_op_us`` against a hand-written ``custom_op``.
-"""
+"""What does a call cost? ``python -m benchmarks.torch_op [--quick] [--json PATH]``"""
 
 from __future__ import annotations
 

@@ -27,11 +27,8 @@ def test_the_sweep_and_its_plot_run_at_a_tiny_size(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(path.read_text())
     assert (data["kind"], data["quick"], "partial" in data) == ("sweep", True, False)
-    assert data["grid"] == {
-        "chunk_bytes": [MiB, 2 * MiB],
-        "host_threads": [1, 2],
-        "num_buffers": [2, 3],
-    }
+    swept = {"chunk_bytes": [MiB, 2 * MiB], "host_threads": [1, 2], "num_buffers": [2, 3]}
+    assert data["grid"] == swept
     host, *gpu = data["rows"]
     assert [r["status"] for r in gpu] == ["skipped", "skipped"]  # the GPU is hidden
     assert data["suggested_defaults"] is None  # no transfer row measured
@@ -69,23 +66,15 @@ def test_pageable_transfers_are_judged_against_the_lower_of_the_link_and_the_rin
     ceilings = {"pinned->pageable ceiling GB/s": 30.0, "pageable->pinned ceiling GB/s": 80.0}
     assert run_judge(_ok("host_limit", 30.0, anchors=ceilings))["met"] is None  # a reference
     d2h = run_judge(_ok("d2h_prealloc", 28.0, anchors={"d2h_limit GB/s": 50.0}))
-    assert (_ratio(d2h, D2H_BOUND)["value"], _ratio(d2h, D2H_BOUND)["target"]) == (
-        28 / 30,
-        ">= 0.9x",
-    )
+    bound = _ratio(d2h, D2H_BOUND)
+    assert (bound["value"], bound["target"]) == (28 / 30, ">= 0.9x")
     assert d2h["met"] is True
     h2d = run_judge(_ok("h2d_pageable", 45.0, anchors={"h2d_limit GB/s": 55.0}))
     assert _ratio(h2d, H2D_BOUND)["value"] == 45 / 55  # the link is the lower here
     assert h2d["met"] is False  # and its memory target found no ratio: missed too
     fresh = Ratio.between("copy_to_host(x)", "throughput", "cupy.asnumpy(x)", 5.0, 1.0)
-    slow = run_judge(
-        _ok(
-            "d2h_fresh",
-            20.0,
-            fresh,
-            Ratio.between("copy_to_host(x)", "throughput", "t.cpu().numpy()", 5, 1),
-        )
-    )
+    torch_ = Ratio.between("copy_to_host(x)", "throughput", "t.cpu().numpy()", 5, 1)
+    slow = run_judge(_ok("d2h_fresh", 20.0, fresh, torch_))
     assert (_ratio(slow, PREALLOC)["value"], _ratio(slow, PREALLOC)["met"]) == (20 / 28, False)
     alone = RunJudge()(_ok("d2h_prealloc", 54.0, anchors={"d2h_limit GB/s": 55.0}))
     assert (_ratio(alone, D2H_BOUND)["value"], alone["met"]) == (None, False)  # no host_limit
@@ -158,27 +147,19 @@ def test_a_gpu_run_is_kept_whole_beside_the_runs_before_it(tmp_path):
     assert png.name == f"throughput-{path.stem}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = json.loads(path.read_text())
-    assert (again["bench"], again["sweep"], again["commit"]) == (
-        kept["bench"],
-        kept["sweep"],
-        kept["commit"],
-    )
-    assert again["gpu_check"]["tests"] == {
-        "tests": 14,
-        "failures": 2,
-        "errors": 1,
-        "skipped": 4,
-        "passed": 7,
-    }
+    assert [again[k] for k in ("bench", "sweep", "commit")] == [
+        kept[k] for k in ("bench", "sweep", "commit")
+    ]
+    counts = {"tests": 14, "failures": 2, "errors": 1, "skipped": 4, "passed": 7}
+    assert again["gpu_check"]["tests"] == counts
     assert "Tests: 7 passed, 2 failed, 1 errors, 4 skipped (of 14)." in text
     missed = (
         f"| `d2h_prealloc` | copy_to_host(x, out) / d2h_limit | ≥ 0.9{X} | **0.42{X}** missed |"
     )
     assert missed in text  # the judged ratios, as the pages show them
     assert f"name `{path.stem}` in the pages' `<!-- table:... -->` markers" in text
-    assert (
-        keep.keep(_outdir(tmp_path, kept["bench"], kept["sweep"], "same"), "HEAD", into)[0] == path
-    )
+    same = _outdir(tmp_path, kept["bench"], kept["sweep"], "same")
+    assert keep.keep(same, "HEAD", into)[0] == path
 
 
 @pytest.mark.parametrize(
