@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,8 +41,8 @@ class SlotJob:
     threads: int
     # the direct form: chunk i's page-locked host address; one DMA each, no ring, no threads
     pinned: Callable[[int], int] | None = None
-    # d2h, the hybrid form: given the host pool, part of out registered as the ring runs
-    hybrid: Callable[[Executor], Hybrid] | None = None
+    # d2h, the hybrid form: part of out registered as the ring runs
+    hybrid: Callable[[], Hybrid] | None = None
     # d2h into a new out: chunk i's page touches, one per piece, made before its DMA ends
     touch: Callable[[int], Sequence[Callable[[], None]]] | None = None
 
@@ -315,7 +315,8 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
                 if job.direction == "d2h":
                     if job.hybrid is not None:
                         assert run.pool is not None
-                        run.hybrid = job.hybrid(run.pool)
+                        run.hybrid = job.hybrid()  # held before its registrar starts:
+                        run.hybrid.start(run.pool)  # close() sees every registration
                     run.device_to_host()
                 else:
                     run.host_to_device()
