@@ -153,7 +153,7 @@ class _Run:
         n = self.plan.sizes[i]
         contiguous = backend.is_contiguous(chunk.view)
         if not contiguous and self.staging is None:
-            self.staging = backend.staging(len(self.events), self.plan.slot_bytes)  # hybrid: 2n
+            self.staging = backend.staging(self.plan.nslots, self.plan.slot_bytes)
             allocated = backend.event()  # the pool may hand out memory still in use there
             allocated.record(self.staging.stream)
             stream.wait(allocated)
@@ -168,7 +168,9 @@ class _Run:
                 backend.copy_to_device(chunk.view, host, n, stream)
         else:
             assert self.staging is not None
-            row = self.staging.view(k, chunk.view)
+            # ring and direct chunks share the n rows: pack and DMA are on the copy
+            # stream, so a row's next pack follows its last DMA
+            row = self.staging.view(k % self.plan.nslots, chunk.view)
             if self.job.direction == "d2h":
                 backend.copy_on_device(row, chunk.view, stream)  # pack
                 backend.copy_to_host(host, row, n, stream)

@@ -387,3 +387,25 @@ def test_an_interrupt_as_the_hybrid_form_is_made_leaves_nothing_registered(monke
         made[0].registrar.result(timeout=60)
     assert dev.machine.registered == {}
     dev.close()
+
+
+def test_a_transposed_hybrid_copy_stages_n_rows_on_the_device():
+    """Pack and DMA share the copy stream: ring and direct chunks share n staging rows."""
+    dev = EmulatedDevice(delay=0.0005)
+    staging, rows = dev.staging, []
+
+    def spy(count, row_bytes):
+        rows.append(count * row_bytes)
+        return staging(count, row_bytes)
+
+    dev.staging = spy
+    a = sample((1024, 512), np.float64)
+    out = np.empty(a.T.shape)  # C order (empty_like(a.T) would keep a.T's)
+    with interop.config.set(**HYBRID):
+        interop.copy_to_host(dev.asarray(a).T, out)
+    plan = plan_chunks(out.shape, out.itemsize, CHUNK, interop.config.num_buffers)
+    assert raw(out) == raw(a.T)
+    assert dev.counts["registered_copy"] > 0
+    assert rows == [plan.nslots * plan.slot_bytes]
+    assert dev.violations == []
+    dev.close()
