@@ -79,9 +79,8 @@ class _Run:
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
         # each chunk's pieces run as at most `parts` tasks: several slots' chunks keep
         # every host thread busy, instead of each chunk ending at a barrier of all
-        # the hybrid's registrar takes a thread of the pool too
-        threads = job.threads + (job.hybrid is not None)
-        self.pool = None if job.pinned is not None else host_pool(threads)
+        # (the pool has a thread more, for the hybrid's registrar)
+        self.pool = None if job.pinned is not None else host_pool(job.threads)
         self.hybrid: Hybrid | None = None
         self.parts = max(1, -(-job.threads // max(1, n - 1)))
         self.ring: StagingRing | None = None

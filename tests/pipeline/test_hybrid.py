@@ -409,3 +409,22 @@ def test_a_transposed_hybrid_copy_stages_n_rows_on_the_device():
     assert rows == [plan.nslots * plan.slot_bytes]
     assert dev.violations == []
     dev.close()
+
+
+def test_a_hybrid_copy_keeps_the_shared_host_pool():
+    """The registrar's thread was in the pool from the start: a hybrid copy replaces no
+    pool under a transfer running on it."""
+    from interop import _process
+    from interop.pipeline.workers import host_pool
+
+    dev = EmulatedDevice(delay=0.0005)
+    a = sample((1024, 512), np.float64)
+    threads = _process.host_pool._size + 1  # more than any copy asked so far: a new pool
+    with interop.config.set(host_threads=threads):
+        interop.copy_to_host(dev.asarray(a), np.empty_like(a), chunk_bytes=CHUNK)
+        pool = host_pool(threads)
+        with interop.config.set(**HYBRID):
+            interop.copy_to_host(dev.asarray(a), np.empty_like(a))
+    assert host_pool(threads) is pool
+    assert not pool._shutdown
+    dev.close()
