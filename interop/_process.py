@@ -58,8 +58,9 @@ class HostPool:
         self._size = 0
 
     def at_least(self, threads: int) -> Executor:
-        """The pool, with at least ``threads`` threads (a larger one replaces it)."""
-        threads = max(1, int(threads))
+        """The pool, with at least ``threads`` threads and one more, for a hybrid copy's
+        registrar, so such a copy replaces no pool (a larger one replaces it)."""
+        threads = max(1, int(threads)) + 1
         with self._lock:
             if self._pool is None or self._size < threads:
                 old, self._pool = self._pool, ThreadPoolExecutor(threads, "interop-host")

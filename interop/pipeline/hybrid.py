@@ -3,7 +3,8 @@
 A registrar thread registers spans of whole chunks of ``out`` from its back
 (``cudaHostRegister``) while the ring copies chunks from its front; a chunk goes by DMA
 straight into ``out`` when its bytes lie in one registered span, else through the ring.
-The two meet where their rates put them. docs/pipeline.md gives the rules and reasons.
+The two meet where their rates put them; the ring never waits for the registrar.
+docs/pipeline.md gives the rules and reasons.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = ["FLOOR", "PAGE", "Hybrid", "Rates", "hybrid_form", "rates"]
 PAGE = mmap.PAGESIZE
 FLOOR = 64 << 20  # bytes: the measured threshold's floor (such a copy is over in milliseconds)
 _PROBE = 4 << 20  # bytes registered once per device to measure the rate
+_UNSUPPORTED = 801  # cudaErrorNotSupported: no pageable memory is registered here
 _MIN_SPAN = 4  # chunks: a span's last chunk shares a page with the next span, so the ring takes it
 
 Span = tuple[int, int, list[int]]  # its first page's address, its end page's, its chunks
@@ -49,35 +51,42 @@ _measured: weakref.WeakKeyDictionary[Any, Rates | None] = weakref.WeakKeyDiction
 
 
 def rates(backend: Backend) -> Rates | None:
-    """``backend``'s :class:`Rates`, measured on its first use (None: it registers nothing)."""
+    """``backend``'s :class:`Rates`, measured on its first use (None: it registers nothing,
+    for good where the driver does not support it, else until the next measurement)."""
     if backend not in _measured:  # two first uses at once both measure: harmless
-        _measured[backend] = _measure(backend)
+        with backend.activate():  # no context made on another device
+            return _measure(backend)
     return _measured[backend]
 
 
 def _measure(backend: Backend) -> Rates | None:
     """Register and unregister a page (twice: the first warms the driver) and 4 MiB, and
-    copy 4 MiB, in fresh pageable memory."""
-    raw = np.ones(2 * _PROBE + PAGE, np.uint8)
-    probe = raw[-raw.ctypes.data % PAGE :][:_PROBE]
+    copy 4 MiB, in untouched pageable memory (as a new ``out``'s: registering faults its
+    pages in); keep the rates, or None where registering is unsupported."""
+    raw = np.frombuffer(mmap.mmap(-1, 2 * _PROBE), np.uint8)  # new pages, none touched
+    probe = raw[:_PROBE]
     seconds = []
-    try:
-        for n in (PAGE, PAGE, _PROBE):
-            start = time.perf_counter()
+    for n in (PAGE, PAGE, _PROBE):
+        start = time.perf_counter()
+        try:
             backend.host_register(probe.ctypes.data, n)
-            backend.host_unregister(probe.ctypes.data)
-            seconds.append(time.perf_counter() - start)
-    except Exception:  # the driver refuses pageable memory here: the ring serves every out
-        return None
+        except Exception as exc:  # the ring serves this out; every out where unsupported
+            if getattr(exc, "status", None) == _UNSUPPORTED:
+                _measured[backend] = None
+            return None
+        backend.host_unregister(probe.ctypes.data)  # its failure is raised, never hidden
+        seconds.append(time.perf_counter() - start)
     start = time.perf_counter()
     np.copyto(raw[-_PROBE:], probe)
     copy = _PROBE / max(time.perf_counter() - start, 1e-9)
-    return Rates(max(seconds[1], 1e-7), max(seconds[2] - seconds[1], 0.0) / _PROBE, copy)
+    measured = Rates(max(seconds[1], 1e-7), max(seconds[2] - seconds[1], 0.0) / _PROBE, copy)
+    _measured[backend] = measured
+    return measured
 
 
-def hybrid_form(backend: Backend, out: Any, plan: Plan) -> Callable[[Executor], Hybrid] | None:
-    """The hybrid form of a device-to-host copy into ``out`` (given the host pool, it starts
-    its registrar there), or None: the ring alone."""
+def hybrid_form(backend: Backend, out: Any, plan: Plan) -> Callable[[], Hybrid] | None:
+    """The hybrid form of a device-to-host copy into ``out`` (its :meth:`Hybrid.start`
+    starts the registrar), or None: the ring alone."""
     at_least = config.register_min_bytes  # -1: measured, 0: never
     if (
         at_least == 0
@@ -114,41 +123,45 @@ class Hybrid:
     """Which chunk goes where, as the registrar (from the back) and the ring (from the
     front) meet; the spans registered, unregistered once their chunks are copied."""
 
-    def __init__(
-        self, backend: Backend, out: Any, plan: Plan, span: int, seconds: float, pool: Executor
-    ) -> None:
+    def __init__(self, backend: Backend, out: Any, plan: Plan, span: int, seconds: float) -> None:
         self.backend, self.plan, self.base = backend, plan, int(out.ctypes.data)
-        self.span, self.seconds, self.start = span, seconds, time.perf_counter()
-        self.cv = threading.Condition()  # guards every attribute below
+        self.span, self.seconds, self.began = span, seconds, time.perf_counter()
+        self.lock = threading.Lock()  # guards every attribute below
         self.front, self.low = 0, len(plan.sizes)  # the ring's next chunk; the lowest claimed
         self.ring: collections.deque[int] = collections.deque()  # claimed, for the ring
         self.direct: collections.deque[tuple[int, int]] = collections.deque()  # (chunk, address)
-        self.claimed = 0  # spans claimed, not yet registered or refused
+        self.pending: list[int] = []  # the claimed span's chunks, until it is registered
         self.live: dict[int, int] = {}  # a registered span's address -> its chunks not copied
         self.span_of: dict[int, int] = {}  # a direct chunk -> its span's address
         self.done: list[int] = []  # registered spans whose chunks were all copied
         self.stop = self.turn = False  # turn: the last chunk taken went direct
-        with self.cv:
-            first = self._claim()  # before the ring's first chunk
-        # the pool has a thread more than the ring's pieces use (at exit: run here, first)
-        self.registrar = None if first is None else submit(pool, self._run, first)
+        self.first = self._claim()  # before the ring's first chunk
+        self.registrar: Future[None] | None = None
+
+    def start(self, pool: Executor) -> None:
+        """Start the registrar on ``pool``: it has a thread more than the ring's pieces use
+        (at interpreter exit: run here, first)."""
+        if self.first is not None:
+            self.registrar = submit(pool, self._run, self.first)
 
     def _claim(self) -> Span | None:
-        """With the lock held: the next span from the back (its chunks not wholly inside its
-        pages go to the ring), or None: the ring would reach it before it is registered (at
-        its pace so far, at most ``nslots`` chunks too fast), or the copy stopped."""
+        """With the lock held (or no registrar yet): the next span from the back (its chunks
+        not wholly inside its pages go to the ring), or None: the ring would reach it before
+        it is registered (at its pace so far, at most ``nslots`` chunks too fast), or the
+        copy stopped."""
         hi = self.low
         lo = hi - self.span
-        pace = self.front / max(time.perf_counter() - self.start, 1e-9)  # chunks a second
+        pace = self.front / max(time.perf_counter() - self.began, 1e-9)  # chunks a second
         if self.stop or lo < self.front + pace * self.seconds:
             return None
-        self.low, self.claimed = lo, self.claimed + 1
+        self.low = lo
         base, starts, sizes = self.base, self.plan.starts, self.plan.sizes
         # whole pages inside out; the page a span ends in is the next span's first
         first = max((base + starts[lo]) // PAGE * PAGE, round_up(base, PAGE))
         end = (base + starts[hi - 1] + sizes[hi - 1]) // PAGE * PAGE
         inside = [k for k in range(lo, hi) if first <= base + starts[k] <= end - sizes[k]]
         self.ring.extend(k for k in range(lo, hi) if k not in inside)
+        self.pending = inside.copy()
         return first, end, inside
 
     def _run(self, span: Span | None) -> None:
@@ -164,43 +177,42 @@ class Hybrid:
                     self.backend.host_register(first, end - first)
             except Exception:  # refused (712: the user registered part of out): the ring's
                 ok = False
-            with self.cv:
-                if ok:
-                    self.live[first] = len(inside)
-                    self.span_of.update(dict.fromkeys(inside, first))
-                    self.direct.extend((k, self.base + self.plan.starts[k]) for k in inside)
+            with self.lock:
+                left, self.pending = self.pending, []  # the chunks the ring did not take
+                if ok and left:
+                    self.live[first] = len(left)
+                    self.span_of.update(dict.fromkeys(left, first))
+                    self.direct.extend((k, self.base + self.plan.starts[k]) for k in left)
+                elif ok:  # the ring took them all meanwhile: unregistered at once
+                    self.done.append(first)
                 else:
-                    self.ring.extend(inside)
-                self.claimed -= 1
-                self.cv.notify_all()
+                    self.ring.extend(left)
                 copied, self.done = self.done, []
             self._unregister(copied)  # no span claimed: an error here leaves none unanswered
-            with self.cv:
+            with self.lock:
                 span = self._claim()
 
     def take(self, prefer_direct: bool) -> tuple[int, int | None] | None:
         """The next chunk to issue and its address in ``out`` (None: through the ring);
         None once every chunk was taken. Ring and direct chunks alternate, but a direct
-        one goes first where ``prefer_direct`` (the ring's next slot is busy)."""
-        with self.cv:
-            while True:
-                ring = bool(self.ring) or self.front < self.low
-                if self.direct and (prefer_direct or not self.turn or not ring):
-                    self.turn = True
-                    return self.direct.popleft()
-                if ring:
-                    self.turn = False
-                    if self.ring:
-                        return self.ring.popleft(), None
-                    self.front += 1
-                    return self.front - 1, None
-                if not self.claimed:
-                    return None
-                self.cv.wait()
+        one goes first where ``prefer_direct`` (the ring's next slot is busy). Never
+        waits: with nothing else left, the ring takes the claimed span's chunks."""
+        with self.lock:
+            ring = bool(self.ring) or self.front < self.low
+            if self.direct and (prefer_direct or not self.turn or not ring):
+                self.turn = True
+                return self.direct.popleft()
+            self.turn = False
+            if self.ring:
+                return self.ring.popleft(), None
+            if self.front < self.low:
+                self.front += 1
+                return self.front - 1, None
+            return (self.pending.pop(0), None) if self.pending else None
 
     def copied(self, i: int) -> None:
         """Direct chunk ``i``'s DMA is complete (its event was seen)."""
-        with self.cv:
+        with self.lock:
             first = self.span_of.pop(i)
             self.live[first] -= 1
             if not self.live[first]:
@@ -221,11 +233,11 @@ class Hybrid:
     def close(self) -> None:
         """Stop the registrar and unregister every span left (the copy stream was
         synchronised); raise the registrar's error, if any, after."""
-        with self.cv:
+        with self.lock:
             self.stop = True
         if self.registrar is not None:
             settle([self.registrar])
-        with self.cv:
+        with self.lock:
             ptrs, self.done = [*self.done, *self.live], []
             self.live.clear()
         self._unregister(ptrs)

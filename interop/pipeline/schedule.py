@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,8 +41,8 @@ class SlotJob:
     threads: int
     # the direct form: chunk i's page-locked host address; one DMA each, no ring, no threads
     pinned: Callable[[int], int] | None = None
-    # d2h, the hybrid form: given the host pool, part of out registered as the ring runs
-    hybrid: Callable[[Executor], Hybrid] | None = None
+    # d2h, the hybrid form: part of out registered as the ring runs
+    hybrid: Callable[[], Hybrid] | None = None
     # d2h into a new out: chunk i's page touches, one per piece, made before its DMA ends
     touch: Callable[[int], Sequence[Callable[[], None]]] | None = None
 
@@ -79,9 +79,8 @@ class _Run:
         self.held: list[Any] = [None] * n  # device chunks kept alive until their DMA is done
         # each chunk's pieces run as at most `parts` tasks: several slots' chunks keep
         # every host thread busy, instead of each chunk ending at a barrier of all
-        # the hybrid's registrar takes a thread of the pool too
-        threads = job.threads + (job.hybrid is not None)
-        self.pool = None if job.pinned is not None else host_pool(threads)
+        # (the pool has a thread more, for the hybrid's registrar)
+        self.pool = None if job.pinned is not None else host_pool(job.threads)
         self.hybrid: Hybrid | None = None
         self.parts = max(1, -(-job.threads // max(1, n - 1)))
         self.ring: StagingRing | None = None
@@ -153,7 +152,7 @@ class _Run:
         n = self.plan.sizes[i]
         contiguous = backend.is_contiguous(chunk.view)
         if not contiguous and self.staging is None:
-            self.staging = backend.staging(len(self.events), self.plan.slot_bytes)  # hybrid: 2n
+            self.staging = backend.staging(self.plan.nslots, self.plan.slot_bytes)
             allocated = backend.event()  # the pool may hand out memory still in use there
             allocated.record(self.staging.stream)
             stream.wait(allocated)
@@ -168,7 +167,9 @@ class _Run:
                 backend.copy_to_device(chunk.view, host, n, stream)
         else:
             assert self.staging is not None
-            row = self.staging.view(k, chunk.view)
+            # ring and direct chunks share the n rows: pack and DMA are on the copy
+            # stream, so a row's next pack follows its last DMA
+            row = self.staging.view(k % self.plan.nslots, chunk.view)
             if self.job.direction == "d2h":
                 backend.copy_on_device(row, chunk.view, stream)  # pack
                 backend.copy_to_host(host, row, n, stream)
@@ -315,7 +316,8 @@ def run_slots(transfer: Transfer, job: SlotJob) -> None:
                 if job.direction == "d2h":
                     if job.hybrid is not None:
                         assert run.pool is not None
-                        run.hybrid = job.hybrid(run.pool)
+                        run.hybrid = job.hybrid()  # held before its registrar starts:
+                        run.hybrid.start(run.pool)  # close() sees every registration
                     run.device_to_host()
                 else:
                     run.host_to_device()

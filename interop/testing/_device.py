@@ -54,8 +54,8 @@ class EmulatedDevice:
         Operation kind -> the count at which it fails: ``"copy"`` (a DMA),
         ``"pack"`` (a device element-wise copy), ``"staging"`` (device staging
         allocation), ``"host_alloc"``, ``"host_free"``, ``"host_register"``,
-        ``"fill"`` / ``"drain"`` (a host thread's access to a slot, host-to-device
-        / device-to-host),
+        ``"host_unregister"``, ``"fill"`` / ``"drain"`` (a host thread's access to
+        a slot, host-to-device / device-to-host),
         ``"timer_read"`` (reading a timing event; not sticky). A fault in
         device work is sticky, as CUDA's asynchronous errors are: every later
         call on that device fails.

@@ -348,6 +348,7 @@ class HostMemory:
     def unregister(self, ptr: int) -> None:
         """``cudaHostUnregister`` of what :meth:`register` locked at ``ptr``."""
         self.machine.refuse_in_capture("cudaHostUnregister (unlocking host memory)")
+        self.machine.inject("host_unregister", "cudaHostUnregister")
         with self.machine.lock:
             if self.registered.pop(ptr, None) is None:
                 raise EmulatedDeviceError(

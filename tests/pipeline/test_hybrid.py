@@ -128,7 +128,7 @@ def test_an_injected_registration_failure_falls_back_to_the_ring(nth):
     with interop.config.set(**HYBRID):
         interop.copy_to_host(dev.asarray(a), out)
     assert raw(out) == raw(a)
-    assert (hybrid.rates(dev) is None) == (nth == 1)
+    assert hybrid.rates(dev) is not None  # 1: measured again (a failure is not kept)
     assert (dev.counts["registered_copy"] > 0) == (nth == 4)
     assert dev.machine.registered == {}
     assert dev.violations == []
@@ -232,8 +232,9 @@ def test_the_threshold_and_split_follow_the_rates(rates, expect):
 
 def test_the_ring_copies_while_a_span_is_registered():
     """Emulated: a registration takes 50 ms; the ring's DMAs go on meanwhile (overlap).
-    Its rates are given, not measured: spans of 8 chunks, 50 ms each."""
-    dev = EmulatedDevice(delay=0.0005, register=(0.05, 10.0))
+    Its rates are given, not measured: spans of 8 chunks, 50 ms each; the ring's 56
+    chunks take longer (2 ms a DMA)."""
+    dev = EmulatedDevice(delay=0.002, register=(0.05, 10.0))
     hybrid._measured[dev] = hybrid.Rates(call=0.05, per_byte=0.0, copy=1e6)
     register, during = dev.host_register, []
 
@@ -282,3 +283,148 @@ def test_a_new_outs_pages_are_touched_by_the_threads_that_fill_them(device, monk
     interop.copy_to_host(device.asarray(a), out, chunk_bytes=CHUNK)
     assert raw(out) == raw(a)
     assert seen["touch"] == {}
+
+
+# ------------------------------------------------------------------ the review's fixes
+
+
+class _CountingCondition:
+    """threading.Condition for hybrid.py alone, counting the waits in take()."""
+
+    waits = 0
+
+    def __init__(self):
+        self.cv = threading.Condition()
+
+    def __enter__(self):
+        return self.cv.__enter__()
+
+    def __exit__(self, *exc):
+        return self.cv.__exit__(*exc)
+
+    def notify_all(self):
+        self.cv.notify_all()
+
+    def wait(self, timeout=None):
+        type(self).waits += 1
+        return self.cv.wait(timeout)
+
+
+def test_the_ring_never_waits_on_a_registration_slower_than_measured(monkeypatch):
+    """Emulated: registering takes 300 ms, 100 times the measured rate (untouched pages
+    cost more than the probe's): the ring takes the pending span's chunks itself rather
+    than wait for the registrar, which unregisters that span at once."""
+    import types
+
+    monkeypatch.setattr(_CountingCondition, "waits", 0)
+    counting = types.SimpleNamespace(Condition=_CountingCondition, Lock=threading.Lock)
+    monkeypatch.setattr(hybrid, "threading", counting)
+    dev = EmulatedDevice(delay=0.0005, register=(0.3, 10.0))
+    hybrid._measured[dev] = hybrid.Rates(call=0.003, per_byte=0.0, copy=1e6)
+    a = sample((1024, 512), np.float64)  # 64 chunks
+    out = np.empty_like(a)
+    with interop.config.set(**HYBRID):
+        interop.copy_to_host(dev.asarray(a), out)
+    assert raw(out) == raw(a)
+    assert dev.counts["host_register"] >= 1  # a span was registered...
+    assert _CountingCondition.waits == 0  # ...and the ring never waited for it
+    assert dev.machine.registered == {}
+    assert dev.violations == []
+    dev.close()
+
+
+def test_the_measurement_runs_on_the_datas_device_and_a_failure_is_measured_again():
+    """Two emulated devices, the data on device 1 while device 0 is current: every
+    registration, the measurement's too, is made with device 1 current (CUDA would make
+    a context on device 0). An injected registration failure is not kept."""
+    with opened("emulated", devices=2) as d0:
+        one = d0.peer(1)
+        register, current = one.emulated.host_register, []
+
+        def spy(ptr, nbytes):
+            current.append(one.emulated.machine.current_device())
+            register(ptr, nbytes)
+
+        one.emulated.host_register = spy
+        with one.activate():
+            a = sample((1024, 512), np.float64)
+            x = one.asarray(a)
+        out = np.empty((1024, 512))
+        with interop.config.set(**HYBRID):
+            interop.copy_to_host(x, out)
+        assert raw(out) == raw(a)
+        assert len(current) > 3  # the measurement's 3, and spans
+        assert set(current) == {1}
+    dev = EmulatedDevice(faults={"host_register": 1})
+    assert hybrid.rates(dev) is None  # failed: the ring alone this time...
+    assert hybrid.rates(dev) is not None  # ...measured again on the next use
+    dev.close()
+
+
+def test_a_failed_unregister_of_the_probe_is_raised():
+    dev = EmulatedDevice(faults={"host_unregister": 1})
+    with pytest.raises(interop.testing.EmulatedDeviceError, match="cudaHostUnregister"):
+        hybrid.rates(dev)
+    dev.close()
+
+
+def test_an_interrupt_as_the_hybrid_form_is_made_leaves_nothing_registered(monkeypatch):
+    """A KeyboardInterrupt right after the Hybrid is made, before the run holds it: no
+    registrar was started, so nothing is registered behind the run's back."""
+    made, init = [], hybrid.Hybrid.__init__
+
+    def interrupted(self, *args):
+        init(self, *args)
+        made.append(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hybrid.Hybrid, "__init__", interrupted)
+    dev = EmulatedDevice(register=(0.01, 10.0))
+    a = sample((1024, 512), np.float64)
+    with interop.config.set(**HYBRID), pytest.raises(KeyboardInterrupt):
+        interop.copy_to_host(dev.asarray(a), np.empty_like(a))
+    if made[0].registrar is not None:
+        made[0].registrar.result(timeout=60)
+    assert dev.machine.registered == {}
+    dev.close()
+
+
+def test_a_transposed_hybrid_copy_stages_n_rows_on_the_device():
+    """Pack and DMA share the copy stream: ring and direct chunks share n staging rows."""
+    dev = EmulatedDevice(delay=0.0005)
+    staging, rows = dev.staging, []
+
+    def spy(count, row_bytes):
+        rows.append(count * row_bytes)
+        return staging(count, row_bytes)
+
+    dev.staging = spy
+    a = sample((1024, 512), np.float64)
+    out = np.empty(a.T.shape)  # C order (empty_like(a.T) would keep a.T's)
+    with interop.config.set(**HYBRID):
+        interop.copy_to_host(dev.asarray(a).T, out)
+    plan = plan_chunks(out.shape, out.itemsize, CHUNK, interop.config.num_buffers)
+    assert raw(out) == raw(a.T)
+    assert dev.counts["registered_copy"] > 0
+    assert rows == [plan.nslots * plan.slot_bytes]
+    assert dev.violations == []
+    dev.close()
+
+
+def test_a_hybrid_copy_keeps_the_shared_host_pool():
+    """The registrar's thread was in the pool from the start: a hybrid copy replaces no
+    pool under a transfer running on it."""
+    from interop import _process
+    from interop.pipeline.workers import host_pool
+
+    dev = EmulatedDevice(delay=0.0005)
+    a = sample((1024, 512), np.float64)
+    threads = _process.host_pool._size + 1  # more than any copy asked so far: a new pool
+    with interop.config.set(host_threads=threads):
+        interop.copy_to_host(dev.asarray(a), np.empty_like(a), chunk_bytes=CHUNK)
+        pool = host_pool(threads)
+        with interop.config.set(**HYBRID):
+            interop.copy_to_host(dev.asarray(a), np.empty_like(a))
+    assert host_pool(threads) is pool
+    assert not pool._shutdown
+    dev.close()
