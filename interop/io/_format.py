@@ -111,30 +111,45 @@ def _header_text(f: BinaryIO, shown: str) -> bytes:
     return struct.pack("<I", len(text)) + text
 
 
-def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
-    """Read and check the header of a ``.npy`` file and its size (or raise NpyFormatError)."""
-    path = Path(checked_path(path, "load_npy"))
+def open_regular(
+    path: Any, func: str, in_directory: str, otherwise: str
+) -> tuple[int, os.stat_result, Path]:
+    """Open ``path`` for reading at offsets: its descriptor, status and path; a PathError,
+    ending with the fix ``in_directory`` or ``otherwise``, for a directory or another
+    file that is not regular (a FIFO, socket or device)."""
+    path = Path(checked_path(path, func))
     shown = repr(str(path))
-    try:
-        # O_NONBLOCK: opening a FIFO without a writer would wait for one
+    try:  # O_NONBLOCK: opening a FIFO without a writer would wait for one
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         where = ""
         if not path.is_absolute() and isinstance(exc, FileNotFoundError):
             where = f" (relative to the current directory {os.getcwd()!r})"
         raise path_error(
-            exc.errno, f"load_npy cannot read {shown}{where}: {exc.strerror}", str(path)
+            exc.errno, f"{func} cannot read {shown}{where}: {exc.strerror}", str(path)
         ) from exc
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        if stat.S_ISDIR(st.st_mode):
-            why, code = "pass the path of a .npy file in it", errno.EISDIR
-        else:
-            why, code = "load_npy reads regular files: save the data to one", errno.ESPIPE
+        directory = stat.S_ISDIR(st.st_mode)
         raise path_error(
-            code, f"load_npy cannot read {shown}: it is {file_kind(st.st_mode)}; {why}", str(path)
+            errno.EISDIR if directory else errno.ESPIPE,
+            f"{func} cannot read {shown}: it is {file_kind(st.st_mode)}; "
+            + (in_directory if directory else otherwise),
+            str(path),
         )
+    return fd, st, path
+
+
+def read_npy_header(path: str | os.PathLike[str]) -> NpyHeader:
+    """Read and check the header of a ``.npy`` file and its size (or raise NpyFormatError)."""
+    fd, st, path = open_regular(
+        path,
+        "load_npy",
+        "pass the path of a .npy file in it",
+        "load_npy reads regular files: save the data to one",
+    )
+    shown = repr(str(path))
     with open(fd, "rb") as f:
         try:
             text = io.BytesIO(_header_text(f, shown))

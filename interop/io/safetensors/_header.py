@@ -12,11 +12,9 @@ allocated from it.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +24,9 @@ import ml_dtypes
 import numpy as np
 
 from ...errors import CheckpointFormatError, InvalidValueError, UnsupportedDtypeError, path_error
+from .. import _format
 from .._format import file_identity
-from ..destination import checked_path, file_kind
+from ..destination import checked_path
 
 __all__ = [
     "INDEX",
@@ -142,26 +141,9 @@ def layout(
 
 
 def open_regular(path: Any, func: str) -> tuple[int, os.stat_result, Path]:
-    """Open ``path`` for reading at offsets: its descriptor, status and path;
-    the PathError of what cannot be (a directory, FIFO, socket or device)."""
-    path = Path(checked_path(path, func))
-    try:  # O_NONBLOCK: opening a FIFO without a writer would wait for one
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise path_error(
-            exc.errno, f"{func} cannot read {str(path)!r}: {exc.strerror}", str(path)
-        ) from exc
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        directory = stat.S_ISDIR(st.st_mode)
-        raise path_error(
-            errno.EISDIR if directory else errno.ESPIPE,
-            f"{func} cannot read {str(path)!r}: it is {file_kind(st.st_mode)}; pass "
-            + (f"the {INDEX} or model.safetensors in it" if directory else "a regular file"),
-            str(path),
-        )
-    return fd, st, path
+    """:func:`interop.io._format.open_regular` with a checkpoint's fixes."""
+    directory = f"pass the {INDEX} or model.safetensors in it"
+    return _format.open_regular(path, func, directory, "pass a regular file")
 
 
 def _read(fd: int, n: int, offset: int) -> bytes:
