@@ -978,6 +978,19 @@ def _using_allocator(malloc):
     _FAKE_ALLOCATOR.pop()
 
 
+def _move_plans(cache: dict, capturing: bool) -> None:
+    """``_plans_to_own_pool`` over stand-ins of CuPy (``cache``, its pool) and PyTorch."""
+    cp = types.SimpleNamespace(
+        fft=types.SimpleNamespace(config=types.SimpleNamespace(get_plan_cache=lambda: cache)),
+        cuda=types.SimpleNamespace(using_allocator=_using_allocator),
+        get_default_memory_pool=lambda: types.SimpleNamespace(malloc="pool"),
+    )
+    th = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: capturing)
+    )
+    _torch_op._plans_to_own_pool(cp, th, _MAKER)
+
+
 @pytest.mark.parametrize("capturing", [False, True])
 def test_plans_made_in_a_call_leave_the_cache_and_are_made_again_from_cupys_pool(
     monkeypatch, capturing
@@ -990,15 +1003,7 @@ def test_plans_made_in_a_call_leave_the_cache_and_are_made_again_from_cupys_pool
     with _using_allocator("pool"):
         kept = cache[(9, 41, 1, None)] = _Plan1d(9, 41, 1)  # made outside any call
     made = dict(cache)
-    cp = types.SimpleNamespace(
-        fft=types.SimpleNamespace(config=types.SimpleNamespace(get_plan_cache=lambda: cache)),
-        cuda=types.SimpleNamespace(using_allocator=_using_allocator),
-        get_default_memory_pool=lambda: types.SimpleNamespace(malloc="pool"),
-    )
-    th = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: capturing)
-    )
-    _torch_op._plans_to_own_pool(cp, th, _MAKER)
+    _move_plans(cache, capturing)
     assert cache[(9, 41, 1, None)] is kept
     if capturing:  # out of the cache, alive for the graph; nothing made during the capture
         assert set(cache.keys()) == {(9, 41, 1, None)}
@@ -1023,14 +1028,6 @@ def test_plans_of_another_pytorch_backed_allocator_stay_in_the_cache(monkeypatch
     plan = _Plan1d(*key[:3])
     plan.work_area.mem._owner = allocator.TorchBlock(object(), 0, allocator.TorchAllocator())
     cache = _FakeCache({key: plan})
-    cp = types.SimpleNamespace(
-        fft=types.SimpleNamespace(config=types.SimpleNamespace(get_plan_cache=lambda: cache)),
-        cuda=types.SimpleNamespace(using_allocator=_using_allocator),
-        get_default_memory_pool=lambda: types.SimpleNamespace(malloc="pool"),
-    )
-    th = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: False)
-    )
-    _torch_op._plans_to_own_pool(cp, th, _MAKER)
+    _move_plans(cache, False)
     assert cache == {key: plan}
     assert _torch_op._graph_plans == []
