@@ -209,6 +209,13 @@ def hold(stream, timeout: float = 10) -> threading.Event:
     return gate
 
 
+def assert_same(a: np.ndarray, b: np.ndarray) -> None:
+    """``a`` and ``b`` have one dtype, one shape and the same bytes in C order."""
+    assert a.dtype == b.dtype
+    assert a.shape == b.shape
+    assert a.tobytes() == b.tobytes()  # C order whatever the strides
+
+
 def inverted_bytes(a: np.ndarray) -> bytes:
     """``a``'s bytes in C order, each XOR 0xFF: the values of an emulated
     device's lazily inverted view of ``a``."""

@@ -31,7 +31,7 @@ import interop.dask as idask  # noqa: E402
 from interop import _backends  # noqa: E402
 from interop.dask import SaveError  # noqa: E402
 from interop.io._format import Layout  # noqa: E402
-from tests.helpers import NO_GPU, NUMPY_DTYPES, run_python, sample  # noqa: E402
+from tests.helpers import NO_GPU, NUMPY_DTYPES, assert_same, run_python, sample  # noqa: E402
 
 MiB = 1 << 20
 # A piece size every version of interop.config accepts as is (none raises a
@@ -74,12 +74,6 @@ def client(cluster):
 def threads():
     with dask.config.set(scheduler="threads"):
         yield
-
-
-def _same(a, b):
-    assert a.shape == b.shape
-    assert a.dtype == b.dtype
-    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 def _leftovers(directory: Path) -> list[str]:
@@ -271,11 +265,11 @@ def test_round_trip_threaded(tmp_path, threads, shape, chunks, layout):
         x = x.map_blocks(_fortran, meta=x._meta)
     path = idask.save_npy(x, tmp_path / "a.npy", chunk_bytes=24)
     assert path == tmp_path / "a.npy"
-    _same(np.load(path), a)
+    assert_same(np.load(path), a)
     assert np.load(path, mmap_mode="r").shape == a.shape
     back = idask.load_npy(path, chunks=chunks)
     assert back.chunks == x.chunks
-    _same(back.compute(), a)
+    assert_same(back.compute(), a)
     assert _leftovers(tmp_path) == []
 
 
@@ -289,8 +283,8 @@ def test_any_chunking_round_trips(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("any") / "a.npy"
     with dask.config.set(scheduler="sync"):
         idask.save_npy(da.from_array(a, chunks=chunks), path, chunk_bytes=6)
-        _same(np.load(path), a)
-        _same(idask.load_npy(path, chunks=reread).compute(), a)
+        assert_same(np.load(path), a)
+        assert_same(idask.load_npy(path, chunks=reread).compute(), a)
 
 
 def test_pieces_that_cut_runs(tmp_path, threads):
@@ -299,8 +293,8 @@ def test_pieces_that_cut_runs(tmp_path, threads):
     a = sample((4, 300, 1000), np.float64, seed=4)
     x = da.from_array(a, chunks=(2, 100, 1000)).map_blocks(_fortran, meta=np.empty((0, 0, 0)))
     idask.save_npy(x, tmp_path / "p.npy", chunk_bytes=PIECE)
-    _same(np.load(tmp_path / "p.npy"), a)
-    _same(idask.load_npy(tmp_path / "p.npy", chunks=(3, 70, 300)).compute(), a)
+    assert_same(np.load(tmp_path / "p.npy"), a)
+    assert_same(idask.load_npy(tmp_path / "p.npy", chunks=(3, 70, 300)).compute(), a)
 
 
 def test_fortran_order_file_loads_as_numpy_does(tmp_path, threads):
@@ -308,7 +302,7 @@ def test_fortran_order_file_loads_as_numpy_does(tmp_path, threads):
     np.save(tmp_path / "f.npy", a)
     back = idask.load_npy(tmp_path / "f.npy", chunks=(4, 3, 2))
     got = back.compute()
-    _same(got, a)
+    assert_same(got, a)
     assert back.to_delayed()[1, 1, 1].compute().flags.f_contiguous  # as the file is
 
 
@@ -317,10 +311,10 @@ def test_bfloat16_header_and_values(tmp_path, threads):
     idask.save_npy(da.from_array(a, chunks=(4, 3)), tmp_path / "b.npy")
     with open(tmp_path / "b.npy", "rb") as f:
         assert b"'descr': 'bfloat16'" in f.read(128)
-    _same(np.load(tmp_path / "b.npy"), a)
+    assert_same(np.load(tmp_path / "b.npy"), a)
     back = idask.load_npy(tmp_path / "b.npy", chunks=5)
     assert back.dtype == np.dtype(ml_dtypes.bfloat16)
-    _same(back.compute(), a)
+    assert_same(back.compute(), a)
 
 
 def test_file_matches_interop_save_npy(tmp_path, threads):
@@ -340,7 +334,7 @@ def test_compute_false_returns_the_delayed_save(tmp_path, threads):
     (path, total) = dask.compute(delayed, x.sum())  # computed along with other work
     assert path == tmp_path / "d.npy"
     assert total == a.sum()
-    _same(np.load(path), a)
+    assert_same(np.load(path), a)
     assert _leftovers(tmp_path) == []
 
 
@@ -367,7 +361,7 @@ def test_npy_suffix_appended_as_numpy_save_does(tmp_path, threads):
     assert idask.save_npy(da.from_array(a, chunks=2), tmp_path / "weights") == (
         tmp_path / "weights.npy"
     )
-    _same(np.load(tmp_path / "weights.npy"), a)
+    assert_same(np.load(tmp_path / "weights.npy"), a)
 
 
 def test_existing_mode_kept_and_symlink_followed(tmp_path, threads):
@@ -379,7 +373,7 @@ def test_existing_mode_kept_and_symlink_followed(tmp_path, threads):
     a = sample((5, 5), np.uint8)
     assert idask.save_npy(da.from_array(a, chunks=2), link) == link
     assert link.is_symlink()
-    _same(np.load(target), a)
+    assert_same(np.load(target), a)
     assert stat.S_IMODE(target.stat().st_mode) == 0o604
 
 
@@ -541,13 +535,13 @@ def test_round_trip_every_dtype_on_the_cluster(tmp_path, client, dtype):
     a = sample((9, 10), dtype, seed=2)
     x = da.from_array(a, chunks=((4, 5), (3, 3, 4)))
     idask.save_npy(x, tmp_path / "a.npy")
-    _same(np.load(tmp_path / "a.npy"), a)
+    assert_same(np.load(tmp_path / "a.npy"), a)
     back = idask.load_npy(tmp_path / "a.npy", chunks=(5, 4))
     assert back.dtype == a.dtype
     # compared through an integer view made on the workers: distributed cannot
     # move float8_e5m2 NumPy blocks between processes (see docs/dask.md)
     bits = interop.dtypes.int_view_of_numpy(a.dtype)
-    _same(back.view(bits).compute(), a.view(bits))
+    assert_same(back.view(bits).compute(), a.view(bits))
 
 
 def test_blocks_are_written_and_read_by_the_workers(tmp_path, client):
@@ -559,11 +553,11 @@ def test_blocks_are_written_and_read_by_the_workers(tmp_path, client):
         meta=np.empty((0, 0), np.float32),
     )
     idask.save_npy(x, tmp_path / "w.npy", chunk_bytes=1000)
-    _same(np.load(tmp_path / "w.npy"), x.compute())
+    assert_same(np.load(tmp_path / "w.npy"), x.compute())
     back = idask.load_npy(tmp_path / "w.npy", chunks=(128, 50))
     blocks = client.compute(back.to_delayed().ravel().tolist(), sync=True)
     assert all(type(b) is np.ndarray for b in blocks)
-    _same(back.compute(), x.compute())
+    assert_same(back.compute(), x.compute())
 
 
 def test_block_raising_on_the_cluster(tmp_path, client):
@@ -591,8 +585,8 @@ def test_a_file_replaced_before_compute_is_refused_by_every_block(tmp_path, clie
     for block in lazy.to_delayed().ravel():
         with pytest.raises(interop.InvalidValueError, match="it was replaced or changed since"):
             client.compute(block).result()
-    _same(np.load(path), np.ones((8, 4)))  # the new file is untouched
-    _same(idask.load_npy(path, chunks=(2, 4)).compute(), np.ones((8, 4)))
+    assert_same(np.load(path), np.ones((8, 4)))  # the new file is untouched
+    assert_same(idask.load_npy(path, chunks=(2, 4)).compute(), np.ones((8, 4)))
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float64])
@@ -627,7 +621,7 @@ def test_worker_killed_mid_save_leaves_no_file(tmp_path, cluster, client, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["killed"]
     client.wait_for_workers(2, timeout=60)
     idask.save_npy(x, tmp_path / "after.npy")
-    _same(np.load(tmp_path / "after.npy"), x.compute())
+    assert_same(np.load(tmp_path / "after.npy"), x.compute())
 
 
 def test_retried_block_writes_the_same_bytes(tmp_path, client):
@@ -638,7 +632,7 @@ def test_retried_block_writes_the_same_bytes(tmp_path, client):
     dying = x.map_blocks(_killing_block, str(tmp_path / "killed"), (2, 0), meta=x._meta)
     idask.save_npy(dying, tmp_path / "a.npy", chunk_bytes=PIECE)
     assert (tmp_path / "killed").exists()
-    _same(np.load(tmp_path / "a.npy"), a)
+    assert_same(np.load(tmp_path / "a.npy"), a)
     assert _leftovers(tmp_path) == []
     client.wait_for_workers(2, timeout=60)
 
@@ -661,7 +655,7 @@ def test_cancelled_delayed_save_leaves_no_file(tmp_path, client):
     # computed without cancelling, the same kind of graph completes
     delayed = idask.save_npy(x, tmp_path / "c.npy", compute=False)
     assert client.compute(delayed).result() == tmp_path / "c.npy"
-    _same(np.load(tmp_path / "c.npy"), np.ones((8, 8)))
+    assert_same(np.load(tmp_path / "c.npy"), np.ones((8, 8)))
 
 
 def test_memory_per_worker_and_on_the_client(tmp_path, client):
@@ -730,7 +724,7 @@ def test_gpu_bfloat16_and_fortran_file_to_device(tmp_path, cp, threads):
     a = np.linspace(-4, 4, 300).astype(ml_dtypes.bfloat16).reshape(15, 20)
     x = da.from_array(cp.asarray(a), chunks=(4, 7), asarray=False)
     idask.save_npy(x, tmp_path / "b.npy")
-    _same(np.load(tmp_path / "b.npy"), a)
+    assert_same(np.load(tmp_path / "b.npy"), a)
     f = np.asfortranarray(sample((9, 11), np.float64))
     np.save(tmp_path / "f.npy", f)
     back = idask.load_npy(tmp_path / "f.npy", chunks=(4, 4), device="cuda").compute()

@@ -19,6 +19,7 @@ from interop.io.npy import read_npy_header
 from tests.helpers import (
     NUMPY_DTYPES,
     Producer,
+    assert_same,
     reading_fifo,
     run_python,
     sample,
@@ -26,19 +27,13 @@ from tests.helpers import (
 )
 
 
-def _same(a, b):
-    assert a.shape == b.shape
-    assert a.dtype == b.dtype
-    assert a.tobytes() == np.ascontiguousarray(b).tobytes()
-
-
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_round_trip_every_dtype(tmp_path, dtype):
     a = sample((300, 257), dtype)  # several 64 KiB chunks for itemsize >= 1
     path = interop.save_npy(a, tmp_path / "a.npy", chunk_bytes=1 << 16)
     assert path == tmp_path / "a.npy"
-    _same(np.load(path), a)  # a standard file: numpy reads it (ml_dtypes is imported)
-    _same(interop.load_npy(path, device="cpu", chunk_bytes=1 << 16), a)
+    assert_same(np.load(path), a)  # a standard file: numpy reads it (ml_dtypes is imported)
+    assert_same(interop.load_npy(path, device="cpu", chunk_bytes=1 << 16), a)
 
 
 def test_bfloat16_header_names_the_dtype(tmp_path):
@@ -66,14 +61,14 @@ def test_strided_sources_and_chunk_sizes(tmp_path, view, chunk):
     base = sample((600, 1100), np.float64, seed=3)  # 5 MiB: several chunks of each size
     src = view(base)
     interop.save_npy(src, tmp_path / "s.npy", chunk_bytes=chunk)
-    _same(np.load(tmp_path / "s.npy"), np.ascontiguousarray(src))
+    assert_same(np.load(tmp_path / "s.npy"), np.ascontiguousarray(src))
 
 
 def test_memmap_source(tmp_path):
     mm = np.lib.format.open_memmap(tmp_path / "src.npy", "w+", np.float32, (640, 330))
     mm[...] = sample((640, 330), np.float32)
     interop.save_npy(mm.T, tmp_path / "out.npy", chunk_bytes=1 << 16)
-    _same(np.load(tmp_path / "out.npy"), np.ascontiguousarray(mm.T))
+    assert_same(np.load(tmp_path / "out.npy"), np.ascontiguousarray(mm.T))
 
 
 def test_torch_cpu_sources(tmp_path, torch):
@@ -96,8 +91,8 @@ def test_torch_cpu_sources(tmp_path, torch):
 def test_zero_d_and_zero_size(tmp_path, shape):
     a = sample(shape, np.int32)
     interop.save_npy(a, tmp_path / "z.npy")
-    _same(np.load(tmp_path / "z.npy"), a)
-    _same(interop.load_npy(tmp_path / "z.npy", device="cpu"), a)
+    assert_same(np.load(tmp_path / "z.npy"), a)
+    assert_same(interop.load_npy(tmp_path / "z.npy", device="cpu"), a)
 
 
 def test_progress_callable_is_monotonic_and_complete(tmp_path):
@@ -144,7 +139,7 @@ def test_interrupted_save_leaves_no_file_and_keeps_the_old_one(tmp_path):
 
     with pytest.raises(_Stop):
         interop.save_npy(big, target, chunk_bytes=1 << 16, progress=stop)
-    _same(np.load(target), old)  # the previous file is untouched
+    assert_same(np.load(target), old)  # the previous file is untouched
     assert sorted(os.listdir(tmp_path)) == ["keep.npy"]  # no partial file left behind
 
     fresh = tmp_path / "fresh.npy"
@@ -171,7 +166,7 @@ def test_load_fortran_order_file(tmp_path):
     a = np.asfortranarray(sample((50, 70, 30), np.int64))  # 840 KB
     np.save(tmp_path / "f.npy", a)
     assert read_npy_header(tmp_path / "f.npy").fortran_order
-    _same(interop.load_npy(tmp_path / "f.npy", chunk_bytes=1 << 16), a)
+    assert_same(interop.load_npy(tmp_path / "f.npy", chunk_bytes=1 << 16), a)
 
 
 def _untouched(out):
@@ -448,7 +443,7 @@ def test_save_peak_rss_stays_within_twice_the_ring(tmp_path):
 def test_foreign_dlpack_producer(tmp_path):
     a = sample((5, 6), np.int32)[::-1]
     interop.save_npy(Producer(a), tmp_path / "p.npy", chunk_bytes=24)
-    _same(np.load(tmp_path / "p.npy"), a)
+    assert_same(np.load(tmp_path / "p.npy"), a)
 
 
 def test_file_shrinking_during_the_read_is_an_error_not_success(tmp_path):
@@ -476,8 +471,8 @@ def test_save_adds_the_npy_suffix_like_numpy_save(tmp_path):
     a = sample((4, 3), np.int16)
     assert interop.save_npy(a, tmp_path / "weights") == tmp_path / "weights.npy"
     assert interop.save_npy(a, str(tmp_path / "w.bin")) == tmp_path / "w.bin"
-    _same(np.load(tmp_path / "weights.npy"), a)
-    _same(np.load(tmp_path / "w.bin"), a)
+    assert_same(np.load(tmp_path / "weights.npy"), a)
+    assert_same(np.load(tmp_path / "w.bin"), a)
     assert sorted(os.listdir(tmp_path)) == ["w.bin", "weights.npy"]
 
 
@@ -489,7 +484,7 @@ def test_save_through_a_symlink_replaces_its_target(tmp_path):
     a = sample((100, 1000), np.float32)
     assert interop.save_npy(a, tmp_path / "latest.npy") == tmp_path / "latest.npy"
     assert os.readlink(tmp_path / "latest.npy") == str(real)  # still the same link
-    _same(np.load(real), a)
+    assert_same(np.load(real), a)
     assert os.listdir(tmp_path / "store") == ["real.npy"]
 
 
@@ -499,7 +494,7 @@ def test_save_into_a_fifo_streams_the_file(tmp_path):
     a = sample((300, 1000), np.float64)  # 2.4 MB, many times a pipe's buffer
     with reading_fifo(fifo) as received:
         assert interop.save_npy(a, fifo, chunk_bytes=1 << 16) == fifo
-    _same(np.load(io.BytesIO(bytes(received))), a)  # np.load needs to seek
+    assert_same(np.load(io.BytesIO(bytes(received))), a)  # np.load needs to seek
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert os.listdir(tmp_path) == ["stream.npy"]
 
@@ -510,7 +505,7 @@ def test_save_keeps_an_existing_files_mode(tmp_path):
     os.chmod(target, 0o640)
     a = sample((50, 50), np.complex64)
     interop.save_npy(a, target)
-    _same(np.load(target), a)
+    assert_same(np.load(target), a)
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
 
 
@@ -530,10 +525,10 @@ def test_save_to_a_read_only_file_does_what_numpy_save_does(tmp_path):
         with pytest.raises(PermissionError, match="expected a writable file"):
             interop.save_npy(np.ones(5), target, progress=lambda d, t: seen.append(d))
         assert seen == []  # refused before any data moved
-        _same(np.load(target), old)
+        assert_same(np.load(target), old)
     else:
         interop.save_npy(np.ones(5), target)
-        _same(np.load(target), np.ones(5))
+        assert_same(np.load(target), np.ones(5))
     assert stat.S_IMODE(target.stat().st_mode) == 0o444
 
 
@@ -557,7 +552,7 @@ def test_save_accepts_the_longest_name_numpy_save_accepts(tmp_path):
     name = "n" * 251 + ".npy"
     a = sample((10,), np.uint8)
     assert interop.save_npy(a, tmp_path / name) == tmp_path / name
-    _same(np.load(tmp_path / name), a)
+    assert_same(np.load(tmp_path / name), a)
 
 
 # ------------------------------------------------------------ load_npy's device
@@ -569,7 +564,7 @@ def test_load_without_device_gives_numpy_like_numpy_load(tmp_path, torch):
     for kwargs in ({}, {"device": "cpu"}, {"device": torch.device("cpu")}):
         got = interop.load_npy(tmp_path / "a.npy", **kwargs)
         assert type(got) is np.ndarray
-        _same(got, a)
+        assert_same(got, a)
 
 
 @pytest.mark.parametrize(
@@ -623,12 +618,12 @@ def test_format_3_0_files_are_read(tmp_path):
     header = read_npy_header(tmp_path / "u.npy")
     assert header.dtype == a.dtype
     assert header.dtype.names == ("température", "温度")
-    _same(interop.load_npy(tmp_path / "u.npy"), a)
+    assert_same(interop.load_npy(tmp_path / "u.npy"), a)
     plain = sample((70, 300), np.float64)  # a 3.0 file of a plain dtype, many chunks
     with open(tmp_path / "p.npy", "wb") as f:
         np.lib.format.write_array(f, plain, version=(3, 0))
     assert read_npy_header(tmp_path / "p.npy").offset == 128
-    _same(interop.load_npy(tmp_path / "p.npy", chunk_bytes=1 << 16), plain)
+    assert_same(interop.load_npy(tmp_path / "p.npy", chunk_bytes=1 << 16), plain)
 
 
 def _header_only(path, shape, version=(1, 0)):

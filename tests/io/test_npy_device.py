@@ -13,15 +13,9 @@ import pytest
 
 import interop
 from interop.testing import EmulatedDevice, EmulatedDeviceError
-from tests.helpers import NUMPY_DTYPES, reading_fifo, sample
+from tests.helpers import NUMPY_DTYPES, assert_same, reading_fifo, sample
 
 CHUNK = 64 << 10
-
-
-def _same(a, b):
-    assert a.dtype == b.dtype
-    assert a.shape == b.shape
-    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
@@ -31,13 +25,13 @@ def test_device_arrays_round_trip_every_dtype(device, tmp_path, dtype, lib):
     d = device.asarray(a, lib)
     for name, src, expect in (("c.npy", d, a), ("t.npy", d.T, a.T)):
         path = interop.save_npy(src, tmp_path / name, chunk_bytes=CHUNK)
-        _same(np.load(path), expect)
+        assert_same(np.load(path), expect)
         out = device.empty(expect.shape, dtype, lib)
         assert interop.load_npy(path, out, chunk_bytes=CHUNK) is out
-        _same(device.to_numpy(out), expect)
+        assert_same(device.to_numpy(out), expect)
         host = interop.load_npy(path)  # without out or device: host memory, like numpy.load
         assert isinstance(host, np.ndarray)
-        _same(host, expect)
+        assert_same(host, expect)
 
 
 def test_load_into_a_strided_device_out(device, tmp_path):
@@ -68,10 +62,10 @@ def test_save_with_many_host_threads_writes_each_chunk_at_its_offset(device, tmp
     a = sample((1024, 1024), np.float32)  # 4 MiB: chunks of 1 MiB split across threads
     with interop.config.set(host_threads=4, num_buffers=3):
         path = interop.save_npy(device.asarray(a), tmp_path / "big.npy", chunk_bytes=1 << 20)
-        _same(np.load(path, mmap_mode="r"), a)
+        assert_same(np.load(path, mmap_mode="r"), a)
         out = device.empty((1024, 1024), np.float32)
         interop.load_npy(path, out, chunk_bytes=1 << 20)
-    _same(device.to_numpy(out), a)
+    assert_same(device.to_numpy(out), a)
 
 
 def test_save_into_a_fifo_writes_the_chunks_in_order(device, tmp_path):
@@ -82,7 +76,7 @@ def test_save_into_a_fifo_writes_the_chunks_in_order(device, tmp_path):
         interop.save_npy(device.asarray(a).T, fifo, chunk_bytes=CHUNK)
     path = tmp_path / "copy.npy"
     path.write_bytes(got)
-    _same(np.load(path), a.T)
+    assert_same(np.load(path), a.T)
     assert fifo.is_fifo()  # written into, not replaced
 
 
@@ -105,10 +99,10 @@ def test_bfloat16_device_arrays_keep_their_dtype_in_the_file(device, tmp_path):
     path = interop.save_npy(t, tmp_path / "bf.npy", chunk_bytes=1 << 16)
     loaded = np.load(path)
     assert loaded.dtype == np.dtype(ml_dtypes.bfloat16)
-    _same(loaded, a)
+    assert_same(loaded, a)
     out = device.empty(a.shape, a.dtype, lib="torch")
     assert interop.load_npy(path, out, chunk_bytes=1 << 16) is out
-    _same(device.to_numpy(out), a)
+    assert_same(device.to_numpy(out), a)
 
 
 def test_progress_and_a_failed_save_leave_no_file(device, tmp_path):
@@ -127,7 +121,7 @@ def test_progress_and_a_failed_save_leave_no_file(device, tmp_path):
     with pytest.raises(ZeroDivisionError):  # the callback's own error, as itself
         interop.save_npy(device.asarray(a), tmp_path / "q.npy", chunk_bytes=CHUNK, progress=boom)
     assert sorted(os.listdir(tmp_path)) == ["p.npy"]  # no final file, no temporary left
-    _same(np.load(path), a)
+    assert_same(np.load(path), a)
 
 
 def test_a_file_shrinking_under_a_device_load_is_an_error(device, tmp_path):

@@ -13,19 +13,13 @@ import pytest
 import interop
 import interop.safetensors as ist
 from interop.testing import EmulatedDevice, EmulatedDeviceError
-from tests.helpers import NUMPY_DTYPES, sample
+from tests.helpers import NUMPY_DTYPES, assert_same, sample
 
 st = pytest.importorskip("safetensors.torch", reason="the 'test' extra installs safetensors")
 
 CHUNK = 64 << 10
 # the dtypes both the format and the test devices hold (the format has no complex128)
 DTYPES = [d for d in NUMPY_DTYPES if d != np.dtype(np.complex128)]
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.dtype == b.dtype
-    assert a.shape == b.shape
-    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 @pytest.mark.parametrize("lib", ["cupy", "torch"])
@@ -40,16 +34,16 @@ def test_device_tensors_round_trip_through_the_ring(device, tmp_path, dtype, lib
         assert device.staged() > staged  # the device tensors went through the ring's slots
     loaded = ist.load_file(path, framework="np")
     for name, want in (("c", a), ("t", a.T), ("host", b)):
-        _same(loaded[name], want)
+        assert_same(loaded[name], want)
     theirs = st.load_file(path)
-    _same(interop.to_numpy(theirs["t"]), a.T)
+    assert_same(interop.to_numpy(theirs["t"]), a.T)
     targets = {"c": device.empty(a.shape, dtype, lib), "t": device.empty(a.T.shape, dtype, lib)}
     targets["host"] = np.empty_like(b)
     with interop.config.set(chunk_bytes=CHUNK):
         assert ist.load_into(path, targets) == ([], [])
-    _same(device.to_numpy(targets["c"]), a)
-    _same(device.to_numpy(targets["t"]), a.T)
-    _same(targets["host"], b)
+    assert_same(device.to_numpy(targets["c"]), a)
+    assert_same(device.to_numpy(targets["t"]), a.T)
+    assert_same(targets["host"], b)
 
 
 def test_load_into_a_strided_device_target(device, tmp_path):
@@ -81,7 +75,7 @@ def test_a_lazy_device_tensor_is_saved_with_its_values(device, tmp_path):
     lazy, values = device.lazy(device.asarray(a, "torch"), a)
     with interop.config.set(chunk_bytes=CHUNK):
         path = ist.save_file({"lazy": lazy}, tmp_path / "l.safetensors")
-    _same(ist.load_file(path, framework="np")["lazy"], values)
+    assert_same(ist.load_file(path, framework="np")["lazy"], values)
 
 
 def test_a_device_save_with_many_host_threads_writes_each_chunk_at_its_offset(device, tmp_path):
@@ -93,9 +87,9 @@ def test_a_device_save_with_many_host_threads_writes_each_chunk_at_its_offset(de
         )
         out = {"a": device.empty(a.shape, a.dtype), "b": device.empty(b.shape, b.dtype, "torch")}
         ist.load_into(path, out)
-    _same(device.to_numpy(out["a"]), a)
-    _same(device.to_numpy(out["b"]), b)
-    _same(interop.to_numpy(st.load_file(path)["b"]), b)
+    assert_same(device.to_numpy(out["a"]), a)
+    assert_same(device.to_numpy(out["b"]), b)
+    assert_same(interop.to_numpy(st.load_file(path)["b"]), b)
 
 
 def test_a_failed_device_save_leaves_the_old_file_and_no_temporary(device, tmp_path):
